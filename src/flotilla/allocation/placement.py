@@ -1,0 +1,60 @@
+"""Compact, topology-aware placement of a job's GPUs onto nodes."""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from typing import Iterable, Mapping
+
+from flotilla.allocation.snapshot import NodeState
+
+
+def free_gpus(nodes: Iterable[NodeState], held: Iterable[Mapping[str, int]]) -> dict[str, int]:
+    """Free GPUs per schedulable node once the given placements are taken out."""
+    free = {n.name: n.usable_gpus for n in nodes if n.usable_gpus > 0}
+    for placement in held:
+        for node, g in placement.items():
+            if node in free:
+                free[node] -= g
+    return {k: v for k, v in free.items() if v > 0}
+
+
+def place(gpus: int, unit: int, free: Mapping[str, int], nodes: Iterable[NodeState]) -> dict[str, int] | None:
+    """Place `gpus` GPUs in whole workers of `unit` GPUs, or None if they do not fit.
+
+    Best fit first: the single node whose free GPUs fit the job most tightly
+    (least fragmentation). Otherwise, the topology domain with the most free
+    GPUs that can hold the whole job, filled node by node from the fullest;
+    only if no domain can, across domains. A worker never spans nodes.
+    """
+    if gpus <= 0:
+        return {}
+    if gpus % unit:
+        raise ValueError(f"{gpus} GPUs is not a whole number of {unit}-GPU workers")
+    domain_of = {n.name: n.domain for n in nodes}
+    slots = {node: (f // unit) * unit for node, f in free.items() if f >= unit and node in domain_of}
+    if sum(slots.values()) < gpus:
+        return None
+    fitting = [node for node, s in slots.items() if s >= gpus]
+    if fitting:
+        best = min(fitting, key=lambda node: (slots[node], node))
+        return {best: gpus}
+
+    by_domain: dict[str, list[str]] = defaultdict(list)
+    for node in slots:
+        by_domain[domain_of[node]].append(node)
+    domain_free = {d: sum(slots[n] for n in ns) for d, ns in by_domain.items()}
+    holding = [d for d, f in domain_free.items() if f >= gpus]
+    if holding:
+        candidates = by_domain[min(holding, key=lambda d: (domain_free[d], d))]
+    else:
+        candidates = list(slots)
+    placement: dict[str, int] = {}
+    left = gpus
+    for node in sorted(candidates, key=lambda n: (-slots[n], n)):
+        take = min(slots[node], left)
+        if take:
+            placement[node] = take
+            left -= take
+        if not left:
+            return placement
+    return None

@@ -1,0 +1,59 @@
+"""The `flotilla` command.
+
+Each subcommand lives in its own module under `flotilla.commands` and exposes
+`HELP` (one line), `add_arguments(parser)` and `run(args) -> int`. Modules are
+imported only when their subcommand runs, so `flotilla --help` stays fast and a
+subcommand's heavy dependencies load only when needed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import logging
+import sys
+
+# name -> (module, one-line help). Keep sorted by how a user meets them.
+COMMANDS: dict[str, tuple[str, str]] = {
+    "demo": ("flotilla.commands.demo", "Bring up a local cluster with fake GPU nodes, run the operator and apply examples/"),
+    "operator": ("flotilla.commands.operator", "Run the operator: reconcile TrainingJobs, ServingDeployments and Nodes"),
+    "crds": ("flotilla.commands.crds", "Print the CRD manifests generated from flotilla.resources"),
+}
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="flotilla",
+        description="Flotilla: deadline-aware elastic training and SLO-driven serving on one GPU pool.",
+    )
+    parser.add_argument("-v", "--verbose", action="store_true", help="debug logging")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    for name, (module, help_) in COMMANDS.items():
+        # The module is loaded lazily in main(); here we only need its help text.
+        sub.add_parser(name, help=help_, description=help_, add_help=False)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    parser = build_parser()
+    top, rest = parser.parse_known_args(argv)
+    if not top.command:
+        parser.print_help()
+        return 2
+    module_name, help_ = COMMANDS[top.command]
+    module = importlib.import_module(module_name)
+    sub = argparse.ArgumentParser(prog=f"flotilla {top.command}", description=getattr(module, "__doc__", None) or help_,
+                                  formatter_class=argparse.RawDescriptionHelpFormatter)
+    module.add_arguments(sub)
+    args = sub.parse_args(rest)
+    args.verbose = top.verbose or getattr(args, "verbose", False)
+    logging.basicConfig(
+        level=logging.DEBUG if args.verbose else logging.INFO,
+        format="%(asctime)s %(levelname)-7s %(name)s: %(message)s",
+    )
+    return int(module.run(args) or 0)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,1 @@
+"""Pure health logic: metric samples in, fault and straggler decisions out."""

@@ -1,0 +1,68 @@
+"""The metric sample: one number from one node at one time.
+
+This is the unit everything exchanges: agents publish batches of samples, the
+controller ingests them, the detectors read them, and `flotilla detect` reads
+and writes them as JSON lines. One sample is
+
+    {"ts": 1700000000.0, "node": "gpu-0", "job": "default/llama" | null,
+     "gpu": 0 | null, "metric": "gpu_util", "value": 97.0}
+
+Transport encodings (both carry a JSON array of samples):
+  * Redis Streams: XADD to stream `STREAM` with one field `FIELD`.
+  * HTTP: POST /v1/ingest with body {"node": str, "samples": [...]}.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import asdict, dataclass
+from typing import Any, Iterable
+
+STREAM = "flotilla:metrics"
+FIELD = "samples"
+
+
+@dataclass(frozen=True, slots=True)
+class Sample:
+    ts: float
+    node: str
+    metric: str
+    value: float
+    job: str | None = None
+    gpu: int | None = None
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> "Sample":
+        try:
+            ts, node, metric, value = d["ts"], d["node"], d["metric"], d["value"]
+        except KeyError as e:
+            raise ValueError(f"sample is missing field {e.args[0]!r}") from None
+        if not isinstance(node, str) or not node:
+            raise ValueError("sample field 'node' must be a non-empty string")
+        if not isinstance(metric, str) or not metric:
+            raise ValueError("sample field 'metric' must be a non-empty string")
+        if isinstance(ts, bool) or not isinstance(ts, (int, float)) or not math.isfinite(ts):
+            raise ValueError("sample field 'ts' must be a finite number of seconds")
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+            raise ValueError(f"sample field 'value' must be a finite number (metric {metric!r})")
+        job, gpu = d.get("job"), d.get("gpu")
+        if job is not None and not isinstance(job, str):
+            raise ValueError("sample field 'job' must be a string or null")
+        if gpu is not None and (isinstance(gpu, bool) or not isinstance(gpu, int)):
+            raise ValueError("sample field 'gpu' must be an integer or null")
+        return cls(float(ts), node, metric, float(value), job, gpu)
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def encode_batch(samples: Iterable[Sample]) -> str:
+    return json.dumps([s.to_dict() for s in samples], separators=(",", ":"))
+
+
+def decode_batch(data: str | bytes) -> list[Sample]:
+    raw = json.loads(data)
+    if not isinstance(raw, list):
+        raise ValueError("a sample batch must be a JSON array")
+    return [Sample.from_dict(d) for d in raw]

@@ -1,0 +1,1 @@
+"""Pure: the arbiter that shares one GPU pool between training and serving."""

@@ -1,0 +1,1 @@
+"""Pure serving logic: latency model, PD planner and re-planning with hysteresis."""

@@ -1,0 +1,1 @@
+"""Discrete-event simulators and trace generators/readers over the pure packages."""
