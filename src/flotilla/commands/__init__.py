@@ -1,1 +1,1 @@
-"""flotilla.commands"""
+"""One module per `flotilla` subcommand (see flotilla.cli)."""

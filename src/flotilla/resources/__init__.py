@@ -1,1 +1,1 @@
-"""flotilla.resources"""
+"""The custom resources: their OpenAPI schemas, typed views, conditions and Event reasons."""

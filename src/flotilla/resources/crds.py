@@ -1,0 +1,321 @@
+"""The CRDs, generated from this module (the single source of truth).
+
+`flotilla crds --write crds/` regenerates the checked-in YAML; a test fails
+when it drifts from what this module produces.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from flotilla import GROUP, VERSION
+from flotilla.resources import phases
+from flotilla.resources.schema import (
+    Schema,
+    array,
+    boolean,
+    free_object,
+    integer,
+    number,
+    obj,
+    rule,
+    string,
+)
+
+CATEGORY = "flotilla"
+
+CONDITIONS = array(
+    obj(
+        {
+            "type": string("Condition type, e.g. Admitted, Ready, DeadlineAtRisk.", max_length=316),
+            "status": string(enum=["True", "False", "Unknown"]),
+            "reason": string("CamelCase reason for the last transition.", max_length=1024),
+            "message": string("Human-readable details.", max_length=32768),
+            "lastTransitionTime": string(fmt="date-time"),
+            "observedGeneration": integer(minimum=0),
+        },
+        required=["type", "status"],
+    ),
+    "Standard Kubernetes conditions.",
+    list_type="map",
+    list_map_keys=["type"],
+)
+
+POD_TEMPLATE = obj(
+    {
+        "metadata": free_object("Labels and annotations added to every pod."),
+        "spec": obj(
+            {
+                "containers": array(
+                    obj({"name": string(min_length=1), "image": string(min_length=1)},
+                        required=["name", "image"], preserve_unknown=True),
+                    min_items=1,
+                ),
+            },
+            "A core/v1 PodSpec. Flotilla adds the GPU requests and the placement.",
+            required=["containers"],
+            preserve_unknown=True,
+        ),
+    },
+    "The worker pod template.",
+    required=["spec"],
+)
+
+
+def _training_job_schema() -> Schema:
+    spec = obj(
+        {
+            "deadline": string("Absolute deadline (RFC 3339). Exactly one of deadline and deadlineSeconds.",
+                               fmt="date-time"),
+            "deadlineSeconds": integer("Deadline in seconds after the job's creation.", minimum=1),
+            "totalSteps": integer("Training steps to run in all.", minimum=1),
+            "elasticity": obj(
+                {
+                    "minGPUs": integer("Fewest GPUs the job may run on.", minimum=1),
+                    "maxGPUs": integer("Most GPUs the job may use.", minimum=1),
+                    "gpusPerWorker": integer("GPUs per worker pod; counts move in whole workers.",
+                                             minimum=1, maximum=16, default=1),
+                },
+                "The elastic GPU range.",
+                required=["minGPUs", "maxGPUs"],
+                rules=[
+                    rule("self.minGPUs <= self.maxGPUs",
+                         "spec.elasticity.minGPUs must be <= spec.elasticity.maxGPUs", ".minGPUs"),
+                    rule("!has(self.gpusPerWorker) || self.minGPUs % self.gpusPerWorker == 0",
+                         "spec.elasticity.minGPUs must be a multiple of gpusPerWorker", ".minGPUs"),
+                    rule("!has(self.gpusPerWorker) || self.maxGPUs % self.gpusPerWorker == 0",
+                         "spec.elasticity.maxGPUs must be a multiple of gpusPerWorker", ".maxGPUs"),
+                ],
+            ),
+            "throughput": array(
+                obj(
+                    {
+                        "gpus": integer(minimum=1),
+                        "stepsPerSecond": number(minimum=0, exclusive_minimum=True),
+                    },
+                    required=["gpus", "stepsPerSecond"],
+                ),
+                "Measured scaling curve: steps/s at a GPU count. Interpolated between points, "
+                "never extrapolated upward.",
+                min_items=1,
+                max_items=64,
+                rules=[rule("self.all(p, self.exists_one(q, q.gpus == p.gpus))",
+                            "spec.throughput must not list the same gpus twice")],
+            ),
+            "checkpoint": obj(
+                {
+                    "intervalSteps": integer("Steps between periodic checkpoints.", minimum=1),
+                    "uri": string("Where checkpoints are written (e.g. s3://bucket/job, file:///ckpt).",
+                                  max_length=2048),
+                    "restoreSeconds": number("Measured cost of a stop/reshard/restart, in seconds.",
+                                             minimum=0, default=30),
+                },
+                "Checkpointing, used for resharding when the job changes size.",
+            ),
+            "bestEffort": boolean("Run even when the deadline cannot be guaranteed.", default=False),
+            "priority": integer("Higher runs first among best-effort jobs.", default=0,
+                                minimum=-1000, maximum=1000),
+            "template": POD_TEMPLATE,
+        },
+        required=["totalSteps", "elasticity", "throughput", "template"],
+        rules=[rule("has(self.deadline) != has(self.deadlineSeconds)",
+                    "exactly one of spec.deadline and spec.deadlineSeconds must be set")],
+    )
+    status = obj(
+        {
+            "phase": string("Where the job is in its life.", enum=list(phases.TRAINING)),
+            "gpus": integer("GPUs the job holds now.", minimum=0),
+            "placement": array(obj({"node": string(), "gpus": integer(minimum=0)}, required=["node", "gpus"])),
+            "deadline": string("The deadline as an absolute time.", fmt="date-time"),
+            "progress": obj({
+                "steps": integer(minimum=0),
+                "stepsPerSecond": number(minimum=0),
+                "updatedAt": string(fmt="date-time"),
+            }),
+            "estimatedCompletion": string(fmt="date-time"),
+            "deadlineMet": boolean("Prediction: will the job finish by its deadline?"),
+            "checkpoint": obj({
+                "step": integer(minimum=0),
+                "time": string(fmt="date-time"),
+                "generation": integer("The last checkpoint request acknowledged.", minimum=0),
+            }),
+            "reshards": integer(minimum=0),
+            "startedAt": string("When all workers first ran.", fmt="date-time"),
+            "workers": integer("Worker pods the current placement needs.", minimum=0),
+            "message": string("What is happening, in one line.", max_length=1024),
+            "policy": string("Allocation policy that decided the placement.", max_length=64),
+            "conditions": CONDITIONS,
+            "observedGeneration": integer(minimum=0),
+        }
+    )
+    return obj({"spec": spec, "status": status}, required=["spec"])
+
+
+def _serving_deployment_schema() -> Schema:
+    from flotilla.resources.profile_schema import PROFILE_SCHEMA
+
+    phase_pool = lambda what: obj(  # noqa: E731
+        {
+            "template": POD_TEMPLATE,
+            "gpusPerInstance": integer(f"GPUs per {what} instance (tensor parallelism).", minimum=1,
+                                       maximum=16, default=1),
+        },
+        f"The {what} pool.",
+        required=["template"],
+    )
+    spec = obj(
+        {
+            "slo": obj(
+                {
+                    "ttftMs": number("Time-to-first-token target, ms.", minimum=0, exclusive_minimum=True),
+                    "tpotMs": number("Time-per-output-token target, ms.", minimum=0, exclusive_minimum=True),
+                    "attainment": number("Fraction of requests that must meet both targets.",
+                                         minimum=0, maximum=1, exclusive_minimum=True, default=0.9),
+                },
+                "Latency SLOs.",
+                required=["ttftMs", "tpotMs"],
+            ),
+            "workload": obj(
+                {
+                    "requestsPerSecond": number(minimum=0),
+                    "inputTokens": integer("Mean prompt length.", minimum=1),
+                    "outputTokens": integer("Mean output length.", minimum=1),
+                },
+                "Initial estimate of the load, until observed statistics arrive.",
+                required=["requestsPerSecond", "inputTokens", "outputTokens"],
+            ),
+            "prefill": phase_pool("prefill"),
+            "decode": phase_pool("decode"),
+            "profile": PROFILE_SCHEMA,
+            "minGPUs": integer(minimum=0, default=0),
+            "maxGPUs": integer(minimum=1),
+            "planner": obj(
+                {
+                    "mode": string("auto: the planner owns the replica counts; fixed: the spec does.",
+                                   enum=["auto", "fixed"], default="auto"),
+                    "intervalSeconds": integer(minimum=5, maximum=3600, default=30),
+                    "prefillReplicas": integer(minimum=0),
+                    "decodeReplicas": integer(minimum=0),
+                },
+                rules=[rule("self.mode != 'fixed' || (has(self.prefillReplicas) && has(self.decodeReplicas))",
+                            "spec.planner.prefillReplicas and decodeReplicas are required when mode is fixed")],
+            ),
+        },
+        required=["slo", "workload", "prefill", "decode", "maxGPUs"],
+        rules=[rule("!has(self.minGPUs) || self.minGPUs <= self.maxGPUs",
+                    "spec.minGPUs must be <= spec.maxGPUs", ".minGPUs")],
+    )
+    status = obj(
+        {
+            "phase": string(enum=list(phases.SERVING)),
+            "prefillReplicas": integer(minimum=0),
+            "decodeReplicas": integer(minimum=0),
+            "readyPrefill": integer(minimum=0),
+            "readyDecode": integer(minimum=0),
+            "gpus": integer(minimum=0),
+            "ratio": string("prefill:decode, for kubectl get.", max_length=32),
+            "observed": obj({
+                "requestsPerSecond": number(minimum=0),
+                "ttftP90Ms": number(minimum=0),
+                "tpotP90Ms": number(minimum=0),
+                "attainment": number(minimum=0, maximum=1),
+            }),
+            "predictedGoodput": number("Requests/s predicted to meet the SLO with the current plan.", minimum=0),
+            "lastPlan": obj({"time": string(fmt="date-time"), "reason": string(max_length=1024)}),
+            "message": string(max_length=1024),
+            "conditions": CONDITIONS,
+            "observedGeneration": integer(minimum=0),
+        }
+    )
+    return obj({"spec": spec, "status": status}, required=["spec"])
+
+
+def _crd(kind: str, plural: str, short: str, schema: Schema, columns: list[dict[str, Any]]) -> dict[str, Any]:
+    return {
+        "apiVersion": "apiextensions.k8s.io/v1",
+        "kind": "CustomResourceDefinition",
+        "metadata": {"name": f"{plural}.{GROUP}"},
+        "spec": {
+            "group": GROUP,
+            "scope": "Namespaced",
+            "names": {
+                "kind": kind,
+                "listKind": f"{kind}List",
+                "plural": plural,
+                "singular": kind.lower(),
+                "shortNames": [short],
+                "categories": [CATEGORY],
+            },
+            "versions": [{
+                "name": VERSION,
+                "served": True,
+                "storage": True,
+                "subresources": {"status": {}},
+                "schema": {"openAPIV3Schema": schema},
+                "additionalPrinterColumns": columns,
+            }],
+        },
+    }
+
+
+def _col(name: str, path: str, type_: str = "string", description: str = "", priority: int = 0) -> dict[str, Any]:
+    c: dict[str, Any] = {"name": name, "type": type_, "jsonPath": path}
+    if description:
+        c["description"] = description
+    if priority:
+        c["priority"] = priority
+    return c
+
+
+def training_job_crd() -> dict[str, Any]:
+    return _crd("TrainingJob", "trainingjobs", "tj", _training_job_schema(), [
+        _col("Phase", ".status.phase"),
+        _col("GPUs", ".status.gpus", "integer", "GPUs held now"),
+        _col("Min", ".spec.elasticity.minGPUs", "integer", priority=1),
+        _col("Max", ".spec.elasticity.maxGPUs", "integer", priority=1),
+        _col("Steps", ".status.progress.steps", "integer", "steps done"),
+        _col("Total", ".spec.totalSteps", "integer"),
+        _col("Deadline", ".status.deadline", description="absolute deadline"),
+        _col("ETA", ".status.estimatedCompletion", description="predicted completion"),
+        _col("On-Time", ".status.deadlineMet", "boolean", "predicted to meet its deadline"),
+        _col("Message", ".status.message", priority=1),
+        _col("Age", ".metadata.creationTimestamp", "date"),
+    ])
+
+
+def serving_deployment_crd() -> dict[str, Any]:
+    return _crd("ServingDeployment", "servingdeployments", "sd", _serving_deployment_schema(), [
+        _col("Phase", ".status.phase"),
+        _col("P:D", ".status.ratio", description="prefill:decode instances"),
+        _col("GPUs", ".status.gpus", "integer"),
+        _col("Mode", ".spec.planner.mode"),
+        _col("Attainment", ".status.observed.attainment", "number", "observed joint SLO attainment"),
+        _col("Goodput", ".status.predictedGoodput", "number", "predicted requests/s within SLO", priority=1),
+        _col("Plan", ".status.lastPlan.reason", priority=1),
+        _col("Age", ".metadata.creationTimestamp", "date"),
+    ])
+
+
+CRDS = {
+    "trainingjobs.flotilla.dev.yaml": training_job_crd,
+    "servingdeployments.flotilla.dev.yaml": serving_deployment_crd,
+}
+
+HEADER = "# Generated by `flotilla crds --write crds/` from src/flotilla/resources/crds.py. Do not edit.\n"
+
+
+def render(make) -> str:
+    return HEADER + yaml.safe_dump(make(), sort_keys=False, width=120)
+
+
+def write_all(directory: Path) -> list[Path]:
+    directory.mkdir(parents=True, exist_ok=True)
+    out = []
+    for filename, make in CRDS.items():
+        path = directory / filename
+        path.write_text(render(make))
+        out.append(path)
+    return out

@@ -1,0 +1,52 @@
+"""Labels, annotations, condition types and Event reasons: one place for every name."""
+
+from flotilla import GROUP
+
+# Labels on the objects Flotilla creates.
+LABEL_JOB = f"{GROUP}/job"
+LABEL_ROLE = f"{GROUP}/role"  # worker | prefill | decode
+LABEL_GENERATION = f"{GROUP}/generation"  # a TrainingJob's worker set; bumped at each reshard
+LABEL_RANK = f"{GROUP}/rank"
+LABEL_SERVING = f"{GROUP}/serving"
+LABEL_MANAGED_BY = "app.kubernetes.io/managed-by"
+MANAGED_BY = "flotilla"
+
+ROLE_WORKER = "worker"
+ROLE_PREFILL = "prefill"
+ROLE_DECODE = "decode"
+
+# Annotations.
+ANNOTATION_CHECKPOINT_REQUEST = f"{GROUP}/checkpoint-request"  # JSON, see design.md
+ANNOTATION_PROGRESS = f"{GROUP}/progress"  # JSON {"steps", "stepsPerSecond", "time"}, written by rank 0
+
+# Node health.
+NODE_CONDITION_HEALTHY = "FlotillaGPUHealthy"
+TAINT_UNHEALTHY = f"{GROUP}/unhealthy"
+
+GPU_RESOURCE = "nvidia.com/gpu"
+
+# Condition types.
+COND_ADMITTED = "Admitted"
+COND_READY = "Ready"
+COND_DEADLINE_AT_RISK = "DeadlineAtRisk"
+
+
+class Reason:
+    """Event and condition reasons (CamelCase, as Kubernetes users expect)."""
+
+    ADMITTED = "Admitted"
+    QUEUED = "Queued"
+    REJECTED = "Rejected"
+    PLACED = "Placed"
+    RESHARDING = "Resharding"
+    WORKERS_RUNNING = "WorkersRunning"
+    SUCCEEDED = "Succeeded"
+    WORKER_FAILED = "WorkerFailed"
+    CREATE_FAILED = "CreateFailed"
+    INVALID_SPEC = "InvalidSpec"
+    DEADLINE_AT_RISK = "DeadlineAtRisk"
+    ON_TRACK = "OnTrack"
+    DEPLOYMENTS_SYNCED = "DeploymentsSynced"
+    SCALED = "Scaled"
+    AVAILABLE = "Available"
+    PROGRESSING = "Progressing"

@@ -1,0 +1,16 @@
+"""Phases of the custom resources."""
+
+PENDING = "Pending"
+ADMITTED = "Admitted"
+RUNNING = "Running"
+RESHARDING = "Resharding"
+SUCCEEDED = "Succeeded"
+FAILED = "Failed"
+REJECTED = "Rejected"
+
+TRAINING = (PENDING, ADMITTED, RUNNING, RESHARDING, SUCCEEDED, FAILED, REJECTED)
+TRAINING_FINAL = (SUCCEEDED, FAILED, REJECTED)
+
+PROGRESSING = "Progressing"
+READY = "Ready"
+SERVING = (PENDING, PROGRESSING, READY, FAILED)
