@@ -17,7 +17,7 @@ import sys
 COMMANDS: dict[str, tuple[str, str]] = {
     "demo": ("flotilla.commands.demo", "Bring up a local cluster with fake GPU nodes, run the operator and apply examples/"),
     "operator": ("flotilla.commands.operator", "Run the operator: reconcile TrainingJobs, ServingDeployments and Nodes"),
-    "crds": ("flotilla.commands.crds", "Print the CRD manifests generated from flotilla.resources"),
+    "crds": ("flotilla.commands.crds", "Print or write the CRD manifests generated from flotilla.resources"),
 }
 
 

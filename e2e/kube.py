@@ -1,0 +1,90 @@
+"""Small helpers the e2e tests share: kubectl, waiting, the operator as a process."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any, Callable
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def kubectl_path() -> str:
+    explicit = os.environ.get("FLOTILLA_KUBECTL")
+    if explicit:
+        return explicit
+    found = shutil.which("kubectl")
+    if found:
+        return found
+    raise RuntimeError("kubectl not found: set FLOTILLA_KUBECTL or put kubectl on PATH (e2e/cluster.sh bin)")
+
+
+def kubectl(*args: str, stdin: str | None = None, check: bool = True) -> subprocess.CompletedProcess:
+    result = subprocess.run([kubectl_path(), *args], input=stdin, capture_output=True, text=True, timeout=60)
+    if check and result.returncode != 0:
+        raise RuntimeError(f"kubectl {' '.join(args)} failed: {result.stderr.strip()}")
+    return result
+
+
+def get(kind: str, name: str, namespace: str) -> dict[str, Any] | None:
+    r = kubectl("get", kind, name, "-n", namespace, "-o", "json", check=False)
+    return json.loads(r.stdout) if r.returncode == 0 else None
+
+
+def items(kind: str, namespace: str, selector: str | None = None) -> list[dict[str, Any]]:
+    args = ["get", kind, "-n", namespace, "-o", "json"]
+    if selector:
+        args += ["-l", selector]
+    return json.loads(kubectl(*args).stdout)["items"]
+
+
+def wait_for(what: str, fn: Callable[[], Any], timeout: float = 60.0, interval: float = 0.5) -> Any:
+    deadline = time.monotonic() + timeout
+    last = None
+    while time.monotonic() < deadline:
+        last = fn()
+        if last:
+            return last
+        time.sleep(interval)
+    raise AssertionError(f"timed out after {timeout}s waiting for {what}; last value: {last!r}")
+
+
+def apply(manifest: str, namespace: str) -> subprocess.CompletedProcess:
+    return kubectl("apply", "-n", namespace, "-f", "-", stdin=manifest, check=False)
+
+
+class OperatorProcess:
+    """`flotilla operator` as a child process, its log in a file."""
+
+    def __init__(self, log_path: Path, *extra: str):
+        self.log_path = log_path
+        self.extra = extra
+        self.proc: subprocess.Popen | None = None
+
+    def start(self) -> "OperatorProcess":
+        env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+        env["PYTHONPATH"] = str(ROOT / "src") + os.pathsep + env.get("PYTHONPATH", "")
+        self._log = open(self.log_path, "a")
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "flotilla.cli", "operator", "--liveness", "", "--resync", "2", *self.extra],
+            stdout=self._log, stderr=subprocess.STDOUT, env=env, cwd=ROOT)
+        return self
+
+    def stop(self, sig: int = signal.SIGTERM) -> None:
+        if self.proc and self.proc.poll() is None:
+            self.proc.send_signal(sig)
+            try:
+                self.proc.wait(timeout=20)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        self._log.close()
+
+    def alive(self) -> bool:
+        return self.proc is not None and self.proc.poll() is None

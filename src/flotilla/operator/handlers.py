@@ -1,0 +1,157 @@
+"""kopf wiring: watches keep an in-memory view; one loop reconciles the whole view.
+
+Watch events only update the view and wake the loop (kopf handlers stay short).
+The loop is level-based: it reconciles everything it sees, on every wake-up and
+at least every `resync` seconds, so a missed event or a restart converges.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+import kopf
+from kubernetes import client, config as kube_config
+
+from flotilla import GROUP, VERSION
+from flotilla.allocation import Allocator
+from flotilla.operator.actions import PatchStatus
+from flotilla.operator.kube import Kube
+from flotilla.operator.reconcile import reconcile
+from flotilla.resources import names
+
+log = logging.getLogger("flotilla.operator")
+MANAGED = {names.LABEL_MANAGED_BY: names.MANAGED_BY}
+
+
+@dataclass
+class View:
+    """What the watches have seen, by namespace/name (name alone for Nodes)."""
+
+    jobs: dict[str, dict] = field(default_factory=dict)
+    nodes: dict[str, dict] = field(default_factory=dict)
+    pods: dict[str, dict] = field(default_factory=dict)
+    servings: dict[str, dict] = field(default_factory=dict)
+    deployments: dict[str, dict] = field(default_factory=dict)
+    wake: asyncio.Event = field(default_factory=asyncio.Event)
+
+    def record(self, kind: str, event: dict[str, Any]) -> None:
+        obj = event["object"]
+        meta = obj["metadata"]
+        key = f"{meta['namespace']}/{meta['name']}" if meta.get("namespace") else meta["name"]
+        store = getattr(self, kind)
+        if event.get("type") == "DELETED":
+            store.pop(key, None)
+        else:
+            old = store.get(key)
+            # Keep the newer copy: the loop may already hold a patch response newer than a late event.
+            if old is None or int(meta.get("resourceVersion", 0)) >= int(old["metadata"].get("resourceVersion", 0)):
+                store[key] = obj
+        self.wake.set()
+
+
+@dataclass
+class Settings:
+    allocator: Allocator
+    resync_seconds: float = 10.0
+    debounce_seconds: float = 0.2
+    concurrency: int = 16
+    qps: float = 50.0
+    burst: int = 100
+
+
+view = View()
+settings: Settings | None = None
+
+
+def configure(s: Settings) -> None:
+    global settings
+    settings = s
+
+
+@kopf.on.startup()
+async def startup(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) -> None:
+    settings.posting.level = logging.WARNING
+    settings.watching.server_timeout = 300
+    settings.persistence.finalizer = f"{GROUP}/operator"
+    memo.loop_task = asyncio.get_running_loop().create_task(_loop())
+
+
+@kopf.on.cleanup()
+async def cleanup(memo: kopf.Memo, **_: Any) -> None:
+    task = getattr(memo, "loop_task", None)
+    if task:
+        task.cancel()
+
+
+@kopf.on.event(GROUP, VERSION, "trainingjobs")
+def on_job(event: dict, **_: Any) -> None:
+    view.record("jobs", event)
+
+
+@kopf.on.event(GROUP, VERSION, "servingdeployments")
+def on_serving(event: dict, **_: Any) -> None:
+    view.record("servings", event)
+
+
+@kopf.on.event("", "v1", "nodes")
+def on_node(event: dict, **_: Any) -> None:
+    view.record("nodes", event)
+
+
+@kopf.on.event("", "v1", "pods", labels=MANAGED)
+def on_pod(event: dict, **_: Any) -> None:
+    view.record("pods", event)
+
+
+@kopf.on.event("apps", "v1", "deployments", labels=MANAGED)
+def on_deployment(event: dict, **_: Any) -> None:
+    view.record("deployments", event)
+
+
+def _api_client() -> client.ApiClient:
+    try:
+        kube_config.load_incluster_config()
+    except kube_config.ConfigException:
+        kube_config.load_kube_config()
+    return client.ApiClient()
+
+
+async def _loop() -> None:
+    assert settings is not None, "flotilla.operator.handlers.configure() was not called"
+    kube = Kube(_api_client(), concurrency=settings.concurrency)
+    # Let the initial lists arrive before the first decision.
+    await asyncio.sleep(1.0)
+    log.info("reconcile loop started: policy=%s resync=%ss", settings.allocator.name, settings.resync_seconds)
+    while True:
+        try:
+            await asyncio.wait_for(view.wake.wait(), timeout=settings.resync_seconds)
+        except asyncio.TimeoutError:
+            pass
+        await asyncio.sleep(settings.debounce_seconds)
+        view.wake.clear()
+        try:
+            await _reconcile_once(kube)
+        except asyncio.CancelledError:
+            raise
+        except Exception:
+            log.exception("reconcile pass failed; retrying at the next wake-up")
+
+
+async def _reconcile_once(kube: Kube) -> None:
+    assert settings is not None
+    started = time.perf_counter()
+    actions = reconcile(time.time(), settings.allocator, view.jobs, view.nodes, view.pods, view.servings,
+                        view.deployments)
+    if not actions:
+        return
+    done = await kube.apply(actions)
+    for action, result in done:
+        if isinstance(action, PatchStatus) and isinstance(result, dict):
+            store = view.jobs if action.plural == "trainingjobs" else view.servings
+            store[f"{action.namespace}/{action.name}"] = result
+    log.debug("reconciled: %d actions (%d applied) in %.1f ms", len(actions), len(done),
+              (time.perf_counter() - started) * 1e3)
