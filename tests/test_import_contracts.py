@@ -1,5 +1,6 @@
 """The pure decision packages must not import Kubernetes, HTTP, SQL or glue code."""
 
+import os
 import shutil
 import subprocess
 import sys
@@ -10,7 +11,8 @@ ROOT = Path(__file__).resolve().parents[1]
 
 def test_import_linter_contracts_hold():
     lint = shutil.which("lint-imports") or str(Path(sys.executable).with_name("lint-imports"))
+    env = {**os.environ, "PYTHONPATH": str(ROOT / "src")}
     result = subprocess.run([lint, "--config", str(ROOT / "pyproject.toml")], cwd=ROOT,
-                            capture_output=True, text=True)
+                            capture_output=True, text=True, env=env)
     assert result.returncode == 0, result.stdout + result.stderr
     assert "1 kept, 0 broken" in result.stdout, result.stdout

@@ -1,0 +1,42 @@
+from flotilla.operator import serving
+from flotilla.operator.actions import ApplyDeployment, PatchStatus
+from tests.operator_plan.builders import T0
+
+
+def sd(mode="fixed", p=1, d=2, max_gpus=12, status=None):
+    pool = lambda n: {"gpusPerInstance": 2, "template": {"spec": {"containers": [{"name": n, "image": "vllm"}]}}}  # noqa: E731
+    return {"apiVersion": "flotilla.dev/v1alpha1", "kind": "ServingDeployment",
+            "metadata": {"name": "chat", "namespace": "ns", "uid": "u1", "generation": 1},
+            "spec": {"slo": {"ttftMs": 400, "tpotMs": 50}, "maxGPUs": max_gpus, "prefill": pool("p"),
+                     "decode": pool("d"),
+                     "planner": {"mode": mode, "prefillReplicas": p, "decodeReplicas": d}},
+            "status": status or {}}
+
+
+def test_fixed_mode_creates_both_deployments_with_gpu_limits():
+    actions = serving.plan_serving(sd(), {}, T0)
+    deps = {a.manifest["metadata"]["name"]: a.manifest for a in actions if isinstance(a, ApplyDeployment)}
+    assert {k: v["spec"]["replicas"] for k, v in deps.items()} == {"chat-prefill": 1, "chat-decode": 2}
+    c = deps["chat-decode"]["spec"]["template"]["spec"]["containers"][0]
+    assert c["resources"]["limits"]["nvidia.com/gpu"] == "2"
+    assert deps["chat-decode"]["spec"]["selector"]["matchLabels"] == {"flotilla.dev/serving": "chat",
+                                                                     "flotilla.dev/role": "decode"}
+    st = next(a for a in actions if isinstance(a, PatchStatus)).status
+    assert st["ratio"] == "1:2" and st["gpus"] == 6 and st["phase"] == "Progressing"
+
+
+def test_ready_deployments_make_it_ready_and_a_replica_drift_is_reapplied():
+    deps = {r: {"spec": {"replicas": n}, "status": {"readyReplicas": n}} for r, n in (("prefill", 1), ("decode", 2))}
+    actions = serving.plan_serving(sd(status={"lastPlan": {"time": "t", "reason": "r"}}), deps, T0)
+    assert next(a for a in actions if isinstance(a, PatchStatus)).status["phase"] == "Ready"
+    assert not [a for a in actions if isinstance(a, ApplyDeployment)]
+    deps["decode"]["spec"]["replicas"] = 5  # someone edited the Deployment by hand
+    again = serving.plan_serving(sd(status={"lastPlan": {"time": "t", "reason": "r"}}), deps, T0)
+    assert [a.manifest["spec"]["replicas"] for a in again if isinstance(a, ApplyDeployment)] == [2]
+
+
+def test_a_plan_over_max_gpus_is_refused():
+    actions = serving.plan_serving(sd(p=2, d=4, max_gpus=8), {}, T0)
+    assert not [a for a in actions if isinstance(a, ApplyDeployment)]
+    st = next(a for a in actions if isinstance(a, PatchStatus)).status
+    assert st["phase"] == "Failed" and "12 GPUs" in st["message"]

@@ -1,0 +1,137 @@
+"""The operator's pure TrainingJob planning: decisions in, pods and status out."""
+
+from flotilla.allocation import JobDecision, Verdict
+from flotilla.allocation.fifo import FifoGang
+from flotilla.operator import training
+from flotilla.operator.actions import CreatePod, DeletePod, PatchStatus, PostEvent
+from flotilla.operator.reconcile import reconcile, training_snapshot
+from tests.operator_plan.builders import T0, node, pod, trainingjob
+
+NOW = T0 + 60
+
+
+def kinds(actions):
+    return [type(a).__name__ for a in actions]
+
+
+def status_patch(actions) -> dict:
+    patches = [a for a in actions if isinstance(a, PatchStatus)]
+    assert len(patches) == 1, actions
+    return patches[0].status
+
+
+def test_job_state_reads_spec_status_and_progress_annotation():
+    body = trainingjob(status={"phase": "Running", "placement": [{"node": "n0", "gpus": 2}]},
+                       annotations={"flotilla.dev/progress": '{"steps": 250, "stepsPerSecond": 2.0}'})
+    s = training.job_state(body)
+    assert s.key == "ns/job" and s.deadline == T0 + 3600 and s.done_steps == 250 and s.remaining_steps == 750
+    assert s.placement == {"n0": 2} and s.verdict is Verdict.ADMITTED
+    assert s.curve.rate(2) == 1.0 + 2.0 * (2 - 1) / 3
+
+
+def test_a_new_placement_is_recorded_before_its_pods_are_created():
+    body = trainingjob()
+    decision = JobDecision("ns/job", Verdict.ADMITTED, {"n1": 1, "n0": 1}, "started")
+    actions = training.plan_job(body, [], decision, NOW, "fifo-gang")
+    assert kinds(actions)[0] == "PatchStatus"
+    st = status_patch(actions)
+    assert st["phase"] == "Admitted" and st["gpus"] == 2 and st["workers"] == 2
+    assert st["placement"] == [{"node": "n0", "gpus": 1}, {"node": "n1", "gpus": 1}]
+    assert st["deadline"] == "2026-01-01T01:00:00Z"
+    pods = [a.manifest for a in actions if isinstance(a, CreatePod)]
+    assert [p["metadata"]["name"] for p in pods] == ["job-g0-w0", "job-g0-w1"]
+    assert [p["spec"]["nodeSelector"]["kubernetes.io/hostname"] for p in pods] == ["n0", "n1"]
+    env = {e["name"]: e["value"] for e in pods[1]["spec"]["containers"][0]["env"]}
+    assert env["FLOTILLA_RANK"] == "1" and env["FLOTILLA_WORLD_SIZE"] == "2"
+    assert pods[0]["metadata"]["labels"]["team"] == "a"
+    assert pods[0]["metadata"]["ownerReferences"][0]["uid"] == "uid-job"
+    assert [a.reason for a in actions if isinstance(a, PostEvent)] == ["Admitted"]
+
+
+def test_gpus_per_worker_makes_one_pod_per_worker():
+    body = trainingjob(min_gpus=8, max_gpus=8, per_worker=4)
+    pods = training.worker_pods(body, {"n0": 8}, 0)
+    assert len(pods) == 2
+    assert all(p["spec"]["containers"][0]["resources"]["limits"]["nvidia.com/gpu"] == "4" for p in pods)
+
+
+def test_missing_pods_of_the_recorded_placement_are_created_and_existing_ones_kept():
+    body = trainingjob(status={"phase": "Admitted", "placement": [{"node": "n0", "gpus": 2}]})
+    existing = [pod("job-g0-w0", "job", 0)]
+    decision = JobDecision("ns/job", Verdict.ADMITTED, {"n0": 2}, "running")
+    actions = training.plan_job(body, existing, decision, NOW, "fifo-gang")
+    assert [a.manifest["metadata"]["name"] for a in actions if isinstance(a, CreatePod)] == ["job-g0-w1"]
+    assert not [a for a in actions if isinstance(a, DeletePod)]
+
+
+def test_all_workers_running_makes_the_job_running_once():
+    body = trainingjob(status={"phase": "Admitted", "placement": [{"node": "n0", "gpus": 2}]})
+    pods = [pod("job-g0-w0", "job", 0), pod("job-g0-w1", "job", 0)]
+    decision = JobDecision("ns/job", Verdict.ADMITTED, {"n0": 2}, "running")
+    actions = training.plan_job(body, pods, decision, NOW, "fifo-gang")
+    st = status_patch(actions)
+    assert st["phase"] == "Running" and st["startedAt"] == training.rfc3339(NOW)
+    assert "CreatePod" not in kinds(actions)
+    # Once status says Running, the same observation plans no new status or Events.
+    body["status"].update(st)
+    again = training.plan_job(body, pods, decision, NOW + 1, "fifo-gang")
+    assert not [a for a in again if isinstance(a, PostEvent)]
+
+
+def test_rank0_success_finishes_the_job_and_a_failed_worker_fails_it():
+    running = {"phase": "Running", "placement": [{"node": "n0", "gpus": 2}], "startedAt": "2026-01-01T00:00:10Z"}
+    decision = JobDecision("ns/job", Verdict.ADMITTED, {"n0": 2}, "running")
+    done = training.plan_job(trainingjob(status=running),
+                             [pod("job-g0-w0", "job", 0, "Succeeded"), pod("job-g0-w1", "job", 0, "Succeeded")],
+                             decision, NOW, "fifo-gang")
+    st = status_patch(done)
+    assert st["phase"] == "Succeeded" and st["deadlineMet"] is True and st["gpus"] == 0
+    failed = training.plan_job(trainingjob(status=running),
+                               [pod("job-g0-w0", "job", 0, "Running"), pod("job-g0-w1", "job", 0, "Failed")],
+                               decision, NOW, "fifo-gang")
+    st = status_patch(failed)
+    assert st["phase"] == "Failed" and "job-g0-w1" in st["message"]
+    assert [a.name for a in failed if isinstance(a, DeletePod)] == ["job-g0-w0"]
+    assert training.plan_job(trainingjob(status={**running, "phase": "Succeeded"}), [], decision, NOW, "x") == []
+
+
+def test_a_changed_placement_reshards_into_a_new_generation():
+    body = trainingjob(status={"phase": "Running", "placement": [{"node": "n0", "gpus": 2}]})
+    old = [pod("job-g0-w0", "job", 0), pod("job-g0-w1", "job", 0)]
+    decision = JobDecision("ns/job", Verdict.ADMITTED, {"n1": 2}, "n0 lost")
+    actions = training.plan_job(body, old, decision, NOW, "fifo-gang")
+    st = status_patch(actions)
+    assert st["phase"] == "Resharding" and st["reshards"] == 1
+    assert sorted(a.name for a in actions if isinstance(a, DeletePod)) == ["job-g0-w0", "job-g0-w1"]
+    assert [a.manifest["metadata"]["name"] for a in actions if isinstance(a, CreatePod)] == ["job-g1-w0", "job-g1-w1"]
+
+
+def test_pending_and_rejected_jobs_say_why():
+    pending = training.plan_job(trainingjob(), [], JobDecision("ns/job", Verdict.PENDING, {}, "waiting for 2 GPUs"),
+                                NOW, "fifo-gang")
+    assert status_patch(pending)["phase"] == "Pending" and status_patch(pending)["message"] == "waiting for 2 GPUs"
+    rejected = training.plan_job(trainingjob(), [], JobDecision("ns/job", Verdict.REJECTED, {}, "needs 16 GPUs"),
+                                 NOW, "x")
+    st = status_patch(rejected)
+    assert st["phase"] == "Rejected" and st["conditions"][0]["reason"] == "Rejected"
+    assert [(a.type, a.reason) for a in rejected if isinstance(a, PostEvent)] == [("Warning", "Rejected")]
+
+
+def test_unschedulable_nodes_and_serving_pods_are_taken_out_of_the_snapshot():
+    nodes = {"n0": node("n0"), "n1": node("n1", unschedulable=True),
+             "n2": node("n2", taints=[{"key": "flotilla.dev/unhealthy", "effect": "NoSchedule"}]),
+             "n3": node("n3", ready=False)}
+    pods = {"ns/sd-decode-x": pod("sd-decode-x", "sd", 0, node_name="n0", gpus=2, role="decode"),
+            "ns/done": pod("done", "sd", 0, phase="Succeeded", node_name="n0", gpus=4, role="decode")}
+    snap = training_snapshot(NOW, {}, nodes, pods)
+    usable = {n.name: n.usable_gpus for n in snap.nodes}
+    assert usable == {"n0": 6, "n1": 0, "n2": 0, "n3": 0}
+
+
+def test_reconcile_places_jobs_in_fifo_order_until_the_cluster_is_full():
+    jobs = {f"ns/j{i}": trainingjob(f"j{i}", min_gpus=4, max_gpus=8) for i in range(3)}
+    jobs["ns/j1"]["metadata"]["creationTimestamp"] = "2026-01-01T00:00:01Z"
+    jobs["ns/j2"]["metadata"]["creationTimestamp"] = "2026-01-01T00:00:02Z"
+    actions = reconcile(NOW, FifoGang(), jobs, {"n0": node("n0")}, {}, {}, {})
+    phases = {a.name: a.status["phase"] for a in actions if isinstance(a, PatchStatus)}
+    assert phases == {"j0": "Admitted", "j1": "Admitted", "j2": "Pending"}
