@@ -1,0 +1,47 @@
+# Flotilla: the two commands a new machine needs are `make demo` and `make test`.
+PYTHON ?= python3
+VENV   := .venv
+BIN    := $(VENV)/bin
+
+.PHONY: demo test unit e2e venv deps cluster-up cluster-down crds bench clean
+
+## demo: set everything up and run Flotilla on its embedded defaults (local cluster, fake GPU nodes, examples/)
+demo: deps venv
+	$(BIN)/flotilla demo
+
+## test: the whole test suite from nothing (unit, integration, e2e on a throw-away local cluster)
+test:
+	scripts/test.sh
+
+## unit: unit and integration tests only (no cluster)
+unit: venv
+	$(BIN)/python -m pytest tests
+
+## e2e: e2e tests against the cluster in KUBECONFIG
+e2e: venv
+	$(BIN)/python -m pytest e2e
+
+venv: $(VENV)/.installed
+
+$(VENV)/.installed: pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install -q --upgrade pip
+	$(BIN)/pip install -q -e '.[test]'
+	touch $@
+
+deps:
+	scripts/install-system-deps.sh
+
+cluster-up:
+	e2e/cluster.sh up
+
+cluster-down:
+	e2e/cluster.sh down
+
+## crds: regenerate crds/ from src/flotilla/resources
+crds: venv
+	$(BIN)/flotilla crds --write crds
+
+clean:
+	-e2e/cluster.sh down
+	rm -rf $(VENV) .flotilla

@@ -1,0 +1,20 @@
+#!/usr/bin/env bash
+# Debian packages Flotilla's tests and demo use: redis-server (metrics bus), PostgreSQL
+# (optional database), openssl (cluster certificates), curl. Go must already be
+# installed (it builds the Kubernetes binaries). Installs only what is missing.
+set -euo pipefail
+need=()
+command -v redis-server >/dev/null || need+=(redis-server)
+[ -x /usr/lib/postgresql/15/bin/initdb ] || ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1 || need+=(postgresql)
+command -v openssl >/dev/null || need+=(openssl)
+command -v curl >/dev/null || need+=(curl)
+command -v make >/dev/null || need+=(make)
+if [ ${#need[@]} -gt 0 ]; then
+  SUDO=; [ "$(id -u)" -eq 0 ] || SUDO=sudo
+  echo "[deps] installing ${need[*]}"
+  $SUDO apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends "${need[@]}" >/dev/null
+fi
+# The Debian postgresql package starts a cluster of its own; the tests start throw-away ones.
+command -v go >/dev/null || { echo "[deps] error: Go is needed to build the Kubernetes binaries (https://go.dev/dl/)" >&2; exit 1; }
+echo "[deps] ok: $(redis-server --version | cut -d' ' -f3), $(go version | cut -d' ' -f3), openssl $(openssl version | cut -d' ' -f2)"
