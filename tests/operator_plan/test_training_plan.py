@@ -1,9 +1,11 @@
 """The operator's pure TrainingJob planning: decisions in, pods and status out."""
 
+import json
+
 from flotilla.allocation import JobDecision, Verdict
 from flotilla.allocation.fifo import FifoGang
 from flotilla.operator import training
-from flotilla.operator.actions import CreatePod, DeletePod, PatchStatus, PostEvent
+from flotilla.operator.actions import CreatePod, DeletePod, PatchAnnotations, PatchStatus, PostEvent
 from flotilla.operator.reconcile import reconcile, training_snapshot
 from tests.operator_plan.builders import T0, node, pod, trainingjob
 
@@ -95,15 +97,75 @@ def test_rank0_success_finishes_the_job_and_a_failed_worker_fails_it():
     assert training.plan_job(trainingjob(status={**running, "phase": "Succeeded"}), [], decision, NOW, "x") == []
 
 
-def test_a_changed_placement_reshards_into_a_new_generation():
-    body = trainingjob(status={"phase": "Running", "placement": [{"node": "n0", "gpus": 2}]})
-    old = [pod("job-g0-w0", "job", 0), pod("job-g0-w1", "job", 0)]
-    decision = JobDecision("ns/job", Verdict.ADMITTED, {"n1": 2}, "n0 lost")
-    actions = training.plan_job(body, old, decision, NOW, "fifo-gang")
+def _running(**extra):
+    status = {"phase": "Running", "placement": [{"node": "n0", "gpus": 2}], "startedAt": "2026-01-01T00:00:10Z",
+              "progress": {"steps": 400, "stepsPerSecond": 1.0, "updatedAt": "2026-01-01T00:00:50Z"}}
+    status.update(extra)
+    return status
+
+
+MOVE = JobDecision("ns/job", Verdict.ADMITTED, {"n1": 2}, "n0 lost")
+OLD_PODS = [pod("job-g0-w0", "job", 0), pod("job-g0-w1", "job", 0)]
+
+
+def test_a_placement_change_first_asks_rank0_for_a_checkpoint_and_keeps_the_pods():
+    actions = training.plan_job(trainingjob(status=_running()), OLD_PODS, MOVE, NOW, "p")
     st = status_patch(actions)
-    assert st["phase"] == "Resharding" and st["reshards"] == 1
+    assert st["phase"] == "Resharding" and st["checkpoint"]["requestedGeneration"] == 1
+    req = next(a for a in actions if isinstance(a, PatchAnnotations)).annotations
+    assert json.loads(req["flotilla.dev/checkpoint-request"])["generation"] == 1
+    assert not [a for a in actions if isinstance(a, (CreatePod, DeletePod))]
+
+
+def test_after_the_acknowledgement_the_worker_set_is_replaced_and_progress_kept():
+    ack = json.dumps({"generation": 1, "step": 420, "time": "2026-01-01T00:00:59Z"})
+    body = trainingjob(status=_running(phase="Resharding", checkpoint={"requestedGeneration": 1,
+                                                                       "requestedAt": training.rfc3339(NOW - 5)}),
+                       annotations={"flotilla.dev/checkpoint-ack": ack})
+    actions = training.plan_job(body, OLD_PODS, MOVE, NOW, "p")
+    st = status_patch(actions)
+    assert st["reshards"] == 1 and st["placement"] == [{"node": "n1", "gpus": 2}]
+    assert st["checkpoint"]["generation"] == 1 and st["checkpoint"]["step"] == 420
+    assert st["progress"]["steps"] == 420
     assert sorted(a.name for a in actions if isinstance(a, DeletePod)) == ["job-g0-w0", "job-g0-w1"]
     assert [a.manifest["metadata"]["name"] for a in actions if isinstance(a, CreatePod)] == ["job-g1-w0", "job-g1-w1"]
+    reasons = [a.reason for a in actions if isinstance(a, PostEvent)]
+    assert reasons == ["CheckpointWritten", "Resharding"]
+
+
+def test_without_an_acknowledgement_the_job_waits_then_restarts_from_the_last_checkpoint():
+    body = trainingjob(status=_running(phase="Resharding",
+                                       checkpoint={"requestedGeneration": 1, "step": 300,
+                                                   "requestedAt": training.rfc3339(NOW - 10)}))
+    waiting = training.plan_job(body, OLD_PODS, MOVE, NOW, "p", ack_timeout=60)
+    assert not [a for a in waiting if isinstance(a, (CreatePod, DeletePod, PatchAnnotations))]
+    late = training.plan_job(body, OLD_PODS, MOVE, NOW + 100, "p", ack_timeout=60)
+    st = status_patch(late)
+    assert st["reshards"] == 1 and st["progress"]["steps"] == 300 and st["checkpoint"]["generation"] == 1
+    events = {a.reason: a.message for a in late if isinstance(a, PostEvent)}
+    assert "RestartFromCheckpoint" in events and "100 steps lost" in events["Resharding"]
+
+
+def test_a_restart_request_from_the_controller_does_not_wait():
+    req = json.dumps({"generation": 3, "reason": "XID 79 on n0", "requestedBy": "controller", "restart": True})
+    body = trainingjob(status=_running(), annotations={"flotilla.dev/checkpoint-request": req})
+    actions = training.plan_job(body, OLD_PODS, MOVE, NOW, "p")
+    st = status_patch(actions)
+    assert st["reshards"] == 1 and st["checkpoint"]["generation"] == 3
+
+
+def test_a_job_that_never_ran_moves_without_a_checkpoint():
+    body = trainingjob(status={"phase": "Admitted", "placement": [{"node": "n0", "gpus": 2}]})
+    actions = training.plan_job(body, [pod("job-g0-w0", "job", 0, "Pending")], MOVE, NOW, "p")
+    assert status_patch(actions)["reshards"] == 1
+    assert not [a for a in actions if isinstance(a, PatchAnnotations)]
+
+
+def test_progress_from_an_older_worker_set_is_ignored():
+    stale = json.dumps({"steps": 900, "generation": 0})
+    body = trainingjob(status={"reshards": 1, "progress": {"steps": 420}},
+                       annotations={"flotilla.dev/progress": stale})
+    assert training.progress_of(body)["steps"] == 420
 
 
 def test_pending_and_rejected_jobs_say_why():

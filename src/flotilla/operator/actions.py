@@ -15,6 +15,14 @@ class PatchStatus:
 
 
 @dataclass(frozen=True)
+class PatchAnnotations:
+    plural: str
+    namespace: str
+    name: str
+    annotations: dict[str, str]  # merge-patched into .metadata.annotations
+
+
+@dataclass(frozen=True)
 class CreatePod:
     manifest: dict[str, Any]
 
@@ -39,7 +47,7 @@ class PostEvent:
     fields: dict[str, Any] = field(default_factory=dict)
 
 
-Action = PatchStatus | CreatePod | DeletePod | ApplyDeployment | PostEvent
+Action = PatchStatus | PatchAnnotations | CreatePod | DeletePod | ApplyDeployment | PostEvent
 
 
 def involved(body: dict[str, Any]) -> dict[str, Any]:

@@ -18,7 +18,7 @@ from kubernetes import client, config as kube_config
 
 from flotilla import GROUP, VERSION
 from flotilla.allocation import Allocator
-from flotilla.operator.actions import PatchStatus
+from flotilla.operator.actions import PatchAnnotations, PatchStatus
 from flotilla.operator.kube import Kube
 from flotilla.operator.reconcile import reconcile
 from flotilla.resources import names
@@ -150,7 +150,7 @@ async def _reconcile_once(kube: Kube) -> None:
         return
     done = await kube.apply(actions)
     for action, result in done:
-        if isinstance(action, PatchStatus) and isinstance(result, dict):
+        if isinstance(action, (PatchStatus, PatchAnnotations)) and isinstance(result, dict):
             store = view.jobs if action.plural == "trainingjobs" else view.servings
             store[f"{action.namespace}/{action.name}"] = result
     log.debug("reconciled: %d actions (%d applied) in %.1f ms", len(actions), len(done),

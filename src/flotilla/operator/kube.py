@@ -12,7 +12,15 @@ from kubernetes import client
 from kubernetes.client.rest import ApiException
 
 from flotilla import GROUP, VERSION
-from flotilla.operator.actions import Action, ApplyDeployment, CreatePod, DeletePod, PatchStatus, PostEvent
+from flotilla.operator.actions import (
+    Action,
+    ApplyDeployment,
+    CreatePod,
+    DeletePod,
+    PatchAnnotations,
+    PatchStatus,
+    PostEvent,
+)
 from flotilla.operator.timeutil import rfc3339
 
 log = logging.getLogger(__name__)
@@ -30,15 +38,16 @@ class Kube:
         self.requests = 0
 
     async def apply(self, actions: list[Action]) -> list[tuple[Action, Any]]:
-        """Status patches first, in order (they record intent before pods follow), then the rest
-        concurrently. Returns (action, result) for the actions that succeeded."""
+        """Status and annotation patches first, in order (they record intent before pods follow),
+        then the rest concurrently. Returns (action, result) for the actions that succeeded."""
         done: list[tuple[Action, Any]] = []
+        ordered = (PatchStatus, PatchAnnotations)
         for a in actions:
-            if isinstance(a, PatchStatus):
+            if isinstance(a, ordered):
                 result = await self._run(a)
                 if result is not None:
                     done.append((a, result))
-        rest = [a for a in actions if not isinstance(a, PatchStatus)]
+        rest = [a for a in actions if not isinstance(a, ordered)]
         results = await asyncio.gather(*(self._run(a) for a in rest))
         done.extend((a, r) for a, r in zip(rest, results) if r is not None)
         return done
@@ -58,6 +67,9 @@ class Kube:
         if isinstance(a, PatchStatus):
             return self.custom.patch_namespaced_custom_object_status(
                 GROUP, VERSION, a.namespace, a.plural, a.name, {"status": a.status})
+        if isinstance(a, PatchAnnotations):
+            return self.custom.patch_namespaced_custom_object(
+                GROUP, VERSION, a.namespace, a.plural, a.name, {"metadata": {"annotations": a.annotations}})
         if isinstance(a, CreatePod):
             meta = a.manifest["metadata"]
             try:

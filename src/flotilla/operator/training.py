@@ -16,7 +16,15 @@ from typing import Any, Iterable, Mapping
 
 from flotilla import API_VERSION
 from flotilla.allocation import ClusterSnapshot, JobDecision, JobState, NodeState, ScalingCurve, Verdict
-from flotilla.operator.actions import Action, CreatePod, DeletePod, PatchStatus, PostEvent, involved
+from flotilla.operator.actions import (
+    Action,
+    CreatePod,
+    DeletePod,
+    PatchAnnotations,
+    PatchStatus,
+    PostEvent,
+    involved,
+)
 from flotilla.operator.timeutil import rfc3339, to_unix
 from flotilla.resources import names, phases
 
@@ -42,16 +50,21 @@ def placement_of(body: Body) -> dict[str, int]:
 
 
 def progress_of(body: Body) -> dict[str, Any] | None:
-    """Rank 0's latest report (annotation), else what status already holds."""
+    """Rank 0's latest report (annotation) from the current worker set, else what status holds."""
+    status = body.get("status") or {}
     raw = (body["metadata"].get("annotations") or {}).get(names.ANNOTATION_PROGRESS)
     if raw:
         try:
             p = json.loads(raw)
-            return {"steps": int(p["steps"]), "stepsPerSecond": float(p.get("stepsPerSecond", 0.0)),
-                    "updatedAt": p.get("time") or rfc3339(0)}
+            if int(p.get("generation", 0)) >= int(status.get("reshards", 0)):
+                out = {"steps": int(p["steps"]), "stepsPerSecond": float(p.get("stepsPerSecond", 0.0)),
+                       "updatedAt": p.get("time") or rfc3339(0)}
+                if p.get("checkpointStep") is not None:
+                    out["checkpointStep"] = int(p["checkpointStep"])
+                return out
         except (ValueError, KeyError, TypeError):
             log.warning("ignoring malformed %s annotation on %s", names.ANNOTATION_PROGRESS, key_of(body))
-    return (body.get("status") or {}).get("progress")
+    return status.get("progress")
 
 
 _VERDICT_OF_PHASE = {
@@ -193,6 +206,35 @@ def _describe(placement: Mapping[str, int]) -> str:
     return ", ".join(f"{n}:{g}" for n, g in sorted(placement.items())) or "none"
 
 
+def _annotation_json(body: Body, key: str) -> dict[str, Any] | None:
+    raw = (body["metadata"].get("annotations") or {}).get(key)
+    if not raw:
+        return None
+    try:
+        value = json.loads(raw)
+        return value if isinstance(value, dict) else None
+    except ValueError:
+        log.warning("ignoring malformed %s annotation on %s", key, key_of(body))
+        return None
+
+
+def checkpoint_request(body: Body) -> dict[str, Any] | None:
+    req = _annotation_json(body, names.ANNOTATION_CHECKPOINT_REQUEST)
+    return req if req and isinstance(req.get("generation"), int) else None
+
+
+def checkpoint_ack(body: Body) -> dict[str, Any] | None:
+    ack = _annotation_json(body, names.ANNOTATION_CHECKPOINT_ACK)
+    return ack if ack and isinstance(ack.get("generation"), int) and isinstance(ack.get("step"), int) else None
+
+
+def request_annotation(generation: int, reason: str, now: float, requested_by: str = "operator",
+                       restart: bool = False) -> dict[str, str]:
+    return {names.ANNOTATION_CHECKPOINT_REQUEST: json.dumps(
+        {"generation": generation, "reason": reason, "requestedBy": requested_by, "restart": restart,
+         "time": rfc3339(now)}, separators=(",", ":"))}
+
+
 def _outlook(body: Body, state: JobState, gpus: int, now: float) -> dict[str, Any]:
     """Predicted completion from reported progress, or from the curve since the run started."""
     status = body.get("status") or {}
@@ -200,129 +242,231 @@ def _outlook(body: Body, state: JobState, gpus: int, now: float) -> dict[str, An
     if rate <= 0:
         return {}
     progress = progress_of(body)
-    if progress:
-        since = to_unix(progress["updatedAt"]) if progress.get("updatedAt") else now
-        eta = since + state.remaining_steps / rate
+    if progress and progress.get("updatedAt"):
+        eta = to_unix(progress["updatedAt"]) + state.remaining_steps / rate
     elif status.get("startedAt"):
         eta = to_unix(status["startedAt"]) + state.total_steps / rate
     else:
-        eta = now + state.total_steps / rate
+        eta = now + state.remaining_steps / rate
     return {"estimatedCompletion": rfc3339(eta), "deadlineMet": eta <= state.deadline}
 
 
+class _Plan:
+    """Accumulates one job's status patch, annotation patch, pod actions and Events."""
+
+    def __init__(self, body: Body, now: float):
+        self.body, self.now = body, now
+        self.meta, self.status = body["metadata"], body.get("status") or {}
+        self.ns, self.name = self.meta["namespace"], self.meta["name"]
+        self.patch: dict[str, Any] = {}
+        self.annotations: dict[str, str] = {}
+        self.actions: list[Action] = []
+
+    def event(self, type_: str, reason: str, message: str) -> None:
+        self.actions.append(PostEvent(involved(self.body), type_, reason, message))
+
+    def condition(self, type_: str, status: str, reason: str, message: str) -> None:
+        base = {**self.status, "conditions": self.patch.get("conditions", self.status.get("conditions"))}
+        self.patch["conditions"] = set_condition(base, {"type": type_, "status": status, "reason": reason,
+                                                        "message": message}, self.now)
+
+    def checkpoint(self, **fields: Any) -> None:
+        self.patch["checkpoint"] = {**(self.status.get("checkpoint") or {}), **self.patch.get("checkpoint", {}),
+                                    **fields}
+
+    def done(self, *, keep_creates: bool = True) -> list[Action]:
+        out: list[Action] = []
+        if self.patch:
+            out.append(PatchStatus(PLURAL, self.ns, self.name, self.patch))
+        if self.annotations:
+            out.append(PatchAnnotations(PLURAL, self.ns, self.name, self.annotations))
+        out.extend(a for a in self.actions if keep_creates or not isinstance(a, CreatePod))
+        return out
+
+
 def plan_job(body: Body, pods: Iterable[Body], decision: JobDecision | None, now: float,
-             policy: str) -> list[Action]:
-    """Actions that bring one TrainingJob's pods and status in line with the decision."""
+             policy: str, ack_timeout: float = 120.0) -> list[Action]:
+    """Actions that bring one TrainingJob's pods and status in line with the decision.
+
+    A running job changes placement only through the resharding protocol: ask rank 0
+    for a checkpoint (annotation), wait for its acknowledgement (or `ack_timeout`, or
+    a request marked `restart`), then replace the worker set with a new generation.
+    """
     if is_final(body):
         return []
-    meta, status = body["metadata"], body.get("status") or {}
+    plan = _Plan(body, now)
+    meta, status = plan.meta, plan.status
     state = job_state(body)
-    obj = involved(body)
-    ns, name = meta["namespace"], meta["name"]
-    generation = int(status.get("reshards", 0))
-    current = placement_of(body)
-    patch: dict[str, Any] = {}
-    actions: list[Action] = []
     if status.get("observedGeneration") != meta.get("generation"):
-        patch["observedGeneration"] = meta.get("generation")
+        plan.patch["observedGeneration"] = meta.get("generation")
     if not status.get("deadline"):
-        patch["deadline"] = rfc3339(state.deadline)
+        plan.patch["deadline"] = rfc3339(state.deadline)
     if status.get("policy") != policy:
-        patch["policy"] = policy
+        plan.patch["policy"] = policy
 
-    def event(type_: str, reason: str, message: str) -> None:
-        actions.append(PostEvent(obj, type_, reason, message))
-
-    def finish() -> list[Action]:
-        if patch:
-            actions.insert(0, PatchStatus(PLURAL, ns, name, patch))
-        return actions
-
+    generation = int(status.get("reshards", 0))
     by_gen: dict[int, list[Body]] = {}
     for p in pods:
         by_gen.setdefault(int(p["metadata"]["labels"].get(names.LABEL_GENERATION, -1)), []).append(p)
-    stale = [p for g, ps in by_gen.items() if g != generation for p in ps]
-
+    current = placement_of(body)
     want = dict(decision.placement) if decision else {}
     verdict = decision.verdict if decision else Verdict.PENDING
     reason = decision.reason if decision else "waiting for the allocator"
-
-    if verdict is Verdict.REJECTED and not current:
-        if status.get("phase") != phases.REJECTED:
-            patch.update(phase=phases.REJECTED, message=reason, gpus=0,
-                         conditions=set_condition(status, {"type": names.COND_ADMITTED, "status": "False",
-                                                           "reason": names.Reason.REJECTED, "message": reason}, now))
-            event("Warning", names.Reason.REJECTED, reason)
-        return finish()
-
-    if want != current and want:
-        # A new placement: record it first, then create its pods (restart-safe order).
-        if current:
-            generation += 1
-            patch.update(reshards=generation, phase=phases.RESHARDING)
-            event("Normal", names.Reason.RESHARDING,
-                  f"moving from {sum(current.values())} to {sum(want.values())} GPUs ({_describe(want)}): {reason}")
-            stale = [p for ps in by_gen.values() for p in ps]
-        else:
-            patch["phase"] = phases.ADMITTED
-            admitted_reason = "BestEffort" if verdict is Verdict.BEST_EFFORT else names.Reason.ADMITTED
-            patch["conditions"] = set_condition(status, {"type": names.COND_ADMITTED, "status": "True",
-                                                         "reason": admitted_reason, "message": reason}, now)
-            event("Normal", names.Reason.ADMITTED, f"{sum(want.values())} GPUs on {_describe(want)}: {reason}")
-        patch.update(placement=_placement_list(want), gpus=sum(want.values()),
-                     workers=sum(want.values()) // state.gpus_per_worker, message=reason)
-        patch.update(_outlook(body, state, sum(want.values()), now))
-        actions.extend(DeletePod(ns, p["metadata"]["name"]) for p in stale
-                       if not p["metadata"].get("deletionTimestamp"))
-        actions.extend(CreatePod(m) for m in worker_pods(body, want, generation))
-        return finish()
+    _note_external_request(plan)
+    _consume_acknowledgement(plan)
 
     if not current:
+        if verdict is Verdict.REJECTED:
+            if status.get("phase") != phases.REJECTED:
+                plan.patch.update(phase=phases.REJECTED, message=reason, gpus=0)
+                plan.condition(names.COND_ADMITTED, "False", names.Reason.REJECTED, reason)
+                plan.event("Warning", names.Reason.REJECTED, reason)
+            return plan.done()
+        if want:
+            plan.patch["phase"] = phases.ADMITTED
+            admitted = "BestEffort" if verdict is Verdict.BEST_EFFORT else names.Reason.ADMITTED
+            plan.condition(names.COND_ADMITTED, "True", admitted, reason)
+            plan.event("Normal", names.Reason.ADMITTED, f"{sum(want.values())} GPUs on {_describe(want)}: {reason}")
+            _switch(plan, state, by_gen, want, generation, reason)
+            return plan.done()
         if status.get("phase") != phases.PENDING or status.get("message") != reason:
-            patch.update(phase=phases.PENDING, message=reason, gpus=0)
             if status.get("phase") != phases.PENDING:
-                event("Normal", names.Reason.QUEUED, reason)
-        return finish()
+                plan.event("Normal", names.Reason.QUEUED, reason)
+            plan.patch.update(phase=phases.PENDING, message=reason, gpus=0)
+        return plan.done()
 
-    # Running on its recorded placement: keep the pod set whole and derive the phase from it.
-    actions.extend(DeletePod(ns, p["metadata"]["name"]) for p in stale if not p["metadata"].get("deletionTimestamp"))
+    if want and want != current:
+        ran = any((p.get("status") or {}).get("phase") == "Running" for p in by_gen.get(generation, []))
+        if not ran:  # nothing has run on the old placement: nothing to checkpoint
+            _switch(plan, state, by_gen, want, generation + 1, reason)
+            return plan.done()
+        if _ready_to_switch(plan, reason, ack_timeout):
+            _switch(plan, state, by_gen, want, generation + 1, reason)
+            return plan.done()
+    return _keep_running(plan, state, by_gen, current, generation)
+
+
+def _note_external_request(plan: _Plan) -> None:
+    """A checkpoint request the operator did not make (controller, admin) becomes the outstanding one."""
+    request = checkpoint_request(plan.body)
+    ckpt = plan.status.get("checkpoint") or {}
+    if request and request["generation"] > max(int(ckpt.get("requestedGeneration", 0)),
+                                               int(ckpt.get("generation", 0))):
+        plan.checkpoint(requestedGeneration=request["generation"],
+                        requestedAt=request.get("time") or rfc3339(plan.now), reason=str(request.get("reason", "")))
+        plan.event("Normal", names.Reason.CHECKPOINT_REQUESTED,
+                   f"checkpoint generation {request['generation']} requested by "
+                   f"{request.get('requestedBy', 'someone')}: {request.get('reason', '')}")
+
+
+def _consume_acknowledgement(plan: _Plan) -> None:
+    """Record a checkpoint that rank 0 has acknowledged (once)."""
+    ack = checkpoint_ack(plan.body)
+    ckpt = plan.status.get("checkpoint") or {}
+    if ack and ack["generation"] > int(ckpt.get("generation", 0)) and ack["generation"] <= int(
+            ckpt.get("requestedGeneration", 0)):
+        plan.checkpoint(generation=ack["generation"], step=ack["step"], time=ack.get("time") or rfc3339(plan.now))
+        plan.event("Normal", names.Reason.CHECKPOINT_WRITTEN,
+                   f"rank 0 wrote checkpoint generation {ack['generation']} at step {ack['step']}")
+
+
+def _ready_to_switch(plan: _Plan, reason: str, ack_timeout: float) -> bool:
+    """Drive the checkpoint request for a placement change; True once the workers may be replaced."""
+    ckpt = {**(plan.status.get("checkpoint") or {}), **plan.patch.get("checkpoint", {})}
+    applied, requested = int(ckpt.get("generation", 0)), int(ckpt.get("requestedGeneration", 0))
+    request = checkpoint_request(plan.body)
+    if requested > applied:
+        if request and request.get("restart"):
+            return True
+        asked_at = to_unix(ckpt.get("requestedAt") or rfc3339(plan.now))
+        if plan.now - asked_at > ack_timeout:
+            plan.event("Warning", names.Reason.RESTART_FROM_CHECKPOINT,
+                       f"rank 0 did not acknowledge checkpoint generation {requested} within {ack_timeout:.0f}s")
+            return True
+        message = f"waiting for rank 0 to write checkpoint generation {requested}: {ckpt.get('reason') or reason}"
+        if plan.status.get("message") != message:
+            plan.patch.update(phase=phases.RESHARDING, message=message)
+        return False
+    if requested == applied and applied and ckpt.get("step") is not None and plan.patch.get("checkpoint"):
+        return True  # acknowledged in this very pass
+    generation = max(applied, requested, request["generation"] if request else 0) + 1
+    plan.annotations.update(request_annotation(generation, reason, plan.now))
+    plan.checkpoint(requestedGeneration=generation, requestedAt=rfc3339(plan.now), reason=reason)
+    plan.patch.update(phase=phases.RESHARDING, message=f"checkpoint requested to change size: {reason}")
+    plan.event("Normal", names.Reason.CHECKPOINT_REQUESTED, f"checkpoint generation {generation}: {reason}")
+    return False
+
+
+def _switch(plan: _Plan, state: JobState, by_gen: Mapping[int, list[Body]], want: Mapping[str, int],
+            generation: int, reason: str) -> None:
+    """Record the new placement (status first), then replace the worker set."""
+    status = plan.status
+    old = placement_of(plan.body)
+    if old:
+        ckpt = {**(status.get("checkpoint") or {}), **plan.patch.get("checkpoint", {})}
+        progress = progress_of(plan.body) or {}
+        resume = int(ckpt.get("step", 0))
+        if int(ckpt.get("requestedGeneration", 0)) > int(ckpt.get("generation", 0)):
+            plan.checkpoint(generation=int(ckpt["requestedGeneration"]))  # consumed, acknowledged or not
+        lost = max(0, int(progress.get("steps", resume)) - resume)
+        plan.patch["progress"] = {**progress, "steps": resume, "updatedAt": rfc3339(plan.now)}
+        plan.patch.update(reshards=generation, phase=phases.RESHARDING)
+        plan.event("Normal", names.Reason.RESHARDING,
+                   f"from {sum(old.values())} to {sum(want.values())} GPUs ({_describe(want)}), resuming at step "
+                   f"{resume}" + (f", {lost} steps lost" if lost else "") + f": {reason}")
+    gpus = sum(want.values())
+    plan.patch.update(placement=_placement_list(want), gpus=gpus, workers=gpus // state.gpus_per_worker,
+                      message=reason)
+    plan.patch.update(_outlook(plan.body, state, gpus, plan.now))
+    plan.actions.extend(DeletePod(plan.ns, p["metadata"]["name"]) for g, ps in by_gen.items() if g != generation
+                        for p in ps if not p["metadata"].get("deletionTimestamp"))
+    plan.actions.extend(CreatePod(m) for m in worker_pods(plan.body, want, generation))
+
+
+def _keep_running(plan: _Plan, state: JobState, by_gen: Mapping[int, list[Body]], current: Mapping[str, int],
+                  generation: int) -> list[Action]:
+    """On the recorded placement: keep the pod set whole and derive the phase from it."""
+    status, name = plan.status, plan.name
+    plan.actions.extend(DeletePod(plan.ns, p["metadata"]["name"]) for g, ps in by_gen.items() if g != generation
+                        for p in ps if not p["metadata"].get("deletionTimestamp"))
     mine = {p["metadata"]["name"]: p for p in by_gen.get(generation, [])}
-    expected = worker_pods(body, current, generation)
-    actions.extend(CreatePod(m) for m in expected if m["metadata"]["name"] not in mine)
+    expected = worker_pods(plan.body, current, generation)
+    plan.actions.extend(CreatePod(m) for m in expected if m["metadata"]["name"] not in mine)
     pod_phase = {n: (p.get("status") or {}).get("phase", "Pending") for n, p in mine.items()}
     failed = sorted(n for n, ph in pod_phase.items() if ph == "Failed")
-    rank0 = pod_name(name, generation, 0)
     if failed:
         why = f"worker pod {failed[0]} failed"
-        patch.update(phase=phases.FAILED, message=why,
-                     conditions=set_condition(status, {"type": names.COND_READY, "status": "False",
-                                                       "reason": names.Reason.WORKER_FAILED, "message": why}, now))
-        event("Warning", names.Reason.WORKER_FAILED, why)
-        actions.extend(DeletePod(ns, n) for n, ph in pod_phase.items() if ph not in ("Failed", "Succeeded"))
-        return [a for a in finish() if not isinstance(a, CreatePod)]
-    if pod_phase.get(rank0) == "Succeeded":
-        patch.update(phase=phases.SUCCEEDED, message="rank 0 exited successfully", gpus=0,
-                     estimatedCompletion=rfc3339(now), deadlineMet=now <= state.deadline,
-                     conditions=set_condition(status, {"type": names.COND_READY, "status": "False",
-                                                       "reason": names.Reason.SUCCEEDED,
-                                                       "message": "finished"}, now))
-        met = "met" if now <= state.deadline else "missed"
-        event("Normal", names.Reason.SUCCEEDED, f"finished; deadline {met}")
-        return [a for a in finish() if not isinstance(a, CreatePod)]
+        plan.patch.update(phase=phases.FAILED, message=why)
+        plan.condition(names.COND_READY, "False", names.Reason.WORKER_FAILED, why)
+        plan.event("Warning", names.Reason.WORKER_FAILED, why)
+        plan.actions.extend(DeletePod(plan.ns, n) for n, ph in pod_phase.items() if ph not in ("Failed", "Succeeded"))
+        return plan.done(keep_creates=False)
+    if pod_phase.get(pod_name(name, generation, 0)) == "Succeeded":
+        met = plan.now <= state.deadline
+        plan.patch.update(phase=phases.SUCCEEDED, message="rank 0 exited successfully", gpus=0,
+                          estimatedCompletion=rfc3339(plan.now), deadlineMet=met)
+        progress = progress_of(plan.body)
+        if progress:
+            plan.patch["progress"] = progress
+        plan.condition(names.COND_READY, "False", names.Reason.SUCCEEDED, "finished")
+        plan.event("Normal", names.Reason.SUCCEEDED, f"finished; deadline {'met' if met else 'missed'}")
+        return plan.done(keep_creates=False)
     all_running = len(mine) == len(expected) and all(ph == "Running" for ph in pod_phase.values())
-    if all_running and status.get("phase") != phases.RUNNING:
-        patch.update(phase=phases.RUNNING, message=f"{len(mine)} workers running on {_describe(current)}")
+    waiting = plan.patch.get("phase") == phases.RESHARDING
+    if all_running and not waiting and status.get("phase") != phases.RUNNING:
+        msg = f"{len(mine)} workers running on {_describe(current)}"
+        plan.patch.update(phase=phases.RUNNING, message=msg)
         if not status.get("startedAt"):
-            patch["startedAt"] = rfc3339(now)
-        patch["conditions"] = set_condition(status, {"type": names.COND_READY, "status": "True",
-                                                     "reason": names.Reason.WORKERS_RUNNING,
-                                                     "message": f"{len(mine)} workers running"}, now)
-        event("Normal", names.Reason.WORKERS_RUNNING, f"{len(mine)} workers running on {_describe(current)}")
-    progress = progress_of(body)
-    if progress and progress != status.get("progress"):
-        patch["progress"] = progress
-    outlook = _outlook(body, state, sum(current.values()), now)
-    for k, v in outlook.items():
+            plan.patch["startedAt"] = rfc3339(plan.now)
+        plan.condition(names.COND_READY, "True", names.Reason.WORKERS_RUNNING, msg)
+        plan.event("Normal", names.Reason.WORKERS_RUNNING, msg)
+    progress = progress_of(plan.body)
+    if progress and progress != status.get("progress") and "progress" not in plan.patch:
+        plan.patch["progress"] = progress
+        if progress.get("checkpointStep") is not None and progress["checkpointStep"] > int(
+                (status.get("checkpoint") or {}).get("step", 0)):
+            plan.checkpoint(step=int(progress["checkpointStep"]), time=progress.get("updatedAt"))
+    for k, v in _outlook(plan.body, state, sum(current.values()), plan.now).items():
         if status.get(k) != v:
-            patch[k] = v
-    return finish()
+            plan.patch[k] = v
+    return plan.done()

@@ -17,7 +17,9 @@ ROLE_DECODE = "decode"
 
 # Annotations.
 ANNOTATION_CHECKPOINT_REQUEST = f"{GROUP}/checkpoint-request"  # JSON, see design.md
-ANNOTATION_PROGRESS = f"{GROUP}/progress"  # JSON {"steps", "stepsPerSecond", "time"}, written by rank 0
+ANNOTATION_CHECKPOINT_ACK = f"{GROUP}/checkpoint-ack"  # JSON {"generation", "step", "time"}, written by rank 0
+# JSON {"steps", "stepsPerSecond", "time", "generation", "checkpointStep"}, written by rank 0.
+ANNOTATION_PROGRESS = f"{GROUP}/progress"
 
 # Node health.
 NODE_CONDITION_HEALTHY = "FlotillaGPUHealthy"
@@ -42,6 +44,9 @@ class Reason:
     WORKERS_RUNNING = "WorkersRunning"
     SUCCEEDED = "Succeeded"
     WORKER_FAILED = "WorkerFailed"
+    CHECKPOINT_REQUESTED = "CheckpointRequested"
+    CHECKPOINT_WRITTEN = "CheckpointWritten"
+    RESTART_FROM_CHECKPOINT = "RestartFromCheckpoint"
     CREATE_FAILED = "CreateFailed"
     INVALID_SPEC = "InvalidSpec"
     DEADLINE_AT_RISK = "DeadlineAtRisk"
