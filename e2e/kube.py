@@ -59,21 +59,20 @@ def apply(manifest: str, namespace: str) -> subprocess.CompletedProcess:
     return kubectl("apply", "-n", namespace, "-f", "-", stdin=manifest, check=False)
 
 
-class OperatorProcess:
-    """`flotilla operator` as a child process, its log in a file."""
+class FlotillaProcess:
+    """A `flotilla` subcommand as a child process, its log in a file."""
 
-    def __init__(self, log_path: Path, *extra: str):
+    def __init__(self, log_path: Path, *args: str):
         self.log_path = log_path
-        self.extra = extra
+        self.args = args
         self.proc: subprocess.Popen | None = None
 
-    def start(self) -> "OperatorProcess":
+    def start(self) -> "FlotillaProcess":
         env = {**os.environ, "PYTHONUNBUFFERED": "1"}
         env["PYTHONPATH"] = str(ROOT / "src") + os.pathsep + env.get("PYTHONPATH", "")
         self._log = open(self.log_path, "a")
-        self.proc = subprocess.Popen(
-            [sys.executable, "-m", "flotilla.cli", "operator", "--liveness", "", "--resync", "2", *self.extra],
-            stdout=self._log, stderr=subprocess.STDOUT, env=env, cwd=ROOT)
+        self.proc = subprocess.Popen([sys.executable, "-m", "flotilla.cli", *self.args],
+                                     stdout=self._log, stderr=subprocess.STDOUT, env=env, cwd=ROOT)
         return self
 
     def stop(self, sig: int = signal.SIGTERM) -> None:
@@ -88,3 +87,12 @@ class OperatorProcess:
 
     def alive(self) -> bool:
         return self.proc is not None and self.proc.poll() is None
+
+
+def OperatorProcess(log_path: Path, *extra: str) -> FlotillaProcess:
+    return FlotillaProcess(log_path, "operator", "--liveness", "", "--resync", "2", *extra)
+
+
+def SimulatedWorkersProcess(log_path: Path, namespace: str, speed: float = 1.0) -> FlotillaProcess:
+    return FlotillaProcess(log_path, "simworkers", "--namespace", namespace, "--speed", str(speed),
+                           "--interval", "0.5")

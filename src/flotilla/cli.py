@@ -17,6 +17,7 @@ import sys
 COMMANDS: dict[str, tuple[str, str]] = {
     "demo": ("flotilla.commands.demo", "Bring up a local cluster with fake GPU nodes, run the operator and apply examples/"),
     "operator": ("flotilla.commands.operator", "Run the operator: reconcile TrainingJobs, ServingDeployments and Nodes"),
+    "simworkers": ("flotilla.commands.simworkers", "Simulate training workers on KWOK nodes (demo and e2e)"),
     "crds": ("flotilla.commands.crds", "Print or write the CRD manifests generated from flotilla.resources"),
 }
 

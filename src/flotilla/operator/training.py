@@ -10,8 +10,6 @@ and never a second set.
 from __future__ import annotations
 
 import copy
-import json
-import logging
 from typing import Any, Iterable, Mapping
 
 from flotilla import API_VERSION
@@ -26,9 +24,8 @@ from flotilla.operator.actions import (
     involved,
 )
 from flotilla.operator.timeutil import rfc3339, to_unix
-from flotilla.resources import names, phases
+from flotilla.resources import checkpoint, names, phases
 
-log = logging.getLogger(__name__)
 
 Body = Mapping[str, Any]
 PLURAL = "trainingjobs"
@@ -52,18 +49,13 @@ def placement_of(body: Body) -> dict[str, int]:
 def progress_of(body: Body) -> dict[str, Any] | None:
     """Rank 0's latest report (annotation) from the current worker set, else what status holds."""
     status = body.get("status") or {}
-    raw = (body["metadata"].get("annotations") or {}).get(names.ANNOTATION_PROGRESS)
-    if raw:
-        try:
-            p = json.loads(raw)
-            if int(p.get("generation", 0)) >= int(status.get("reshards", 0)):
-                out = {"steps": int(p["steps"]), "stepsPerSecond": float(p.get("stepsPerSecond", 0.0)),
-                       "updatedAt": p.get("time") or rfc3339(0)}
-                if p.get("checkpointStep") is not None:
-                    out["checkpointStep"] = int(p["checkpointStep"])
-                return out
-        except (ValueError, KeyError, TypeError):
-            log.warning("ignoring malformed %s annotation on %s", names.ANNOTATION_PROGRESS, key_of(body))
+    p = checkpoint.parse_progress(body["metadata"].get("annotations"))
+    if p and int(p.get("generation", 0)) >= int(status.get("reshards", 0)):
+        out = {"steps": int(p["steps"]), "stepsPerSecond": float(p.get("stepsPerSecond", 0.0)),
+               "updatedAt": p.get("time") or rfc3339(0)}
+        if p.get("checkpointStep") is not None:
+            out["checkpointStep"] = int(p["checkpointStep"])
+        return out
     return status.get("progress")
 
 
@@ -206,33 +198,12 @@ def _describe(placement: Mapping[str, int]) -> str:
     return ", ".join(f"{n}:{g}" for n, g in sorted(placement.items())) or "none"
 
 
-def _annotation_json(body: Body, key: str) -> dict[str, Any] | None:
-    raw = (body["metadata"].get("annotations") or {}).get(key)
-    if not raw:
-        return None
-    try:
-        value = json.loads(raw)
-        return value if isinstance(value, dict) else None
-    except ValueError:
-        log.warning("ignoring malformed %s annotation on %s", key, key_of(body))
-        return None
-
-
 def checkpoint_request(body: Body) -> dict[str, Any] | None:
-    req = _annotation_json(body, names.ANNOTATION_CHECKPOINT_REQUEST)
-    return req if req and isinstance(req.get("generation"), int) else None
+    return checkpoint.parse_request(body["metadata"].get("annotations"))
 
 
 def checkpoint_ack(body: Body) -> dict[str, Any] | None:
-    ack = _annotation_json(body, names.ANNOTATION_CHECKPOINT_ACK)
-    return ack if ack and isinstance(ack.get("generation"), int) and isinstance(ack.get("step"), int) else None
-
-
-def request_annotation(generation: int, reason: str, now: float, requested_by: str = "operator",
-                       restart: bool = False) -> dict[str, str]:
-    return {names.ANNOTATION_CHECKPOINT_REQUEST: json.dumps(
-        {"generation": generation, "reason": reason, "requestedBy": requested_by, "restart": restart,
-         "time": rfc3339(now)}, separators=(",", ":"))}
+    return checkpoint.parse_ack(body["metadata"].get("annotations"))
 
 
 def _outlook(body: Body, state: JobState, gpus: int, now: float) -> dict[str, Any]:
@@ -390,7 +361,7 @@ def _ready_to_switch(plan: _Plan, reason: str, ack_timeout: float) -> bool:
     if requested == applied and applied and ckpt.get("step") is not None and plan.patch.get("checkpoint"):
         return True  # acknowledged in this very pass
     generation = max(applied, requested, request["generation"] if request else 0) + 1
-    plan.annotations.update(request_annotation(generation, reason, plan.now))
+    plan.annotations.update(checkpoint.request_annotation(generation, reason, plan.now))
     plan.checkpoint(requestedGeneration=generation, requestedAt=rfc3339(plan.now), reason=reason)
     plan.patch.update(phase=phases.RESHARDING, message=f"checkpoint requested to change size: {reason}")
     plan.event("Normal", names.Reason.CHECKPOINT_REQUESTED, f"checkpoint generation {generation}: {reason}")

@@ -1,0 +1,109 @@
+"""A worker's view of its TrainingJob, through the Kubernetes API (the pod's ServiceAccount
+needs get and patch on trainingjobs in its namespace)."""
+
+from __future__ import annotations
+
+import os
+import time
+from dataclasses import dataclass
+from typing import Any
+
+from flotilla import GROUP, VERSION
+from flotilla.resources import checkpoint
+
+PLURAL = "trainingjobs"
+
+
+@dataclass(frozen=True)
+class WorkerIdentity:
+    job: str
+    namespace: str
+    rank: int
+    world_size: int
+    generation: int
+
+    @classmethod
+    def from_env(cls, env: dict[str, str] | None = None) -> "WorkerIdentity":
+        env = dict(os.environ if env is None else env)
+        missing = [k for k in ("FLOTILLA_JOB", "FLOTILLA_NAMESPACE", "FLOTILLA_RANK", "FLOTILLA_WORLD_SIZE")
+                   if k not in env]
+        if missing:
+            raise RuntimeError(f"not running as a Flotilla worker: {', '.join(missing)} not set")
+        return cls(env["FLOTILLA_JOB"], env["FLOTILLA_NAMESPACE"], int(env["FLOTILLA_RANK"]),
+                   int(env["FLOTILLA_WORLD_SIZE"]), int(env.get("FLOTILLA_GENERATION", "0")))
+
+
+@dataclass(frozen=True)
+class CheckpointRequest:
+    generation: int
+    reason: str
+    restart: bool
+
+
+class JobClient:
+    def __init__(self, identity: WorkerIdentity, api: Any = None, min_interval: float = 1.0,
+                 clock=time.time):
+        if api is None:
+            from kubernetes import client, config
+
+            try:
+                config.load_incluster_config()
+            except config.ConfigException:
+                config.load_kube_config()
+            api = client.CustomObjectsApi()
+        self.identity = identity
+        self._api = api
+        self._min_interval = min_interval
+        self._clock = clock
+        self._last_report = float("-inf")
+        self._last_poll = float("-inf")
+        self._acked = 0
+
+    @classmethod
+    def from_env(cls, **kwargs: Any) -> "JobClient":
+        return cls(WorkerIdentity.from_env(), **kwargs)
+
+    @property
+    def rank(self) -> int:
+        return self.identity.rank
+
+    @property
+    def world_size(self) -> int:
+        return self.identity.world_size
+
+    def _patch_annotations(self, annotations: dict[str, str]) -> None:
+        self._api.patch_namespaced_custom_object(GROUP, VERSION, self.identity.namespace, PLURAL, self.identity.job,
+                                                 {"metadata": {"annotations": annotations}})
+
+    def report_progress(self, steps: int, steps_per_second: float, checkpoint_step: int | None = None,
+                        force: bool = False) -> bool:
+        """Rank 0 reports; at most once per `min_interval` unless forced. True if sent."""
+        now = self._clock()
+        if not force and now - self._last_report < self._min_interval:
+            return False
+        self._patch_annotations(checkpoint.progress_annotation(steps, steps_per_second, now,
+                                                               self.identity.generation, checkpoint_step))
+        self._last_report = now
+        return True
+
+    def pending_checkpoint(self, force: bool = False) -> CheckpointRequest | None:
+        """The checkpoint request not yet acknowledged, if any (polled at most once per `min_interval`)."""
+        now = self._clock()
+        if not force and now - self._last_poll < self._min_interval:
+            return None
+        self._last_poll = now
+        body = self._api.get_namespaced_custom_object(GROUP, VERSION, self.identity.namespace, PLURAL,
+                                                      self.identity.job)
+        annotations = body["metadata"].get("annotations") or {}
+        request, ack = checkpoint.parse_request(annotations), checkpoint.parse_ack(annotations)
+        acked = max(self._acked, ack["generation"] if ack else 0,
+                    int(((body.get("status") or {}).get("checkpoint") or {}).get("generation", 0)))
+        if request and request["generation"] > acked:
+            return CheckpointRequest(request["generation"], str(request.get("reason", "")),
+                                     bool(request.get("restart", False)))
+        return None
+
+    def acknowledge(self, request: CheckpointRequest, step: int) -> None:
+        """Rank 0: the checkpoint for `request` is written and complete at `step`."""
+        self._patch_annotations(checkpoint.ack_annotation(request.generation, step, self._clock()))
+        self._acked = request.generation
