@@ -2,7 +2,9 @@
 
 Brings up the local control plane (e2e/cluster.sh: etcd, kube-apiserver,
 kube-controller-manager, kube-scheduler, KWOK with fake 8-GPU nodes), applies
-the CRDs, starts the operator, applies examples/ (two TrainingJobs with
+the CRDs, starts the operator and the simulated workers (`flotilla simworkers`:
+no container runs on a fake node, so they play rank 0 of each job, with time
+running --speed times faster), applies examples/ (two TrainingJobs with
 deadlines and one ServingDeployment) and shows `kubectl get flotilla` as it
 changes, until the training jobs finish. The cluster is left running for you
 to explore (export KUBECONFIG=.flotilla/kubeconfig); `e2e/cluster.sh down` stops it.
@@ -24,6 +26,7 @@ HELP = "Bring up a local cluster with fake GPU nodes, run the operator and apply
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--repo", type=Path, default=Path.cwd(), help="repository checkout (default: .)")
     parser.add_argument("--nodes", type=int, default=4, help="fake GPU nodes (default: %(default)s)")
+    parser.add_argument("--speed", type=float, default=100, help="simulated time runs this many times faster")
     parser.add_argument("--timeout", type=float, default=300, help="stop watching after this many seconds")
     parser.add_argument("--down", action="store_true", help="stop the cluster at the end")
 
@@ -45,11 +48,14 @@ def run(args: argparse.Namespace) -> int:
     k("apply", "--server-side", "-f", str(repo / "crds"), check=True)
     k("wait", "--for", "condition=established", "--timeout=60s",
       "crd/trainingjobs.flotilla.dev", "crd/servingdeployments.flotilla.dev", check=True)
-    log_path = repo / ".flotilla" / "operator.log"
-    with open(log_path, "w") as log:
-        operator = subprocess.Popen([sys.executable, "-m", "flotilla.cli", "operator", "--liveness", ""],
-                                    stdout=log, stderr=subprocess.STDOUT, env=env)
-    print(f"operator started (pid {operator.pid}), log: {log_path}")
+    procs = {}
+    for name, argv in (("operator", ["operator", "--liveness", ""]),
+                       ("simworkers", ["simworkers", "--speed", str(args.speed)])):
+        log_path = repo / ".flotilla" / f"{name}.log"
+        with open(log_path, "w") as log:
+            procs[name] = subprocess.Popen([sys.executable, "-m", "flotilla.cli", *argv],
+                                           stdout=log, stderr=subprocess.STDOUT, env=env)
+        print(f"{name} started (pid {procs[name].pid}), log: {log_path}")
     try:
         k("apply", "-f", str(repo / "examples"), check=True)
         last, started = "", time.monotonic()
@@ -61,15 +67,18 @@ def run(args: argparse.Namespace) -> int:
             phases = k("get", "tj", "-o", "jsonpath={.items[*].status.phase}", capture_output=True).stdout.split()
             if phases and all(p in ("Succeeded", "Failed", "Rejected") for p in phases):
                 break
-            if operator.poll() is not None:
-                print(f"error: the operator exited; see {log_path}", file=sys.stderr)
-                return 1
+            for name, proc in procs.items():
+                if proc.poll() is not None:
+                    print(f"error: {name} exited; see .flotilla/{name}.log", file=sys.stderr)
+                    return 1
             time.sleep(2)
         print("\nEvents:")
-        k("get", "events", "--sort-by=.lastTimestamp")
+        k("get", "events", "--sort-by=.lastTimestamp",
+          "--field-selector", "involvedObject.apiVersion=flotilla.dev/v1alpha1")
     finally:
-        operator.terminate()
-        operator.wait(timeout=20)
+        for proc in procs.values():
+            proc.terminate()
+            proc.wait(timeout=20)
         if args.down:
             subprocess.run([str(cluster), "down"], env=env)
         else:

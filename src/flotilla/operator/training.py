@@ -207,13 +207,14 @@ def checkpoint_ack(body: Body) -> dict[str, Any] | None:
 
 
 def _outlook(body: Body, state: JobState, gpus: int, now: float) -> dict[str, Any]:
-    """Predicted completion from reported progress, or from the curve since the run started."""
+    """Predicted completion: at rank 0's measured rate when it has reported one on this
+    worker set, else at the rate the scaling curve gives for `gpus`."""
     status = body.get("status") or {}
-    rate = state.curve.rate(gpus)
+    progress = progress_of(body) or {}
+    rate = float(progress.get("stepsPerSecond") or 0.0) or state.curve.rate(gpus)
     if rate <= 0:
         return {}
-    progress = progress_of(body)
-    if progress and progress.get("updatedAt"):
+    if progress.get("updatedAt"):
         eta = to_unix(progress["updatedAt"]) + state.remaining_steps / rate
     elif status.get("startedAt"):
         eta = to_unix(status["startedAt"]) + state.total_steps / rate
@@ -380,7 +381,8 @@ def _switch(plan: _Plan, state: JobState, by_gen: Mapping[int, list[Body]], want
         if int(ckpt.get("requestedGeneration", 0)) > int(ckpt.get("generation", 0)):
             plan.checkpoint(generation=int(ckpt["requestedGeneration"]))  # consumed, acknowledged or not
         lost = max(0, int(progress.get("steps", resume)) - resume)
-        plan.patch["progress"] = {**progress, "steps": resume, "updatedAt": rfc3339(plan.now)}
+        # The old worker set's rate says nothing of the new size: 0 until rank 0 reports again.
+        plan.patch["progress"] = {"steps": resume, "stepsPerSecond": 0.0, "updatedAt": rfc3339(plan.now)}
         plan.patch.update(reshards=generation, phase=phases.RESHARDING)
         plan.event("Normal", names.Reason.RESHARDING,
                    f"from {sum(old.values())} to {sum(want.values())} GPUs ({_describe(want)}), resuming at step "
