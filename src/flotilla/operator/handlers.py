@@ -1,6 +1,8 @@
 """kopf wiring: watches keep an in-memory view; one loop reconciles the whole view.
 
 Watch events only update the view and wake the loop (kopf handlers stay short).
+The handlers are coroutines on purpose: kopf runs plain functions in a thread
+pool, and the view must only change on the event loop, between reconcile passes.
 The loop is level-based: it reconciles everything it sees, on every wake-up and
 at least every `resync` seconds, so a missed event or a restart converges.
 """
@@ -88,27 +90,27 @@ async def cleanup(memo: kopf.Memo, **_: Any) -> None:
 
 
 @kopf.on.event(GROUP, VERSION, "trainingjobs")
-def on_job(event: dict, **_: Any) -> None:
+async def on_job(event: dict, **_: Any) -> None:
     view.record("jobs", event)
 
 
 @kopf.on.event(GROUP, VERSION, "servingdeployments")
-def on_serving(event: dict, **_: Any) -> None:
+async def on_serving(event: dict, **_: Any) -> None:
     view.record("servings", event)
 
 
 @kopf.on.event("", "v1", "nodes")
-def on_node(event: dict, **_: Any) -> None:
+async def on_node(event: dict, **_: Any) -> None:
     view.record("nodes", event)
 
 
 @kopf.on.event("", "v1", "pods", labels=MANAGED)
-def on_pod(event: dict, **_: Any) -> None:
+async def on_pod(event: dict, **_: Any) -> None:
     view.record("pods", event)
 
 
 @kopf.on.event("apps", "v1", "deployments", labels=MANAGED)
-def on_deployment(event: dict, **_: Any) -> None:
+async def on_deployment(event: dict, **_: Any) -> None:
     view.record("deployments", event)
 
 
