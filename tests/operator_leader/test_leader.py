@@ -121,6 +121,16 @@ def test_hold_gives_up_before_the_lease_could_be_taken():
         asyncio.run(asyncio.wait_for(a.hold(), timeout=5))
 
 
+def test_hold_gives_up_at_once_when_another_holds_the_lease():
+    api, clock = FakeLeases(), Clock()
+    a, b = elector(api, "a", clock), elector(api, "b", clock)
+    assert a.try_once() and not b.try_once()
+    clock.t = 20.0  # a paused (say, a long GC or a partition) past the lease duration, b took over
+    assert b.try_once()
+    with pytest.raises(LostLeadership, match="now held by b"):
+        asyncio.run(asyncio.wait_for(a.hold(), timeout=5))
+
+
 def test_bad_timings_are_refused():
     with pytest.raises(ValueError, match="renew interval < renew deadline < lease duration"):
         LeaderElector(FakeLeases(), "ns", "op", "a", duration_s=5, renew_every_s=5)

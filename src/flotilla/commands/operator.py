@@ -77,7 +77,10 @@ async def _elected(args: argparse.Namespace, main) -> int:
     except kube_config.ConfigException:
         kube_config.load_kube_config()
     identity = f"{os.environ.get('POD_NAME') or socket.gethostname()}_{uuid.uuid4().hex[:8]}"
-    elector = LeaderElector(client.CoordinationV1Api(), args.lease_namespace, args.lease_name, identity,
-                            duration_s=args.lease_duration, renew_every_s=args.lease_duration / 5)
+    try:
+        elector = LeaderElector(client.CoordinationV1Api(), args.lease_namespace, args.lease_name, identity,
+                                duration_s=args.lease_duration, renew_every_s=args.lease_duration / 5)
+    except ValueError as e:
+        raise SystemExit(f"--lease-duration {args.lease_duration}: {e}") from None
     # While waiting, kopf does not run: the liveness endpoint is served by the election loop throughout.
     return await run_elected(elector, main, args.liveness or None)

@@ -158,6 +158,9 @@ class LeaderElector:
             await asyncio.sleep(self.renew_every_s)
             if await self._try():
                 continue
+            holder = self._observed.record.holder if self._observed else self.identity
+            if holder != self.identity:
+                raise LostLeadership(f"lease {self.namespace}/{self.name} is now held by {holder or 'nobody'}")
             assert self._renewed_at is not None, "hold() before acquire()"
             if self.clock() - self._renewed_at >= self.renew_deadline_s:
                 raise LostLeadership(f"lease {self.namespace}/{self.name} not renewed for {self.renew_deadline_s:.0f}s")
