@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import logging
+import os
 
 HELP = "Run the operator: reconcile TrainingJobs, ServingDeployments and Nodes"
 
@@ -28,6 +29,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="watch only this namespace (repeatable); default: all namespaces")
     parser.add_argument("--liveness", default="http://0.0.0.0:8081/healthz",
                         help="liveness endpoint URL, or '' for none (default: %(default)s)")
+    lease = parser.add_argument_group("leader election (for several replicas: exactly one acts)")
+    lease.add_argument("--leader-elect", action="store_true",
+                       help="act only while holding a coordination.k8s.io Lease; wait for it otherwise")
+    lease.add_argument("--lease-name", default="flotilla-operator", help="(default: %(default)s)")
+    lease.add_argument("--lease-namespace", default=os.environ.get("POD_NAMESPACE") or "default",
+                       help="(default: $POD_NAMESPACE, else %(default)s)")
+    lease.add_argument("--lease-duration", type=int, default=15, metavar="SECONDS",
+                       help="a standby takes over this long after the leader stops renewing (default: %(default)s)")
 
 
 def _allocator(name: str):
@@ -44,10 +53,34 @@ def run(args: argparse.Namespace) -> int:
     handlers.configure(handlers.Settings(allocator=_allocator(args.policy), resync_seconds=args.resync,
                                          concurrency=args.concurrency))
     logging.getLogger("kopf.objects").setLevel(logging.WARNING)
-    asyncio.run(kopf.operator(
-        standalone=True,
-        clusterwide=not args.namespace,
-        namespaces=args.namespace or [],
-        liveness_endpoint=args.liveness or None,
-    ))
-    return 0
+
+    def operator(liveness: str | None):
+        return kopf.operator(standalone=True, clusterwide=not args.namespace, namespaces=args.namespace or [],
+                             liveness_endpoint=liveness)
+
+    if not args.leader_elect:
+        asyncio.run(operator(args.liveness or None))
+        return 0
+    return asyncio.run(_elected(args, lambda: operator(None)))
+
+
+async def _elected(args: argparse.Namespace, main) -> int:
+    import socket
+    import uuid
+
+    from kubernetes import client, config as kube_config
+
+    from flotilla.operator.leader import LeaderElector, run_elected
+
+    try:
+        kube_config.load_incluster_config()
+    except kube_config.ConfigException:
+        kube_config.load_kube_config()
+    identity = f"{os.environ.get('POD_NAME') or socket.gethostname()}_{uuid.uuid4().hex[:8]}"
+    try:
+        elector = LeaderElector(client.CoordinationV1Api(), args.lease_namespace, args.lease_name, identity,
+                                duration_s=args.lease_duration, renew_every_s=args.lease_duration / 5)
+    except ValueError as e:
+        raise SystemExit(f"--lease-duration {args.lease_duration}: {e}") from None
+    # While waiting, kopf does not run: the liveness endpoint is served by the election loop throughout.
+    return await run_elected(elector, main, args.liveness or None)

@@ -1,0 +1,272 @@
+"""The Helm chart: lint and render for the defaults and for each option; bad values refused by the schema."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from tests.chart.conftest import CHART, ROOT, run_helm
+
+OP, CTL, AGENT = "rel-flotilla-operator", "rel-flotilla-controller", "rel-flotilla-agent"
+
+# Each option the chart offers, as --set arguments; all of them must lint and render.
+OPTIONS = {
+    "defaults": [],
+    "redis": ["--set", "redis.url=redis://redis:6379/0"],
+    "redis-secret": ["--set", "redis.existingSecret=redis-auth"],
+    "postgresql": ["--set", "controller.database.url=postgresql+psycopg://u:p@db/flotilla"],
+    "postgresql-secret": ["--set", "controller.database.existingSecret=db-auth,controller.database.existingSecretKey=dsn"],
+    "no-persistence": ["--set", "controller.persistence.enabled=false"],
+    "keep-pvc": ["--set", "controller.persistence.keepOnUninstall=true,controller.persistence.storageClass=fast"],
+    "existing-tokens": ["--set", "apiTokens.existingSecret=my-tokens"],
+    "service-monitor": ["--set", "metrics.serviceMonitor.enabled=true,metrics.serviceMonitor.labels.release=prom"],
+    "single-operator": ["--set", "operator.replicas=1,operator.leaderElection.enabled=false"],
+    "watch-namespaces": ["--set", "operator.watchNamespaces={team-a,team-b}"],
+    "token-review": ["--set", "controller.tokenReview.enabled=true,controller.tokenReview.admins={alice}"],
+    "host-driver": ["--set", "agent.nvml.hostDriverPath=/run/nvidia/driver/usr/lib64,agent.nvml.runtimeClassName=nvidia"],
+    "registry": ["--set", "image.registry=registry.example.com/flotilla/,image.tag=1.2.3"],
+    "service-nodeport": ["--set", "controller.service.type=NodePort"],
+    "operator-only": ["--set", "controller.enabled=false,agent.enabled=false"],
+    "no-agent": ["--set", "agent.enabled=false"],
+}
+
+
+def container(objects, kind, name) -> dict:
+    return objects[(kind, name)]["spec"]["template"]["spec"]["containers"][0]
+
+
+def env(c: dict) -> dict:
+    return {e["name"]: e.get("value", e.get("valueFrom")) for e in c.get("env", [])}
+
+
+def rules(objects, kind, name) -> set[tuple[str, str, str]]:
+    """(apiGroup, resource, verb) triples a Role/ClusterRole grants."""
+    return {(g, r, v) for rule in objects[(kind, name)]["rules"]
+            for g in rule["apiGroups"] for r in rule["resources"] for v in rule["verbs"]}
+
+
+def triples(group: str, resources: list[str], verbs: list[str]) -> set[tuple[str, str, str]]:
+    return {(group, r, v) for r in resources for v in verbs}
+
+
+def test_chart_crds_are_the_repository_crds():
+    repo = {p.name: p.read_bytes() for p in (ROOT / "crds").glob("*.yaml")}
+    chart = {p.name: p.read_bytes() for p in (CHART / "crds").glob("*.yaml")}
+    assert repo and chart == repo, "charts/flotilla/crds/ differs from crds/: cp crds/*.yaml charts/flotilla/crds/"
+
+
+@pytest.mark.parametrize("option", OPTIONS)
+def test_lint(helm, option):
+    r = run_helm(helm, "lint", "--strict", str(CHART), *OPTIONS[option])
+    assert r.returncode == 0, r.stdout + r.stderr
+
+
+@pytest.mark.parametrize("option", OPTIONS)
+def test_every_option_renders_secure_pods(render, option):
+    objects = render(*OPTIONS[option])
+    workloads = [o for (kind, _), o in objects.items() if kind in ("Deployment", "DaemonSet")]
+    assert workloads
+    for w in workloads:
+        pod = w["spec"]["template"]["spec"]
+        assert pod["securityContext"]["runAsNonRoot"] is True and pod["securityContext"]["runAsUser"] != 0
+        for c in pod["containers"]:
+            sc = c["securityContext"]
+            assert sc["readOnlyRootFilesystem"] is True and sc["allowPrivilegeEscalation"] is False
+            assert sc["capabilities"]["drop"] == ["ALL"]
+            assert c["resources"]["requests"] and c["resources"]["limits"]["memory"]
+        # Each pod runs as its own component's ServiceAccount.
+        assert pod["serviceAccountName"] == w["metadata"]["name"]
+
+
+def test_defaults(render):
+    o = render()
+    assert {k for k, _ in o} == {"ServiceAccount", "Secret", "PersistentVolumeClaim", "ClusterRole", "ClusterRoleBinding",
+                                  "Role", "RoleBinding", "Lease", "Service", "Deployment", "DaemonSet"}
+    # Operator: two replicas behind the chart's own Lease, a liveness probe that works while waiting.
+    dep = o[("Deployment", OP)]
+    assert dep["spec"]["replicas"] == 2
+    args = container(o, "Deployment", OP)["args"]
+    assert {"--leader-elect", f"--lease-name={OP}", "--lease-namespace=flotilla-system"} <= set(args)
+    assert container(o, "Deployment", OP)["livenessProbe"]["httpGet"]["path"] == "/healthz"
+    assert ("Lease", OP) in o
+    # Controller: SQLite on the PVC, tokens from the chart's Secret, probes on its endpoints.
+    ctl = container(o, "Deployment", CTL)
+    assert env(ctl)["FLOTILLA_DATA"] == "/var/lib/flotilla"
+    volumes = {v["name"]: v for v in o[("Deployment", CTL)]["spec"]["template"]["spec"]["volumes"]}
+    assert volumes["data"]["persistentVolumeClaim"]["claimName"] == CTL
+    assert volumes["tokens"]["secret"]["secretName"] == "rel-flotilla-tokens"
+    assert (ctl["livenessProbe"]["httpGet"]["path"], ctl["readinessProbe"]["httpGet"]["path"]) == ("/healthz", "/readyz")
+    assert o[("Service", CTL)]["spec"]["ports"][0]["port"] == 8080
+    tokens = o[("Secret", "rel-flotilla-tokens")]["stringData"]
+    lines = tokens["tokens"].split()
+    assert [line.split(",")[1:] for line in lines] == [["admin", "admin"], ["ingest", "agent"], ["read", "metrics"]]
+    assert [line.split(",")[0] for line in lines] == [tokens["admin-token"], tokens["agent-token"], tokens["metrics-token"]]
+    assert len(set(tokens[k] for k in ("admin-token", "agent-token", "metrics-token"))) == 3
+    # Agent: GPU nodes only, tolerates GPU and unhealthy taints, no API token, publishes to the controller.
+    ds = o[("DaemonSet", AGENT)]["spec"]["template"]["spec"]
+    assert ds["nodeSelector"] == {"nvidia.com/gpu.present": "true"}
+    assert {t["key"] for t in ds["tolerations"]} == {"nvidia.com/gpu", "flotilla.dev/unhealthy"}
+    assert all(t["operator"] == "Exists" and "effect" not in t for t in ds["tolerations"])
+    assert ds["automountServiceAccountToken"] is False
+    agent = container(o, "DaemonSet", AGENT)
+    assert "--controller-url=http://rel-flotilla-controller.flotilla-system.svc:8080" in agent["args"]
+    assert env(agent)["NODE_NAME"] == {"fieldRef": {"fieldPath": "spec.nodeName"}}
+    assert env(agent)["NVIDIA_DRIVER_CAPABILITIES"] == "utility"
+    assert o[("ServiceAccount", AGENT)]["automountServiceAccountToken"] is False
+
+
+def test_rbac_is_exactly_what_each_component_uses(render):
+    o = render()
+    # From src/flotilla/operator: kopf watches, status patches, pods, server-side-applied Deployments, Events.
+    assert rules(o, "ClusterRole", OP) == (
+        triples("flotilla.dev", ["trainingjobs", "servingdeployments"], ["list", "watch"])
+        | triples("flotilla.dev", ["trainingjobs/status", "servingdeployments/status"], ["patch"])
+        | triples("", ["nodes"], ["list", "watch"])
+        | triples("", ["pods"], ["list", "watch", "create", "delete"])
+        | triples("apps", ["deployments"], ["list", "watch", "create", "patch"])
+        | triples("", ["events"], ["create"])
+        | triples("apiextensions.k8s.io", ["customresourcedefinitions"], ["list", "watch"]))
+    lease_role = o[("Role", f"{OP}-leader-election")]
+    assert lease_role["rules"] == [{"apiGroups": ["coordination.k8s.io"], "resources": ["leases"],
+                                    "resourceNames": [OP], "verbs": ["get", "update"]}]
+    # From the controller: mirror (list/watch), checkpoint requests and spec edits (patch), cordon/taint/condition.
+    assert rules(o, "ClusterRole", CTL) == (
+        triples("flotilla.dev", ["trainingjobs", "servingdeployments"], ["get", "list", "watch", "patch"])
+        | triples("", ["nodes"], ["get", "list", "watch", "patch"])
+        | triples("", ["nodes/status"], ["patch"]))
+    # Every binding names the SA of its own component; nothing is bound to the agent.
+    for kind in ("ClusterRoleBinding", "RoleBinding"):
+        for (k, name), b in o.items():
+            if k == kind:
+                assert [(s["name"], s["namespace"]) for s in b["subjects"]] == [(OP if OP in name else CTL,
+                                                                                  "flotilla-system")]
+                assert b["roleRef"]["name"] == name
+
+
+def test_redis(render):
+    o = render(*OPTIONS["redis"])
+    for kind, name in (("Deployment", CTL), ("DaemonSet", AGENT)):
+        c = container(o, kind, name)
+        assert env(c)["REDIS_URL"] == "redis://redis:6379/0" and "--redis-url=$(REDIS_URL)" in c["args"]
+    agent = container(o, "DaemonSet", AGENT)
+    assert not any(a.startswith("--controller-url") for a in agent["args"]) and "volumeMounts" in agent
+    assert all(m["name"] != "token" for m in agent["volumeMounts"])
+    secret = env(container(render(*OPTIONS["redis-secret"]), "DaemonSet", AGENT))["REDIS_URL"]
+    assert secret == {"secretKeyRef": {"name": "redis-auth", "key": "url"}}
+
+
+def test_postgresql_replaces_the_pvc(render):
+    for option, want in (("postgresql", "postgresql+psycopg://u:p@db/flotilla"),
+                         ("postgresql-secret", {"secretKeyRef": {"name": "db-auth", "key": "dsn"}})):
+        o = render(*OPTIONS[option])
+        c = container(o, "Deployment", CTL)
+        assert env(c)["FLOTILLA_DB_URL"] == want and "--db-url=$(FLOTILLA_DB_URL)" in c["args"]
+        assert not any(k == "PersistentVolumeClaim" for k, _ in o)
+
+
+def test_persistence_options(render):
+    o = render(*OPTIONS["no-persistence"])
+    assert not any(k == "PersistentVolumeClaim" for k, _ in o)
+    volumes = {v["name"]: v for v in o[("Deployment", CTL)]["spec"]["template"]["spec"]["volumes"]}
+    assert volumes["data"] == {"name": "data", "emptyDir": {}}
+    pvc = render(*OPTIONS["keep-pvc"])[("PersistentVolumeClaim", CTL)]
+    assert pvc["metadata"]["annotations"] == {"helm.sh/resource-policy": "keep"}
+    assert pvc["spec"]["storageClassName"] == "fast"
+
+
+def test_existing_token_secret(render):
+    o = render(*OPTIONS["existing-tokens"])
+    assert not any(k == "Secret" for k, _ in o)
+    ctl_volumes = o[("Deployment", CTL)]["spec"]["template"]["spec"]["volumes"]
+    agent_volumes = o[("DaemonSet", AGENT)]["spec"]["template"]["spec"]["volumes"]
+    assert {v["secret"]["secretName"] for v in ctl_volumes + agent_volumes if "secret" in v} == {"my-tokens"}
+
+
+def test_service_monitor_scrapes_with_the_read_token(render):
+    sm = render(*OPTIONS["service-monitor"])[("ServiceMonitor", CTL)]
+    assert sm["metadata"]["labels"]["release"] == "prom"
+    endpoint = sm["spec"]["endpoints"][0]
+    assert (endpoint["port"], endpoint["path"]) == ("http", "/metrics")
+    assert endpoint["authorization"]["credentials"] == {"name": "rel-flotilla-tokens", "key": "metrics-token"}
+
+
+def test_single_operator_without_election(render):
+    o = render(*OPTIONS["single-operator"])
+    assert o[("Deployment", OP)]["spec"]["replicas"] == 1
+    assert not any(k in ("Lease", "Role", "RoleBinding") for k, _ in o)
+    assert "--leader-elect" not in container(o, "Deployment", OP)["args"]
+
+
+def test_component_options(render):
+    args = container(render(*OPTIONS["watch-namespaces"]), "Deployment", OP)["args"]
+    assert [a for a in args if a.startswith("--namespace=")] == ["--namespace=team-a", "--namespace=team-b"]
+
+    o = render(*OPTIONS["token-review"])
+    assert ("authentication.k8s.io", "tokenreviews", "create") in rules(o, "ClusterRole", CTL)
+    assert "--tokenreview-admins=alice" in container(o, "Deployment", CTL)["args"]
+
+    o = render(*OPTIONS["host-driver"])
+    pod = o[("DaemonSet", AGENT)]["spec"]["template"]["spec"]
+    assert pod["runtimeClassName"] == "nvidia"
+    assert {"name": "host-driver", "hostPath": {"path": "/run/nvidia/driver/usr/lib64", "type": "Directory"}} in pod["volumes"]
+    assert env(pod["containers"][0])["LD_LIBRARY_PATH"] == "/host-driver"
+
+    o = render(*OPTIONS["registry"])
+    assert container(o, "Deployment", OP)["image"] == "registry.example.com/flotilla/flotilla-operator:1.2.3"
+    assert container(o, "DaemonSet", AGENT)["image"] == "registry.example.com/flotilla/flotilla-agent:1.2.3"
+
+    assert render(*OPTIONS["service-nodeport"])[("Service", CTL)]["spec"]["type"] == "NodePort"
+
+    o = render(*OPTIONS["operator-only"])
+    assert {name for _, name in o} == {OP, f"{OP}-leader-election"}
+
+
+# Bad values and the message `helm install` gives for each.
+INVALID = [
+    (["--set", "operator.replica=3"], "at '/operator': additional properties 'replica' not allowed"),
+    (["--set", "operator.replicas=-1"], "at '/operator/replicas': minimum: got -1, want 0"),
+    (["--set", "operator.policy=best"], "at '/operator/policy': value must be 'fifo-gang'"),
+    (["--set", "operator.leaderElection.leaseDurationSeconds=1"], "at '/operator/leaderElection/leaseDurationSeconds'"),
+    (["--set", "operator.watchNamespaces={Team_A}"], "at '/operator/watchNamespaces/0'"),
+    (["--set", "agent.source=gpu"], "at '/agent/source': value must be one of 'nvml', 'sim', 'auto'"),
+    (["--set", "agent.intervalSeconds=0"], "at '/agent/intervalSeconds'"),
+    (["--set", "agent.nvml.hostDriverPath=usr/lib"], "at '/agent/nvml/hostDriverPath'"),
+    (["--set-string", "controller.port=http"], "at '/controller/port': got string, want integer"),
+    (["--set", "controller.service.type=Ingress"], "at '/controller/service/type'"),
+    (["--set", "controller.persistence.size=lots"], "at '/controller/persistence/size'"),
+    (["--set", "controller.database.url=mysql://db"], "at '/controller/database/url'"),
+    (["--set", "redis.url=localhost:6379"], "at '/redis/url'"),
+    (["--set", "image.pullPolicy=Sometimes"], "at '/image/pullPolicy'"),
+    (["--set", "metrics.serviceMonitor.interval=soon"], "at '/metrics/serviceMonitor/interval'"),
+    # Across fields: said by the chart's own checks.
+    (["--set", "operator.leaderElection.enabled=false"],
+     "operator.replicas > 1 needs operator.leaderElection.enabled=true"),
+    (["--set", "controller.enabled=false"], "agent.enabled needs controller.enabled or redis.url"),
+    (["--set", "controller.tokenReview.enabled=true"], "controller.tokenReview.enabled needs controller.tokenReview.admins"),
+    (["--set", "controller.enabled=false,agent.enabled=false,metrics.serviceMonitor.enabled=true"],
+     "metrics.serviceMonitor.enabled needs controller.enabled"),
+]
+
+
+@pytest.mark.parametrize("args, message", INVALID, ids=[" ".join(a[1:]) for a, _ in INVALID])
+def test_invalid_values_are_refused_with_the_field_named(helm, args, message):
+    r = run_helm(helm, "template", "rel", str(CHART), *args)
+    assert r.returncode != 0
+    assert message in r.stderr, r.stderr
+
+
+def test_schema_covers_every_default_value():
+    """additionalProperties is false throughout, so every key in values.yaml must be in the schema."""
+    import yaml
+
+    schema = json.loads((CHART / "values.schema.json").read_text())
+    values = yaml.safe_load((CHART / "values.yaml").read_text())
+
+    def walk(v, s, path):
+        if isinstance(v, dict) and s.get("properties") is not None:
+            for key, sub in v.items():
+                assert key in s["properties"], f"values.yaml {path}{key} is not in values.schema.json"
+                walk(sub, s["properties"][key], f"{path}{key}.")
+
+    walk(values, schema, "")
