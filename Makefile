@@ -38,9 +38,10 @@ cluster-up:
 cluster-down:
 	e2e/cluster.sh down
 
-## crds: regenerate crds/ from src/flotilla/resources
+## crds: regenerate crds/ (and the chart's copy) from src/flotilla/resources
 crds: venv
 	$(BIN)/flotilla crds --write crds
+	$(BIN)/flotilla crds --write charts/flotilla/crds
 
 clean:
 	-e2e/cluster.sh down

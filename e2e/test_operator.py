@@ -101,6 +101,16 @@ def test_job_succeeds_when_rank0_exits_zero_and_fails_when_a_worker_fails(operat
 
 def test_a_job_too_big_for_free_gpus_waits_then_runs_when_a_node_joins(operator, namespace):
     total = sum(int(n["status"].get("allocatable", {}).get("nvidia.com/gpu", 0)) for n in items("nodes", "default"))
+
+    def gpu_pods_elsewhere() -> list[str]:
+        pods = json.loads(kubectl("get", "pods", "-A", "-o", "json").stdout)["items"]
+        return [f"{p['metadata']['namespace']}/{p['metadata']['name']}" for p in pods
+                if p["metadata"]["namespace"] != namespace and p["status"].get("phase") in ("Pending", "Running")
+                and any("nvidia.com/gpu" in (c.get("resources", {}).get("limits") or {})
+                        for c in p["spec"]["containers"])]
+
+    # The job needs the whole cluster once the node joins: earlier tests' pods must be gone first.
+    wait_for("no GPU pods left by earlier tests", lambda: not gpu_pods_elsewhere(), timeout=120)
     # Asks for every GPU of the cluster plus one node's worth: it cannot start until a node joins.
     want = total + 8
     assert apply(job_manifest("big", min_gpus=want, max_gpus=want, per_worker=8), namespace).returncode == 0
