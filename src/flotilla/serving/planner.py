@@ -5,8 +5,8 @@
 2. For every pair (prefill GPUs, decode GPUs) the replica counts are searched independently (uneven
    counts such as 1 prefill : 3 decode come out naturally), and colocated instances are one more
    candidate. A candidate's capacity is the rate its bottleneck phase sustains.
-3. The plan that meets the rate with the fewest GPUs wins (ties: more capacity). Below `min_gpus`
-   the spare GPUs go to the bottleneck phase. When no candidate within `max_gpus` meets the rate, the
+3. The plan that meets the rate with the fewest GPUs (but at least `min_gpus` where the layout
+   allows) wins; ties go to more capacity. GPUs up to `min_gpus` go to the bottleneck phase. When no candidate within `max_gpus` meets the rate, the
    plan is the one with the most capacity within the budget, flagged `slo_at_risk` with the rate it
    can meet.
 """
@@ -127,7 +127,8 @@ def plan(request: PlanRequest) -> Plan:
 def plan_from_capacities(caps: InstanceCapacities, rate: float, min_gpus: int, max_gpus: int) -> Plan:
     candidates = [c for c in _candidates(caps, rate, min_gpus, max_gpus) if c.capacity > 0]
     if not candidates:
-        smallest = min(min(caps.prefill) + min(caps.decode), min(caps.colocated, default=math.inf))
+        smallest = min(min(caps.prefill, default=math.inf) + min(caps.decode, default=math.inf),
+                       min(caps.colocated, default=math.inf))
         if smallest > max_gpus:
             raise ValueError(f"maxGPUs: {max_gpus} GPUs cannot hold one instance of each phase "
                              f"(the smallest layout needs {smallest})")
@@ -135,7 +136,7 @@ def plan_from_capacities(caps: InstanceCapacities, rate: float, min_gpus: int, m
                          "(the TTFT or TPOT target is below the profile's fastest prefill or decode step)")
     meeting = [c for c in candidates if c.capacity >= rate]
     if meeting:
-        best = min(meeting, key=lambda c: (c.gpus, -c.capacity, c.mode != "disaggregated"))
+        best = min(meeting, key=lambda c: (c.gpus < min_gpus, c.gpus, -c.capacity, c.mode != "disaggregated"))
     else:
         best = min(candidates, key=lambda c: (-c.capacity, c.gpus, c.mode != "disaggregated"))
     chosen = Plan(best.mode, *best.counts, predicted_goodput=best.capacity, offered_rate=rate,
