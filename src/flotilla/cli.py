@@ -18,6 +18,8 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "demo": ("flotilla.commands.demo", "Bring up a local cluster with fake GPU nodes, run the operator and apply examples/"),
     "operator": ("flotilla.commands.operator", "Run the operator: reconcile TrainingJobs, ServingDeployments and Nodes"),
     "crds": ("flotilla.commands.crds", "Print the CRD manifests generated from flotilla.resources"),
+    "simulate-serving": ("flotilla.commands.simulate_serving", "Simulate a serving trace under a PD policy"),
+    "serving-trace": ("flotilla.commands.serving_trace", "Generate a seeded serving request trace (CSV)"),
 }
 
 

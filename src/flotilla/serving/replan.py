@@ -37,6 +37,8 @@ class ObservedWindow:
     requests_per_second: float
     mean_prompt_tokens: float
     mean_output_tokens: float
+    p90_prompt_tokens: float | None = None
+    p90_output_tokens: float | None = None
     ttft_p90_ms: float | None = None
     tpot_p90_ms: float | None = None
     attainment: float | None = None  # fraction of the window's requests within both TTFT and TPOT
@@ -45,7 +47,7 @@ class ObservedWindow:
 
 @dataclass(frozen=True)
 class ReplanPolicy:
-    headroom: float = 0.2
+    headroom: float = 0.3
     scale_down_delay_s: float = 300.0
     change_cost_s: float = 60.0  # GPU-seconds lost per GPU of an instance started or stopped
     benefit_horizon_s: float = 600.0
@@ -108,11 +110,19 @@ class Replanner:
                                     f"observed {rate:.2f}")
 
     def _lengths(self) -> Workload:
-        weights = [max(w.requests_per_second, 1e-9) for w in self._windows]
-        total = sum(weights)
-        prompt = sum(wt * w.mean_prompt_tokens for wt, w in zip(weights, self._windows)) / total
-        output = sum(wt * w.mean_output_tokens for wt, w in zip(weights, self._windows)) / total
-        return Workload.from_means(self._windows[-1].requests_per_second, max(prompt, 1.0), max(output, 1.0))
+        """Lengths averaged over the retained windows, weighted by their rates."""
+        windows = list(self._windows)
+        weights = [max(w.requests_per_second, 1e-9) for w in windows]
+
+        def average(values: list[float | None]) -> float | None:
+            known = [(wt, v) for wt, v in zip(weights, values) if v is not None]
+            return sum(wt * v for wt, v in known) / sum(wt for wt, _ in known) if known else None
+
+        prompt = average([w.mean_prompt_tokens for w in windows]) or 1.0
+        output = average([w.mean_output_tokens for w in windows]) or 1.0
+        return Workload.from_means(windows[-1].requests_per_second, max(prompt, 1.0), max(output, 1.0),
+                                   average([w.p90_prompt_tokens for w in windows]),
+                                   average([w.p90_output_tokens for w in windows]))
 
     def _plan(self, caps: InstanceCapacities, rate: float) -> Plan:
         """The best plan for `rate`, unless resizing the current layout is cheaper once the cost of

@@ -47,24 +47,36 @@ class Workload:
             raise ValueError("workload: every prompt and output length must be >= 1 token")
 
     @classmethod
-    def from_means(cls, requests_per_second: float, mean_prompt_tokens: float,
-                   mean_output_tokens: float) -> Workload:
-        """A workload whose lengths follow the assumed lognormal shape with the given means."""
+    def from_means(cls, requests_per_second: float, mean_prompt_tokens: float, mean_output_tokens: float,
+                   p90_prompt_tokens: float | None = None, p90_output_tokens: float | None = None) -> Workload:
+        """A workload whose lengths are lognormal with the given means; the spread comes from the
+        90th percentiles when known (vLLM's length histograms give them), else ASSUMED_LENGTH_SIGMA."""
         if mean_prompt_tokens < 1:
             raise ValueError(f"workload.inputTokens: must be >= 1, got {mean_prompt_tokens}")
         if mean_output_tokens < 1:
             raise ValueError(f"workload.outputTokens: must be >= 1, got {mean_output_tokens}")
-        outputs = list(_lognormal_quantiles(mean_output_tokens))
+        outputs = list(_lognormal_quantiles(mean_output_tokens, _sigma(mean_output_tokens, p90_output_tokens)))
         random.Random(0).shuffle(outputs)  # a fixed pairing that keeps the two lengths independent
-        return cls(requests_per_second, _lognormal_quantiles(mean_prompt_tokens), tuple(outputs))
+        return cls(requests_per_second,
+                   _lognormal_quantiles(mean_prompt_tokens, _sigma(mean_prompt_tokens, p90_prompt_tokens)),
+                   tuple(outputs))
 
     def at_rate(self, requests_per_second: float) -> Workload:
         return Workload(requests_per_second, self.prompt_tokens, self.output_tokens)
 
 
-def _lognormal_quantiles(mean: float) -> tuple[int, ...]:
-    """Midpoint quantiles of a lognormal with the given mean."""
-    sigma = ASSUMED_LENGTH_SIGMA
+def _sigma(mean: float, p90: float | None) -> float:
+    """The lognormal sigma with this mean and 90th percentile: ln(p90/mean) = z*s - s^2/2, z = z_0.9."""
+    if p90 is None:
+        return ASSUMED_LENGTH_SIGMA
+    z = NormalDist().inv_cdf(0.9)
+    gap = math.log(max(p90, 1.0) / mean)
+    discriminant = z * z - 2 * gap
+    return max(z - math.sqrt(discriminant), 0.05) if discriminant > 0 else z
+
+
+def _lognormal_quantiles(mean: float, sigma: float) -> tuple[int, ...]:
+    """Midpoint quantiles of a lognormal with the given mean and sigma."""
     mu = math.log(mean) - sigma * sigma / 2
     normal = NormalDist()
     values = [max(1, round(math.exp(mu + sigma * normal.inv_cdf((i + 0.5) / _SAMPLE_POINTS))))

@@ -159,7 +159,7 @@ class SimResult:
     requests: int
     duration_s: float
     attainment: float  # fraction of all requests within both TTFT and TPOT
-    goodput: float  # requests within SLO per second
+    goodput: float  # req/s within the SLO, counting only windows that met the attainment target
     mean_gpus: float  # time-averaged GPUs held
     max_gpus: int  # most GPUs held at any instant
     goodput_per_gpu: float
@@ -335,10 +335,12 @@ class ServingSim:
         ttft = np.array([r.first_token - r.arrival for r in done]) * 1000.0
         tpot = np.array([_tpot_s(r) for r in done]) * 1000.0
         met = int(np.sum((ttft <= self.slo.ttft_ms) & (tpot <= self.slo.tpot_ms))) if done else 0
+        prompts = np.array([r.prompt for r in arrived] or [1])
+        outputs = np.array([r.output for r in arrived] or [1])
         window = ObservedWindow(
             time=now, requests_per_second=len(arrived) / self.interval_s,
-            mean_prompt_tokens=float(np.mean([r.prompt for r in arrived])) if arrived else 1.0,
-            mean_output_tokens=float(np.mean([r.output for r in arrived])) if arrived else 1.0,
+            mean_prompt_tokens=float(prompts.mean()), mean_output_tokens=float(outputs.mean()),
+            p90_prompt_tokens=float(np.percentile(prompts, 90)), p90_output_tokens=float(np.percentile(outputs, 90)),
             ttft_p90_ms=float(np.percentile(ttft, 90)) if done else None,
             tpot_p90_ms=float(np.percentile(tpot, 90)) if done else None,
             attainment=met / len(done) if done else None, requests=len(done))
@@ -350,10 +352,16 @@ class ServingSim:
     def _result(self, requests: list[_Request], end: float) -> SimResult:
         ttft = np.array([r.first_token - r.arrival for r in requests]) * 1000.0
         tpot = np.array([_tpot_s(r) for r in requests]) * 1000.0
-        met = int(np.sum((ttft <= self.slo.ttft_ms) & (tpot <= self.slo.tpot_ms)))
+        within = (ttft <= self.slo.ttft_ms) & (tpot <= self.slo.tpot_ms)
+        met = int(within.sum())
         duration = max(end, 1e-9)
         mean_gpus = self._gpu_seconds / duration
-        goodput = met / duration
+        # Goodput counts the requests of the windows (by arrival) that met the attainment target.
+        window_of = (np.array([r.arrival for r in requests]) // self.interval_s).astype(int)
+        per_window_met = np.bincount(window_of, weights=within)
+        per_window_all = np.bincount(window_of)
+        good_windows = per_window_met >= self.slo.attainment * per_window_all
+        goodput = float(per_window_met[good_windows].sum()) / duration
         pct = lambda a, q: float(np.percentile(a, q))  # noqa: E731
         return SimResult(self.policy.name, len(requests), duration, met / len(requests), goodput, mean_gpus,
                          self._max_gpus, goodput / mean_gpus if mean_gpus else 0.0,
@@ -366,12 +374,13 @@ def _tpot_s(request: _Request) -> float:
 
 
 # --- policies ---------------------------------------------------------------------------------
-def average_workload(trace: Trace) -> Workload:
-    """The whole trace as one workload: its mean rate and (a sample of) its lengths."""
-    step = max(1, len(trace) // 512)
-    return Workload(len(trace) / max(trace.duration_s, 1e-9),
-                    tuple(int(x) for x in trace.prompt_tokens[::step]),
-                    tuple(int(x) for x in trace.output_tokens[::step]))
+def workload_statistics(trace: Trace, mask: np.ndarray | None = None, seconds: float | None = None) -> Workload:
+    """What a controller knows of (part of) a trace: its rate, mean and 90th-percentile lengths."""
+    prompts = trace.prompt_tokens if mask is None else trace.prompt_tokens[mask]
+    outputs = trace.output_tokens if mask is None else trace.output_tokens[mask]
+    seconds = max(trace.duration_s, 1e-9) if seconds is None else seconds
+    return Workload.from_means(len(prompts) / seconds, float(prompts.mean()), float(outputs.mean()),
+                               float(np.percentile(prompts, 90)), float(np.percentile(outputs, 90)))
 
 
 @dataclass
@@ -387,8 +396,8 @@ class StaticPolicy:
 
 
 class AdaptivePolicy:
-    """The Replanner, started from a plan for the rate and lengths of the trace's first interval
-    (what `spec.workload` would say)."""
+    """The Replanner, started from a plan for the rate and length statistics of the trace's first
+    interval (what `spec.workload` would say)."""
 
     name = "adaptive"
 
@@ -408,19 +417,17 @@ class AdaptivePolicy:
 
 
 def make_policy(name: str, trace: Trace, slo: SLO, profile: Profile, budget: int, interval_s: float = 30.0) -> Policy:
-    """Build one of POLICIES for a trace and a GPU budget. The static baselines hold `budget` GPUs."""
-    average = average_workload(trace)
+    """Build one of POLICIES for a trace and a GPU budget. fixed-1-1 and colocated hold the whole
+    budget; static-best holds what the planner chose for the average load."""
+    average = workload_statistics(trace)
     if name == "adaptive":
-        first = trace.arrival_s < interval_s
-        return AdaptivePolicy(Workload(float(first.sum()) / interval_s,
-                                       tuple(int(x) for x in trace.prompt_tokens[first]),
-                                       tuple(int(x) for x in trace.output_tokens[first])),
+        return AdaptivePolicy(workload_statistics(trace, trace.arrival_s < interval_s, interval_s),
                               slo, profile, budget)
     caps = instance_capacities(average, slo, profile)
     if name == "static-best":
-        # The planner's layout for the average load, padded with instances of the bottleneck phase
-        # to the whole budget.
-        return StaticPolicy(name, plan_from_capacities(caps, average.requests_per_second, budget, budget))
+        # The planner's plan for the trace's average load (with the adaptive policy's headroom), kept.
+        rate = average.requests_per_second * (1 + ReplanPolicy().headroom)
+        return StaticPolicy(name, plan_from_capacities(caps, rate, 1, budget))
     if name == "fixed-1-1":
         gp = max(caps.prefill, key=lambda g: caps.prefill[g] / g)
         gd = max(caps.decode, key=lambda g: caps.decode[g] / g)

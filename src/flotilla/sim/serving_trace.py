@@ -12,6 +12,8 @@ Arrival patterns (rates in requests per second):
              in periods of duration/8; the mean is the given rate
     diurnal  Poisson with rate mean * (1 - 0.7*cos(2*pi*t/duration)): one compressed day, trough at the
              start and end, peak in the middle at 1.7x the mean
+    step     Poisson at a base rate, tripled over the middle third of the duration (the mean is the
+             given rate, 5/3 of the base)
 
 Length shapes (lognormal, clipped to a 2048-token context):
     chat       ShareGPT-like: prompt median ~ 180, output median ~ 150, both long-tailed
@@ -25,10 +27,11 @@ import csv
 import math
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TextIO
 
 import numpy as np
 
-ARRIVALS = ("steady", "bursty", "diurnal")
+ARRIVALS = ("steady", "bursty", "diurnal", "step")
 # shape -> (prompt median, prompt sigma, output median, output sigma)
 LENGTH_SHAPES: dict[str, tuple[float, float, float, float]] = {
     "chat": (180.0, 0.9, 150.0, 0.8),
@@ -65,6 +68,10 @@ def rate_at(arrival: str, mean_rate: float, duration_s: float, t: np.ndarray) ->
         return np.where(phase >= 1 - BURST_SHARE, base * BURST_FACTOR, base)
     if arrival == "diurnal":
         return mean_rate * (1 - DIURNAL_SWING * np.cos(2 * math.pi * t / duration_s))
+    if arrival == "step":
+        base = mean_rate * 3 / 5
+        middle = (t >= duration_s / 3) & (t < 2 * duration_s / 3)
+        return np.where(middle, base * 3, base)
     raise ValueError(f"arrival: unknown pattern {arrival!r}; choose from {', '.join(ARRIVALS)}")
 
 
@@ -94,12 +101,15 @@ def sample_lengths(shape: str, n: int, rng: np.random.Generator) -> tuple[np.nda
     return prompts, outputs
 
 
-def write_csv(trace: Trace, path: Path | str) -> None:
-    with open(path, "w", newline="") as f:
-        writer = csv.writer(f)
-        writer.writerow(["arrival_s", "prompt_tokens", "output_tokens"])
-        for t, p, o in zip(trace.arrival_s, trace.prompt_tokens, trace.output_tokens):
-            writer.writerow([f"{t:.6f}", int(p), int(o)])
+def write_csv(trace: Trace, destination: Path | str | TextIO) -> None:
+    if isinstance(destination, (str, Path)):
+        with open(destination, "w", newline="") as f:
+            write_csv(trace, f)
+        return
+    writer = csv.writer(destination, lineterminator="\n")
+    writer.writerow(["arrival_s", "prompt_tokens", "output_tokens"])
+    for t, p, o in zip(trace.arrival_s, trace.prompt_tokens, trace.output_tokens):
+        writer.writerow([f"{t:.6f}", int(p), int(o)])
 
 
 def read_csv(path: Path | str) -> Trace:
