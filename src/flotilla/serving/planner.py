@@ -188,13 +188,13 @@ def _disaggregated_counts(gp: int, cap_p: float, gd: int, cap_d: float, rate: fl
             else:
                 break
         return n_p, n_d
-    # Over budget: the split of max_gpus with the most capacity.
+    # Over budget: the split within max_gpus with the most capacity (ties: fewer GPUs).
     best = None
     for n_p in range(1, (max_gpus - gd) // gp + 1):
-        n_d = (max_gpus - n_p * gp) // gd
-        capacity = min(n_p * cap_p, n_d * cap_d)
-        if best is None or capacity > best[0]:
-            best = (capacity, n_p, n_d)
+        n_d = min((max_gpus - n_p * gp) // gd, max(_needed(n_p * cap_p, cap_d), 1))
+        key = (min(n_p * cap_p, n_d * cap_d), -(n_p * gp + n_d * gd))
+        if best is None or key > best[0]:
+            best = (key, n_p, n_d)
     assert best is not None
     return best[1], best[2]
 
