@@ -47,23 +47,36 @@ def test_rate_tripling_scales_up_at_the_next_window_and_back_down_once():
     assert up.plan.reason == up.reason
     # Load falls back: nothing changes until the scale-down delay has passed, then one step down.
     changes = []
-    for _ in range(40):
+    for _ in range(100):
         t += INTERVAL
         decision = replanner.observe(window(t, 10.0))
         if decision.plan is not None:
             changes.append((t, decision))
     assert len(changes) == 1
     when, down = changes[0]
-    assert when - (2 * INTERVAL) >= POLICY.scale_down_delay_s
+    assert when - (2 * INTERVAL) >= POLICY.peak_memory_s
     assert down.reason.startswith("scale down") and down.plan.gpus < up.plan.gpus
 
 
 def test_a_dip_shorter_than_the_delay_keeps_the_plan():
-    replanner = make_replanner(30.0)
+    replanner = Replanner(make_replanner(30.0).template, make_replanner(30.0).current,
+                          ReplanPolicy(headroom=0.3, scale_down_delay_s=300.0, peak_memory_s=300.0))
     t = 0.0
-    for rate in [30.0] * 12 + [10.0] * 8 + [30.0] * 12:  # a 4-minute dip
+    for rate in [30.0] * 12 + [10.0] * 9 + [30.0] * 12:  # a 4.5-minute dip
         t += INTERVAL
         assert replanner.observe(window(t, rate)).plan is None
+
+
+def test_recurring_bursts_keep_their_capacity():
+    replanner = make_replanner(10.0)
+    t, changes = 0.0, []
+    for _ in range(6):  # a 3-minute burst at 3x every 15 minutes
+        for rate in [30.0] * 6 + [10.0] * 24:
+            t += INTERVAL
+            decision = replanner.observe(window(t, rate))
+            if decision.plan is not None:
+                changes.append(decision.reason)
+    assert len(changes) == 1 and changes[0].startswith("scale up")
 
 
 def test_missed_attainment_adds_capacity_after_settling():

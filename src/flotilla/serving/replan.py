@@ -5,17 +5,18 @@ Every planner interval the controller hands the Replanner one `ObservedWindow`. 
 * Scale up at once when the observed rate eats more than half of the plan's headroom
   (rate * (1 + headroom/2) > capacity of the current plan at the observed lengths), or when the
   window missed the SLO attainment target. The new plan is sized for rate * (1 + headroom).
-* Scale down only after every window of the last `scale_down_delay_s` seconds would fit a smaller
-  plan (sized for the highest rate in that span), and only when the GPU-seconds saved over
-  `benefit_horizon_s` exceed the cost of the change (GPUs of instances started or stopped, times
-  `change_cost_s` each). So noise within the headroom changes nothing, and a dip must last.
+* Scale down only when the current plan has held for `scale_down_delay_s` and a smaller plan fits
+  the highest rate of the last `peak_memory_s` seconds (so recurring bursts keep their capacity),
+  and only when the GPU-seconds saved over `benefit_horizon_s` exceed the cost of the change (GPUs
+  of instances started or stopped, times `change_cost_s` each). So noise within the headroom changes
+  nothing, and a dip must last.
 * A different layout (another GPUs-per-instance, colocated <-> disaggregated) replaces more
   instances than growing or shrinking the current one, so it is chosen only when its GPU saving over
   `benefit_horizon_s` exceeds the extra change cost; otherwise the current layout is resized.
 * For `settle_s` after a change, a missed attainment does not trigger another scale-up: the window
   still holds the queue built before the new instances were ready.
-* Lengths are averaged over the retained windows (weighted by rate), so one window's noise in the
-  mean lengths does not move the capacity estimate.
+* Lengths are averaged over the windows of the last `scale_down_delay_s` (weighted by rate), so one
+  window's noise in the mean lengths does not move the capacity estimate.
 * A plan that has the same shape as the current one is never re-issued.
 """
 
@@ -49,6 +50,7 @@ class ObservedWindow:
 class ReplanPolicy:
     headroom: float = 0.3
     scale_down_delay_s: float = 300.0
+    peak_memory_s: float = 1800.0
     change_cost_s: float = 60.0  # GPU-seconds lost per GPU of an instance started or stopped
     benefit_horizon_s: float = 600.0
     min_requests_for_attainment: int = 50  # fewer samples say nothing about attainment
@@ -74,7 +76,7 @@ class Replanner:
     def observe(self, window: ObservedWindow) -> ReplanDecision:
         policy = self.policy
         self._windows.append(window)
-        while self._windows and self._windows[0].time < window.time - policy.scale_down_delay_s:
+        while self._windows and self._windows[0].time < window.time - policy.peak_memory_s:
             self._windows.popleft()
         if self._since is None:
             self._since = window.time
@@ -104,14 +106,15 @@ class Replanner:
             cost = _changed_gpus(self.current, candidate) * policy.change_cost_s
             if saved > cost:
                 return self._adopt(candidate, window,
-                                   f"scale down: peak {peak:.2f} req/s over {policy.scale_down_delay_s:.0f} s "
+                                   f"scale down: peak {peak:.2f} req/s over {policy.peak_memory_s:.0f} s "
                                    f"fits {candidate.gpus} GPUs instead of {self.current.gpus}; {candidate.reason}")
         return ReplanDecision(None, f"keep: {self.current.describe()} serves {capacity:.2f} req/s, "
                                     f"observed {rate:.2f}")
 
     def _lengths(self) -> Workload:
-        """Lengths averaged over the retained windows, weighted by their rates."""
-        windows = list(self._windows)
+        """Lengths averaged over the windows of the last scale_down_delay_s, weighted by their rates."""
+        latest = self._windows[-1].time
+        windows = [w for w in self._windows if w.time >= latest - self.policy.scale_down_delay_s]
         weights = [max(w.requests_per_second, 1e-9) for w in windows]
 
         def average(values: list[float | None]) -> float | None:
@@ -148,8 +151,6 @@ class Replanner:
     def _adopt(self, candidate: Plan, window: ObservedWindow, reason: str) -> ReplanDecision:
         self.current = replace(candidate, reason=reason)
         self._since = window.time
-        self._windows.clear()
-        self._windows.append(window)
         return ReplanDecision(self.current, reason)
 
 
