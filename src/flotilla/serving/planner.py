@@ -119,6 +119,9 @@ class _Candidate:
 
 
 def plan(request: PlanRequest) -> Plan:
+    """The plan for the request's rate. Raises ValueError (naming the field) when no instance fits
+    maxGPUs or no configuration meets the SLO at any rate. Pinning GPUs per instance (either phase)
+    rules colocated out."""
     caps = instance_capacities(request.workload, request.slo, request.profile, request.allow_colocated,
                                request.prefill_gpus, request.decode_gpus)
     return plan_from_capacities(caps, request.workload.requests_per_second, request.min_gpus, request.max_gpus)
@@ -144,13 +147,13 @@ def plan_from_capacities(caps: InstanceCapacities, rate: float, min_gpus: int, m
     return replace(chosen, reason=_reason(chosen, candidates, max_gpus))
 
 
-def plan_capacity(plan_: Plan, caps: InstanceCapacities) -> float:
+def plan_capacity(layout: Plan, caps: InstanceCapacities) -> float:
     """Req/s that a plan's instances sustain within the SLO under the load `caps` was computed for.
     A configuration that `caps` does not cover (a pinned GPU count changed) counts as 0."""
-    if plan_.mode == "colocated":
-        return plan_.colocated_replicas * caps.colocated.get(plan_.colocated_gpus_per_instance, 0.0)
-    return min(plan_.prefill_replicas * caps.prefill.get(plan_.prefill_gpus_per_instance, 0.0),
-               plan_.decode_replicas * caps.decode.get(plan_.decode_gpus_per_instance, 0.0))
+    if layout.mode == "colocated":
+        return layout.colocated_replicas * caps.colocated.get(layout.colocated_gpus_per_instance, 0.0)
+    return min(layout.prefill_replicas * caps.prefill.get(layout.prefill_gpus_per_instance, 0.0),
+               layout.decode_replicas * caps.decode.get(layout.decode_gpus_per_instance, 0.0))
 
 
 def _candidates(caps: InstanceCapacities, rate: float, min_gpus: int, max_gpus: int) -> list[_Candidate]:

@@ -71,7 +71,7 @@ class Replanner:
         self.current = current
         self.policy = policy or ReplanPolicy()
         self._windows: deque[ObservedWindow] = deque()
-        self._since: float | None = None  # time the current plan took effect (first window after it)
+        self._since: float | None = None  # when the current plan took effect
 
     def observe(self, window: ObservedWindow) -> ReplanDecision:
         policy = self.policy
@@ -139,8 +139,10 @@ class Replanner:
             gp, gd = current.prefill_gpus_per_instance, current.decode_gpus_per_instance
             same = InstanceCapacities({gp: caps.prefill[gp]} if gp in caps.prefill else {},
                                       {gd: caps.decode[gd]} if gd in caps.decode else {}, {})
-        if not (same.colocated or (same.prefill and same.decode)):
-            return best
+        layout = [*same.colocated.values()] if current.mode == "colocated" else [*same.prefill.values(),
+                                                                                 *same.decode.values()]
+        if len(layout) < (1 if current.mode == "colocated" else 2) or min(layout) <= 0:
+            return best  # the current layout is not offered any more, or cannot meet the SLO now
         resized = plan_from_capacities(same, rate, self.template.min_gpus, self.template.max_gpus)
         if resized.predicted_goodput < min(rate, best.predicted_goodput):
             return best  # the current layout cannot serve what the best one can
