@@ -93,3 +93,13 @@ def test_cli_simulates_a_trace_and_reports_json(tmp_path, capsys):
     assert main(["simulate-serving", "--trace", str(path), "--profile", "nope", "--gpus", "4",
                  "--policy", "adaptive"]) == 2
     assert "profile.name: unknown profile 'nope'" in capsys.readouterr().out
+    inline = tmp_path / "profile.yaml"
+    inline.write_text("prefill: [{gpus: 1, constantMs: 10, perTokenMs: 0.1, perTokenSquaredMs: 0}]\n"
+                      "decode: [{gpus: 1, constantMs: 20, perRequestMs: 0.5, perContextTokenMs: 0.001}]\n")
+    assert main(["simulate-serving", "--trace", str(path), "--profile", str(inline), "--gpus", "4",
+                 "--policy", "colocated"]) == 2
+    assert "profile.decode[0].kvCacheTokens: required" in capsys.readouterr().out
+    inline.write_text(inline.read_text().replace("0.001}", "0.001, kvCacheTokens: 20000}"))
+    assert main(["simulate-serving", "--trace", str(path), "--profile", str(inline), "--gpus", "4",
+                 "--policy", "colocated"]) == 0
+    assert "policy colocated:" in capsys.readouterr().out

@@ -9,6 +9,9 @@ from __future__ import annotations
 
 import argparse
 import json
+from pathlib import Path
+
+import yaml
 
 from flotilla.serving.profile import ProfileError, resolve_profile
 from flotilla.serving.shipped_profiles import SHIPPED_PROFILES
@@ -21,7 +24,9 @@ HELP = "Simulate a serving trace under a PD policy and report attainment and goo
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--trace", required=True, help="trace CSV (arrival_s, prompt_tokens, output_tokens)")
-    parser.add_argument("--profile", required=True, help=f"shipped profile: {', '.join(sorted(SHIPPED_PROFILES))}")
+    parser.add_argument("--profile", required=True,
+                        help=f"a shipped profile ({', '.join(sorted(SHIPPED_PROFILES))}) or a YAML/JSON file "
+                             "holding a spec.profile object")
     parser.add_argument("--gpus", type=int, required=True, help="GPU budget (maxGPUs)")
     parser.add_argument("--policy", required=True, choices=POLICIES)
     parser.add_argument("--ttft-ms", type=float, default=400.0, help="TTFT SLO (default 400)")
@@ -34,13 +39,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     try:
-        profile = resolve_profile({"name": args.profile})
+        path = Path(args.profile)
+        profile = resolve_profile(yaml.safe_load(path.read_text()) if path.is_file() else {"name": args.profile})
         slo = SLO(args.ttft_ms, args.tpot_ms, args.attainment)
         trace = read_csv(args.trace)
         if args.gpus < 1:
             raise ValueError(f"--gpus: must be >= 1, got {args.gpus}")
         result = simulate(trace, profile, slo, args.gpus, args.policy, args.interval, args.startup)
-    except (ProfileError, ValueError, OSError) as exc:
+    except (ProfileError, ValueError, OSError, yaml.YAMLError) as exc:
         print(f"error: {exc}")
         return 2
     if args.json:
