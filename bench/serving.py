@@ -46,7 +46,7 @@ def main() -> None:
     parser.add_argument("--quick", action="store_true", help="short traces (finishes well within 60 s)")
     parser.add_argument("--seed", type=int, default=7)
     args = parser.parse_args()
-    rate, duration, budget = (10.0, 1800.0, 8) if args.quick else (20.0, 7200.0, 16)
+    rate, duration, budget = (8.0, 1200.0, 6) if args.quick else (20.0, 7200.0, 16)
 
     ratios: dict[str, list[float]] = {b: [] for b in BASELINES}
     attainments = []

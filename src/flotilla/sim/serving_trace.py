@@ -89,11 +89,11 @@ def generate(arrival: str, shape: str, mean_rate: float, duration_s: float, seed
     candidates = candidates[candidates < duration_s]
     keep = rng.random(len(candidates)) < rate_at(arrival, mean_rate, duration_s, candidates) / peak
     arrivals = candidates[keep]
-    prompts, outputs = sample_lengths(shape, len(arrivals), rng)
+    prompts, outputs = _sample_lengths(shape, len(arrivals), rng)
     return Trace(arrivals, prompts, outputs)
 
 
-def sample_lengths(shape: str, n: int, rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray]:
+def _sample_lengths(shape: str, n: int, rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray]:
     p_median, p_sigma, o_median, o_sigma = LENGTH_SHAPES[shape]
     prompts = np.clip(np.round(rng.lognormal(math.log(p_median), p_sigma, n)), 4, MAX_CONTEXT - 64).astype(int)
     outputs = np.round(rng.lognormal(math.log(o_median), o_sigma, n)).astype(int)
