@@ -330,8 +330,8 @@ class ServingSim:
     def _window(self, now: float, _: None) -> None:
         arrived = self._window_arrivals
         self._window_arrivals = []
-        done = [r for r in self._finished if r.done > now - self.interval_s]
-        self._finished = done
+        done = self._finished
+        self._finished = []
         ttft = np.array([r.first_token - r.arrival for r in done]) * 1000.0
         tpot = np.array([_tpot_s(r) for r in done]) * 1000.0
         met = int(np.sum((ttft <= self.slo.ttft_ms) & (tpot <= self.slo.tpot_ms))) if done else 0
