@@ -4,7 +4,7 @@ import random
 
 import pytest
 
-from flotilla.serving.planner import PlanRequest, plan
+from flotilla.serving.planner import PlanRequest
 from flotilla.serving.replan import ObservedWindow, ReplanPolicy, Replanner
 from flotilla.serving.shipped_profiles import OPT_13B_A100
 from flotilla.serving.workload import SLO, Workload
@@ -15,10 +15,14 @@ INTERVAL = 30.0
 
 
 def make_replanner(rate: float, max_gpus: int = 64) -> Replanner:
-    template = PlanRequest(Workload.from_means(rate, 300.0, 200.0), SLO_, OPT_13B_A100, min_gpus=1, max_gpus=max_gpus)
-    initial = plan(PlanRequest(template.workload.at_rate(rate * (1 + POLICY.headroom)), SLO_, OPT_13B_A100,
-                               min_gpus=1, max_gpus=max_gpus))
-    return Replanner(template, initial, POLICY)
+    return Replanner.start(PlanRequest(Workload.from_means(rate, 300.0, 200.0), SLO_, OPT_13B_A100, min_gpus=1,
+                                       max_gpus=max_gpus), POLICY)
+
+
+def test_start_plans_for_the_rate_with_headroom():
+    replanner = make_replanner(10.0)
+    assert replanner.current.offered_rate == pytest.approx(13.0)
+    assert replanner.current.predicted_goodput >= 13.0
 
 
 def window(t: float, rate: float, attainment: float | None = None, requests: int = 0) -> ObservedWindow:

@@ -25,8 +25,8 @@ from __future__ import annotations
 from collections import deque
 from dataclasses import dataclass, replace
 
-from flotilla.serving.planner import (InstanceCapacities, Plan, PlanRequest, instance_capacities, plan_capacity,
-                                     plan_from_capacities)
+from flotilla.serving.planner import (InstanceCapacities, Plan, PlanRequest, instance_capacities, plan,
+                                     plan_capacity, plan_from_capacities)
 from flotilla.serving.workload import Workload
 
 
@@ -72,6 +72,13 @@ class Replanner:
         self.policy = policy or ReplanPolicy()
         self._windows: deque[ObservedWindow] = deque()
         self._since: float | None = None  # when the current plan took effect
+
+    @classmethod
+    def start(cls, request: PlanRequest, policy: ReplanPolicy | None = None) -> Replanner:
+        """A Replanner whose first plan serves the request's rate (spec.workload) with the headroom."""
+        policy = policy or ReplanPolicy()
+        rate = request.workload.requests_per_second * (1 + policy.headroom)
+        return cls(request, plan(replace(request, workload=request.workload.at_rate(rate))), policy)
 
     def observe(self, window: ObservedWindow) -> ReplanDecision:
         policy = self.policy

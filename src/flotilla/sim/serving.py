@@ -24,7 +24,7 @@ from typing import Callable, Protocol
 
 import numpy as np
 
-from flotilla.serving.planner import Plan, PlanRequest, instance_capacities, plan, plan_from_capacities
+from flotilla.serving.planner import Plan, PlanRequest, instance_capacities, plan_from_capacities
 from flotilla.serving.profile import DecodeFit, PrefillFit, Profile
 from flotilla.serving.replan import ObservedWindow, ReplanPolicy, Replanner
 from flotilla.serving.workload import SLO, Workload
@@ -401,13 +401,8 @@ class AdaptivePolicy:
 
     name = "adaptive"
 
-    def __init__(self, first: Workload, slo: SLO, profile: Profile, budget: int,
-                 policy: ReplanPolicy | None = None) -> None:
-        self.replan_policy = policy or ReplanPolicy()
-        template = PlanRequest(first, slo, profile, min_gpus=1, max_gpus=budget)
-        initial = plan(PlanRequest(first.at_rate(first.requests_per_second * (1 + self.replan_policy.headroom)),
-                                   slo, profile, min_gpus=1, max_gpus=budget))
-        self.replanner = Replanner(template, initial, self.replan_policy)
+    def __init__(self, first: Workload, slo: SLO, profile: Profile, budget: int) -> None:
+        self.replanner = Replanner.start(PlanRequest(first, slo, profile, min_gpus=1, max_gpus=budget))
 
     def initial_plan(self) -> Plan:
         return self.replanner.current
