@@ -81,8 +81,9 @@ class _Instance:
 
     def _fits(self, request: _Request) -> bool:
         assert self.decode is not None
-        return (len(self.running) < self.decode.max_batch_size
-                and self.reserved + request.prompt + request.output <= self.decode.kv_cache_tokens)
+        # An empty batch takes any request, so one longer than the KV cache cannot wait forever.
+        return not self.running or (len(self.running) < self.decode.max_batch_size
+                                    and self.reserved + request.prompt + request.output <= self.decode.kv_cache_tokens)
 
     def _join_batch(self, request: _Request) -> None:
         self.reserved += request.prompt + request.output
