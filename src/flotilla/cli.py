@@ -19,6 +19,8 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "operator": ("flotilla.commands.operator", "Run the operator: reconcile TrainingJobs, ServingDeployments and Nodes"),
     "simworkers": ("flotilla.commands.simworkers", "Simulate training workers on KWOK nodes (demo and e2e)"),
     "crds": ("flotilla.commands.crds", "Print or write the CRD manifests generated from flotilla.resources"),
+    "simulate-serving": ("flotilla.commands.simulate_serving", "Simulate a serving trace under a PD policy"),
+    "serving-trace": ("flotilla.commands.serving_trace", "Generate a seeded serving request trace (CSV)"),
 }
 
 

@@ -1,0 +1,172 @@
+"""Re-planning from observed load, with hysteresis.
+
+Every planner interval the controller hands the Replanner one `ObservedWindow`. The rules:
+
+* Scale up at once when the observed rate eats more than half of the plan's headroom
+  (rate * (1 + headroom/2) > capacity of the current plan at the observed lengths), or when the
+  window missed the SLO attainment target. The new plan is sized for rate * (1 + headroom).
+* Scale down only when the current plan has held for `scale_down_delay_s` and a smaller plan fits
+  the highest rate of the last `peak_memory_s` seconds (so recurring bursts keep their capacity),
+  and only when the GPU-seconds saved over `benefit_horizon_s` exceed the cost of the change (GPUs
+  of instances started or stopped, times `change_cost_s` each). So noise within the headroom changes
+  nothing, and a dip must last.
+* A different layout (another GPUs-per-instance, colocated <-> disaggregated) replaces more
+  instances than growing or shrinking the current one, so it is chosen only when its GPU saving over
+  `benefit_horizon_s` exceeds the extra change cost; otherwise the current layout is resized.
+* For `settle_s` after a change, a missed attainment does not trigger another scale-up: the window
+  still holds the queue built before the new instances were ready.
+* Lengths are averaged over the windows of the last `scale_down_delay_s` (weighted by rate), so one
+  window's noise in the mean lengths does not move the capacity estimate.
+* A plan that has the same shape as the current one is never re-issued.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass, replace
+
+from flotilla.serving.planner import (InstanceCapacities, Plan, PlanRequest, instance_capacities, plan,
+                                     plan_capacity, plan_from_capacities)
+from flotilla.serving.workload import Workload
+
+
+@dataclass(frozen=True)
+class ObservedWindow:
+    """Serving statistics over one window (what the controller aggregates from pods or a router)."""
+
+    time: float  # end of the window, seconds (any monotonic clock)
+    requests_per_second: float
+    mean_prompt_tokens: float
+    mean_output_tokens: float
+    p90_prompt_tokens: float | None = None
+    p90_output_tokens: float | None = None
+    ttft_p90_ms: float | None = None
+    tpot_p90_ms: float | None = None
+    attainment: float | None = None  # fraction of the window's requests within both TTFT and TPOT
+    requests: int = 0  # how many requests the latency figures are computed from
+
+
+@dataclass(frozen=True)
+class ReplanPolicy:
+    headroom: float = 0.3
+    scale_down_delay_s: float = 300.0
+    peak_memory_s: float = 1800.0
+    change_cost_s: float = 60.0  # GPU-seconds lost per GPU of an instance started or stopped
+    benefit_horizon_s: float = 600.0
+    min_requests_for_attainment: int = 50  # fewer samples say nothing about attainment
+    settle_s: float = 90.0
+
+
+@dataclass(frozen=True)
+class ReplanDecision:
+    plan: Plan | None  # None: keep the current plan
+    reason: str
+
+
+class Replanner:
+    """Holds the current plan and the recent windows; `observe` decides whether to change."""
+
+    def __init__(self, template: PlanRequest, current: Plan, policy: ReplanPolicy | None = None) -> None:
+        self.template = template  # SLO, profile, GPU bounds; its workload is replaced by observations
+        self.current = current
+        self.policy = policy or ReplanPolicy()
+        self._windows: deque[ObservedWindow] = deque()
+        self._since: float | None = None  # when the current plan took effect
+
+    @classmethod
+    def start(cls, request: PlanRequest, policy: ReplanPolicy | None = None) -> Replanner:
+        """A Replanner whose first plan serves the request's rate (spec.workload) with the headroom."""
+        policy = policy or ReplanPolicy()
+        rate = request.workload.requests_per_second * (1 + policy.headroom)
+        return cls(request, plan(replace(request, workload=request.workload.at_rate(rate))), policy)
+
+    def observe(self, window: ObservedWindow) -> ReplanDecision:
+        policy = self.policy
+        self._windows.append(window)
+        while self._windows and self._windows[0].time < window.time - policy.peak_memory_s:
+            self._windows.popleft()
+        if self._since is None:
+            self._since = window.time
+        caps = instance_capacities(self._lengths(), self.template.slo, self.template.profile,
+                                   self.template.allow_colocated, self.template.prefill_gpus,
+                                   self.template.decode_gpus)
+        capacity = plan_capacity(self.current, caps)
+        rate = window.requests_per_second
+        missed = (window.attainment is not None and window.requests >= policy.min_requests_for_attainment
+                  and window.attainment < self.template.slo.attainment
+                  and window.time - self._since >= policy.settle_s)
+
+        if rate * (1 + policy.headroom / 2) > capacity or missed:
+            target_rate = max(rate, capacity if missed else 0.0) * (1 + policy.headroom)
+            candidate = self._plan(caps, target_rate)
+            if candidate.shape() != self.current.shape() and plan_capacity(candidate, caps) > capacity:
+                why = (f"attainment {window.attainment:.3f} below target {self.template.slo.attainment}"
+                       if missed else f"rate {rate:.2f} req/s leaves too little headroom on {capacity:.2f}")
+                return self._adopt(candidate, window, f"scale up: {why}; {candidate.reason}")
+            return ReplanDecision(None, f"keep: {self.current.describe()} is the best the budget allows")
+
+        span_covered = window.time - self._since >= policy.scale_down_delay_s
+        peak = max(w.requests_per_second for w in self._windows)
+        candidate = self._plan(caps, peak * (1 + policy.headroom))
+        if span_covered and candidate.gpus < self.current.gpus:
+            saved = (self.current.gpus - candidate.gpus) * policy.benefit_horizon_s
+            cost = _changed_gpus(self.current, candidate) * policy.change_cost_s
+            if saved > cost:
+                return self._adopt(candidate, window,
+                                   f"scale down: peak {peak:.2f} req/s over {policy.peak_memory_s:.0f} s "
+                                   f"fits {candidate.gpus} GPUs instead of {self.current.gpus}; {candidate.reason}")
+        return ReplanDecision(None, f"keep: {self.current.describe()} serves {capacity:.2f} req/s, "
+                                    f"observed {rate:.2f}")
+
+    def _lengths(self) -> Workload:
+        """Lengths averaged over the windows of the last scale_down_delay_s, weighted by their rates."""
+        latest = self._windows[-1].time
+        windows = [w for w in self._windows if w.time >= latest - self.policy.scale_down_delay_s]
+        weights = [max(w.requests_per_second, 1e-9) for w in windows]
+
+        def average(values: list[float | None]) -> float | None:
+            known = [(wt, v) for wt, v in zip(weights, values) if v is not None]
+            return sum(wt * v for wt, v in known) / sum(wt for wt, _ in known) if known else None
+
+        prompt = average([w.mean_prompt_tokens for w in windows]) or 1.0
+        output = average([w.mean_output_tokens for w in windows]) or 1.0
+        return Workload.from_means(windows[-1].requests_per_second, max(prompt, 1.0), max(output, 1.0),
+                                   average([w.p90_prompt_tokens for w in windows]),
+                                   average([w.p90_output_tokens for w in windows]))
+
+    def _plan(self, caps: InstanceCapacities, rate: float) -> Plan:
+        """The best plan for `rate`, unless resizing the current layout is cheaper once the cost of
+        replacing instances is counted."""
+        best = plan_from_capacities(caps, rate, self.template.min_gpus, self.template.max_gpus)
+        current = self.current
+        if current.mode == "colocated":
+            g = current.colocated_gpus_per_instance
+            same = InstanceCapacities({}, {}, {g: caps.colocated[g]} if g in caps.colocated else {})
+        else:
+            gp, gd = current.prefill_gpus_per_instance, current.decode_gpus_per_instance
+            same = InstanceCapacities({gp: caps.prefill[gp]} if gp in caps.prefill else {},
+                                      {gd: caps.decode[gd]} if gd in caps.decode else {}, {})
+        layout = [*same.colocated.values()] if current.mode == "colocated" else [*same.prefill.values(),
+                                                                                 *same.decode.values()]
+        if len(layout) < (1 if current.mode == "colocated" else 2) or min(layout) <= 0:
+            return best  # the current layout is not offered any more, or cannot meet the SLO now
+        resized = plan_from_capacities(same, rate, self.template.min_gpus, self.template.max_gpus)
+        if resized.predicted_goodput < min(rate, best.predicted_goodput):
+            return best  # the current layout cannot serve what the best one can
+        saving = (resized.gpus - best.gpus) * self.policy.benefit_horizon_s
+        extra_cost = (_changed_gpus(current, best) - _changed_gpus(current, resized)) * self.policy.change_cost_s
+        return best if saving > extra_cost else resized
+
+    def _adopt(self, candidate: Plan, window: ObservedWindow, reason: str) -> ReplanDecision:
+        self.current = replace(candidate, reason=reason)
+        self._since = window.time
+        return ReplanDecision(self.current, reason)
+
+
+def _changed_gpus(old: Plan, new: Plan) -> int:
+    """GPUs in instances started or stopped when going from `old` to `new`."""
+    changed = 0
+    for count, gpus in ((0, 1), (2, 3), (4, 5)):
+        o_n, o_g, n_n, n_g = old.shape()[count], old.shape()[gpus], new.shape()[count], new.shape()[gpus]
+        changed += abs(o_n - n_n) * o_g if o_g == n_g else o_n * o_g + n_n * n_g
+    return changed

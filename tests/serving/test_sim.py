@@ -1,0 +1,105 @@
+"""Traces, the request-level simulator and the simulate-serving / serving-trace commands."""
+
+import json
+import re
+
+import numpy as np
+import pytest
+
+from flotilla.cli import main
+from flotilla.serving.planner import Plan
+from flotilla.serving.shipped_profiles import OPT_13B_A100
+from flotilla.serving.workload import SLO
+from flotilla.sim.serving import ServingSim, StaticPolicy, simulate
+from flotilla.sim.serving_trace import Trace, generate, read_csv, write_csv
+
+SLO_ = SLO(400.0, 60.0, 0.9)
+ONE_AND_ONE = Plan("disaggregated", 1, 1, 1, 1, 0, 0, 0.0, 0.0, False, "test")
+COLOCATED = Plan("colocated", 0, 0, 0, 0, 1, 1, 0.0, 0.0, False, "test")
+
+
+def run_static(trace: Trace, layout: Plan, budget: int = 8):
+    return ServingSim(trace, OPT_13B_A100, SLO_, budget, StaticPolicy("static", layout)).run()
+
+
+def test_one_request_follows_the_latency_model_exactly():
+    trace = Trace(np.array([0.0]), np.array([100]), np.array([3]))
+    result = run_static(trace, ONE_AND_ONE)
+    prefill = OPT_13B_A100.prefill_fit(1).batch_ms([100])
+    decode = OPT_13B_A100.decode_fit(1)
+    steps = decode.step_ms(1, 101) + decode.step_ms(1, 102)  # context grows by one token a step
+    assert result.ttft_p50_ms == pytest.approx(prefill)
+    assert result.tpot_p50_ms == pytest.approx(steps / 2)
+    assert result.attainment == 1.0
+
+
+def test_colocated_prefill_stalls_the_decode_batch():
+    # A long prompt arrives while the first request decodes. Colocated, its prefill sits between two
+    # of the first request's 39 decode steps; disaggregated, it runs elsewhere. (It wants one token,
+    # so it never joins the decode batch and its own TPOT is 0.)
+    trace = Trace(np.array([0.0, 0.05]), np.array([100, 1500]), np.array([40, 1]))
+    colocated = run_static(trace, COLOCATED)
+    split = run_static(trace, ONE_AND_ONE)
+    stall_per_token = OPT_13B_A100.prefill_fit(1).batch_ms([1500]) / 39
+    # The 99th percentile of [0, t] interpolates to 0.99 t.
+    assert colocated.tpot_p99_ms - split.tpot_p99_ms == pytest.approx(0.99 * stall_per_token, rel=1e-6)
+
+
+def test_generated_traces_are_seeded_and_have_the_asked_rate():
+    a = generate("diurnal", "chat", 10.0, 600.0, seed=3)
+    b = generate("diurnal", "chat", 10.0, 600.0, seed=3)
+    assert np.array_equal(a.arrival_s, b.arrival_s) and np.array_equal(a.output_tokens, b.output_tokens)
+    assert len(a) / 600.0 == pytest.approx(10.0, rel=0.1)
+    step = generate("step", "code", 10.0, 900.0, seed=1)
+    middle = np.sum((step.arrival_s >= 300) & (step.arrival_s < 600))
+    assert middle / np.sum(step.arrival_s < 300) == pytest.approx(3.0, rel=0.2)
+    long = generate("steady", "summarise", 5.0, 300.0, seed=1)
+    assert np.median(long.prompt_tokens) > 5 * np.median(generate("steady", "chat", 5.0, 300.0, 1).prompt_tokens)
+    assert np.all(long.prompt_tokens + long.output_tokens <= 2048)
+
+
+def test_csv_round_trip_and_errors(tmp_path):
+    trace = generate("bursty", "chat", 5.0, 60.0, seed=2)
+    path = tmp_path / "t.csv"
+    write_csv(trace, path)
+    back = read_csv(path)
+    assert np.allclose(back.arrival_s, trace.arrival_s, atol=1e-6)
+    assert np.array_equal(back.prompt_tokens, trace.prompt_tokens)
+    bad = tmp_path / "bad.csv"
+    for body, message in [("arrival_s,prompt_tokens\n0,1\n", "missing column(s) output_tokens"),
+                          ("arrival_s,prompt_tokens,output_tokens\n0,10,x\n", ":2: output_tokens: not an integer"),
+                          ("arrival_s,prompt_tokens,output_tokens\n1,10,5\n0.5,10,5\n", ":3: arrival_s: must be"),
+                          ("arrival_s,prompt_tokens,output_tokens\n0,0,5\n", ":2: prompt_tokens: must be >= 1")]:
+        bad.write_text(body)
+        with pytest.raises(ValueError, match=re.escape(message)):
+            read_csv(bad)
+
+
+def test_adaptive_never_holds_more_than_the_budget():
+    trace = generate("step", "chat", 8.0, 600.0, seed=5)
+    result = simulate(trace, OPT_13B_A100, SLO_, 5, "adaptive")
+    assert result.plan_changes >= 1
+    assert result.max_gpus <= 5
+
+
+def test_cli_simulates_a_trace_and_reports_json(tmp_path, capsys):
+    path = tmp_path / "t.csv"
+    assert main(["serving-trace", "--arrival", "steady", "--rate", "3", "--duration", "60", "--out", str(path)]) == 0
+    assert main(["simulate-serving", "--trace", str(path), "--profile", "opt-13b-a100", "--gpus", "4",
+                 "--policy", "fixed-1-1", "--json"]) == 0
+    result = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert result["policy"] == "fixed-1-1" and result["requests"] == len(read_csv(path))
+    assert 0.0 <= result["attainment"] <= 1.0 and result["max_gpus"] == 4
+    assert main(["simulate-serving", "--trace", str(path), "--profile", "nope", "--gpus", "4",
+                 "--policy", "adaptive"]) == 2
+    assert "profile.name: unknown profile 'nope'" in capsys.readouterr().out
+    inline = tmp_path / "profile.yaml"
+    inline.write_text("prefill: [{gpus: 1, constantMs: 10, perTokenMs: 0.1, perTokenSquaredMs: 0}]\n"
+                      "decode: [{gpus: 1, constantMs: 20, perRequestMs: 0.5, perContextTokenMs: 0.001}]\n")
+    assert main(["simulate-serving", "--trace", str(path), "--profile", str(inline), "--gpus", "4",
+                 "--policy", "colocated"]) == 2
+    assert "profile.decode[0].kvCacheTokens: required" in capsys.readouterr().out
+    inline.write_text(inline.read_text().replace("0.001}", "0.001, kvCacheTokens: 20000}"))
+    assert main(["simulate-serving", "--trace", str(path), "--profile", str(inline), "--gpus", "4",
+                 "--policy", "colocated"]) == 0
+    assert "policy colocated:" in capsys.readouterr().out
