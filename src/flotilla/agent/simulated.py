@@ -60,6 +60,8 @@ PHASES: tuple[tuple[str, dict[str, float]], ...] = (
                     "nvlink_rx": 0.1, "cpu_util": 1.5}),
 )
 
+_MULT = {m: np.array([mults.get(m, 1.0) for _, mults in PHASES]) for m in BASE}
+
 
 @dataclass(frozen=True, slots=True)
 class Fault:
@@ -138,42 +140,38 @@ class _Job:
         self.faults = [f for f in faults if f.node in self.row]
 
     @staticmethod
-    def _phase_schedule(rng: np.random.Generator) -> list[tuple[float, float, int]]:
-        out, t = [], 0.0
+    def _phase_schedule(rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """(starts, ends, phase index) of the job's non-training phases over ten days."""
+        starts, ends, phases, t = [], [], [], 0.0
         while t < 10 * 86400:
             t += rng.exponential(1200.0)
-            length = rng.uniform(60, 400)
-            out.append((t, t + length, int(rng.integers(1, len(PHASES)))))
-            t += length
-        return out
+            starts.append(t)
+            t += rng.uniform(60, 400)
+            ends.append(t)
+            phases.append(int(rng.integers(1, len(PHASES))))
+        return np.array(starts), np.array(ends), np.array(phases)
 
-    def _phase_factor(self, metric: str, t: np.ndarray) -> np.ndarray:
-        """Per-machine multiplier at (machine-delayed) time t."""
-        factor = np.ones_like(t)
-        for start, end, phase in self.phases:
-            if start > t.max():
-                break
-            if end < t.min():
-                continue
-            mult = PHASES[phase][1].get(metric)
-            if mult is not None:
-                factor = np.where((t >= start) & (t < end), mult, factor)
-        return factor
+    def _phase(self, t: np.ndarray) -> np.ndarray:
+        """Each machine's phase index at its own (slightly delayed) time t."""
+        starts, ends, phases = self.phases
+        i = np.searchsorted(starts, t, side="right") - 1
+        inside = (i >= 0) & (t < ends[np.maximum(i, 0)])
+        return np.where(inside, phases[np.maximum(i, 0)], 0)
 
     def tick(self, t: float) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray], dict[str, np.ndarray]]:
         n, g = len(self.nodes), self.gpus
-        local_t = t - self.delay
+        phase = self._phase(t - self.delay)
         gpu: dict[str, np.ndarray] = {}
         for m in GPU_METRICS + ("step_time",):
             level, noise = BASE[m]
-            factor = self._phase_factor(m, local_t)[:, None]
+            factor = _MULT[m][phase][:, None]
             gpu[m] = level * factor + noise * (0.5 * self.offset[m] + self.rng.standard_normal((n, g)))
         gpu["throttle_power"] = (self.rng.random((n, g)) < 0.05).astype(float)
         gpu["ecc_corrected"] = np.zeros((n, g))
         host: dict[str, np.ndarray] = {}
         for m in HOST_METRICS:
             level, noise = BASE[m]
-            host[m] = level * self._phase_factor(m, local_t) + noise * (0.5 * self.host_offset[m]
+            host[m] = level * _MULT[m][phase] + noise * (0.5 * self.host_offset[m]
                                                                          + self.rng.standard_normal(n))
         host["net_errors"] = self.rng.poisson(0.02, n).astype(float)
         hard = {"ecc_uncorrected": np.zeros((n, g)), "xid": np.zeros((n, g)), "gpu_count": np.full(n, float(g)),
