@@ -17,6 +17,8 @@ import sys
 COMMANDS: dict[str, tuple[str, str]] = {
     "demo": ("flotilla.commands.demo", "Bring up a local cluster with fake GPU nodes, run the operator and apply examples/"),
     "operator": ("flotilla.commands.operator", "Run the operator: reconcile TrainingJobs, ServingDeployments and Nodes"),
+    "agent": ("flotilla.commands.agent", "Run the node agent: sample GPU/host/step-time metrics and publish them"),
+    "detect": ("flotilla.commands.detect", "Run the health detectors offline over a JSONL metrics dump"),
     "crds": ("flotilla.commands.crds", "Print the CRD manifests generated from flotilla.resources"),
 }
 

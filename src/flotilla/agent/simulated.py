@@ -282,11 +282,12 @@ class Fleet:
                 out.append(Sample(t, node, "xid", float(hard["xid"][i, g]), name, int(g)))
         return out
 
-    def samples(self, t: float) -> list[Sample]:
-        """Everything an agent on each live machine would publish at time t, per GPU."""
+    def samples(self, t: float, stamp: float | None = None) -> list[Sample]:
+        """Everything an agent on each live machine would publish at run time t (stamped `stamp`, default t)."""
         out: list[Sample] = []
         for job in self._jobs:
             gpu, host, hard = job.tick(t)
+            t = t if stamp is None else stamp
             name = job.name or None
             for i, node in enumerate(job.nodes):
                 if not hard["alive"][i]:
@@ -303,3 +304,21 @@ class Fleet:
                     if hard["xid"][i, g]:
                         out.append(Sample(t, node, "xid", float(hard["xid"][i, g]), name, g))
         return out
+
+
+class SimulatedSource:
+    """One simulated machine, for an agent started with `--source sim`. Faults are timed from `start`
+    (the agent's start); a `node_down` fault silences the source, heartbeat included."""
+
+    name = "sim"
+
+    def __init__(self, node: str, job: str | None, start: float, *, faults: Sequence[Fault] = (), gpus: int = 8,
+                 seed: int = 0) -> None:
+        self.start = start
+        self.fleet = Fleet([(node, job)], gpus=gpus, seed=seed, faults=faults)
+
+    def collect(self, now: float) -> list[Sample]:
+        return self.fleet.samples(round(now - self.start), stamp=now)
+
+    def close(self) -> None:
+        pass
