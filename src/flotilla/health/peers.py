@@ -13,6 +13,7 @@ consecutive evaluations is confirmed as the outlier.
 
 from __future__ import annotations
 
+import warnings
 from dataclasses import dataclass
 
 import numpy as np
@@ -52,7 +53,8 @@ class PeerOutlierDetector:
         if peers.sum() < 3:
             return []
         ref = values[peers]
-        with np.errstate(all="ignore"):
+        with np.errstate(all="ignore"), warnings.catch_warnings():
+            warnings.simplefilter("ignore", RuntimeWarning)   # a metric no machine reported: all-NaN column
             median = np.nanmedian(ref, axis=0)
             mad = np.nanmedian(np.abs(ref - median), axis=0)
         scale = np.maximum(np.maximum(1.4826 * np.nan_to_num(mad), _FLOOR), _REL_FLOOR * np.abs(np.nan_to_num(median)))
