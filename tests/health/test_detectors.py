@@ -6,7 +6,7 @@ import pytest
 from flotilla.health.metrics import COMPARED, COMPARED_INDEX
 from flotilla.health.peers import PeerOutlierDetector
 from flotilla.health.straggler import StragglerDetector
-from flotilla.health.window import RollingMean
+from flotilla.health.window import RollingMedian, nanmedian0
 
 K = len(COMPARED)
 UTIL = COMPARED_INDEX["gpu_util"]
@@ -25,11 +25,12 @@ def run(rows: list[np.ndarray], window: int = 4, continuity: int = 3) -> list[tu
     return [(t, f.member) for t, row in enumerate(rows) for f in det.update(row, peers)]
 
 
-def test_rolling_mean_ignores_missing_cells_and_forgets_old_rows():
-    rm = RollingMean(2, (2,))
+def test_rolling_median_skips_missing_cells_and_forgets_old_rows():
+    rm = RollingMedian(3, (2,), skip_missing=True)
     assert np.allclose(rm.push(np.array([1.0, np.nan])), [1.0, np.nan], equal_nan=True)
     assert np.allclose(rm.push(np.array([3.0, 4.0])), [2.0, 4.0])
-    assert np.allclose(rm.push(np.array([5.0, 6.0])), [4.0, 5.0])
+    assert np.allclose(rm.push(np.array([100.0, 6.0])), [3.0, 5.0])
+    assert np.allclose(rm.push(np.array([5.0, 8.0])), [5.0, 6.0])   # the 1.0 has left the window
 
 
 def test_machine_that_stays_low_is_confirmed_after_the_continuity_window():
@@ -38,7 +39,7 @@ def test_machine_that_stays_low_is_confirmed_after_the_continuity_window():
     for row in rows[4:]:
         row[2, UTIL] = 40.0          # z = -55/scale, clipped to 8 in the bad direction
     findings = run(rows)
-    # window 4 at clip 8: the mean passes 3 on the 2nd bad evaluation (t=5); 3 in a row -> t=7
+    # window 4 at clip 8: the median passes 3 once half the window is bad (t=5); 3 in a row -> t=7
     assert findings[0] == (7, 2)
     assert {m for _, m in findings} == {2}
 
@@ -98,3 +99,14 @@ def test_missing_step_reports_do_not_count_as_slow():
     det = StragglerDetector(4, window=2, continuity=2, margin=0.1)
     for _ in range(6):
         assert det.update(np.array([1.0, 1.0, 1.0, np.nan]), np.ones(4, dtype=bool)) == []
+
+
+def test_nanmedian0_matches_numpy():
+    rng = np.random.default_rng(6)
+    for shape in [(5, 7), (6, 3, 4), (1, 4)]:
+        a = rng.normal(size=shape)
+        a[rng.random(shape) < 0.3] = np.nan
+        a[:, 0] = np.nan
+        with np.errstate(all="ignore"), pytest.warns(RuntimeWarning):
+            expected = np.nanmedian(a, axis=0)
+        assert np.allclose(nanmedian0(a), expected, equal_nan=True)

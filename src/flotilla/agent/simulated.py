@@ -60,6 +60,7 @@ PHASES: tuple[tuple[str, dict[str, float]], ...] = (
                     "nvlink_rx": 0.1, "cpu_util": 1.5}),
 )
 
+_STALL = {"gpu_util": 0.4, "power": 0.75, "nvlink_tx": 0.5, "nvlink_rx": 0.5, "step_time": 1.5}
 _MULT = {m: np.array([mults.get(m, 1.0) for _, mults in PHASES]) for m in BASE}
 
 
@@ -135,6 +136,8 @@ class _Job:
         self.offset = {m: offsets.normal(0, 1.0, (len(nodes), gpus)) for m in GPU_METRICS + ("step_time",)}
         self.host_offset = {m: offsets.normal(0, 1.0, len(nodes)) for m in HOST_METRICS}
         self.delay = (offsets.integers(0, 3, len(nodes)) if jitter else np.zeros(len(nodes), dtype=int))
+        self.hot = np.where(offsets.random(len(nodes)) < 0.05, 4.0, 0.0)[:, None]
+        self.stall_until = np.full(len(nodes), -1.0)
         self.phases = self._phase_schedule(_rng(seed, "phase", name))
         self.row = {n: i for i, n in enumerate(nodes)}
         self.faults = [f for f in faults if f.node in self.row]
@@ -161,11 +164,16 @@ class _Job:
     def tick(self, t: float) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray], dict[str, np.ndarray]]:
         n, g = len(self.nodes), self.gpus
         phase = self._phase(t - self.delay)
+        glitch = np.where(self.rng.random((n, g)) < 0.002, 6.0, 1.0)
+        starts = self.rng.random(n) < 1 / 7200
+        self.stall_until = np.where(starts, t + self.rng.integers(1, 4, n), self.stall_until)
+        stalled = (t < self.stall_until)[:, None]
         gpu: dict[str, np.ndarray] = {}
         for m in GPU_METRICS + ("step_time",):
             level, noise = BASE[m]
-            factor = _MULT[m][phase][:, None]
-            gpu[m] = level * factor + noise * (0.5 * self.offset[m] + self.rng.standard_normal((n, g)))
+            factor = _MULT[m][phase][:, None] * np.where(stalled, _STALL.get(m, 1.0), 1.0)
+            gpu[m] = level * factor + noise * (0.5 * self.offset[m] + glitch * self.rng.standard_normal((n, g)))
+        gpu["temperature"] += self.hot
         gpu["throttle_power"] = (self.rng.random((n, g)) < 0.05).astype(float)
         gpu["ecc_corrected"] = np.zeros((n, g))
         host: dict[str, np.ndarray] = {}

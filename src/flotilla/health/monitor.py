@@ -35,13 +35,13 @@ _REDUCE = {"min": min, "max": max, "sum": sum, "mean": lambda v: sum(v) / len(v)
 @dataclass(frozen=True, slots=True)
 class MonitorConfig:
     interval: float = 1.0            # seconds between evaluations (the agents' sampling interval)
-    window: int = 8                  # outlier sliding window, evaluations
-    continuity: int = 3              # evaluations a machine must stay the outlier
+    window: int = 5                  # outlier sliding window, evaluations
+    continuity: int = 5              # evaluations a machine must stay the outlier
     threshold: float = 3.0           # windowed robust z-score above which a machine is an outlier
     clip: float = 8.0                # |z| cap per evaluation, so one wild sample cannot decide alone
     stale_after: float = 3.0         # seconds a value stays usable without a newer one
     heartbeat_timeout: float = 2.5   # seconds without a heartbeat that make it lost
-    straggler_window: int = 10       # evaluations
+    straggler_window: int = 15       # evaluations
     straggler_continuity: int = 5
     straggler_margin: float = 0.10   # step time this much above the peers' median
     clear_after: int = 30            # evaluations a transient finding must look normal before it clears

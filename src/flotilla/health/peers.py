@@ -13,13 +13,12 @@ consecutive evaluations is confirmed as the outlier.
 
 from __future__ import annotations
 
-import warnings
 from dataclasses import dataclass
 
 import numpy as np
 
 from flotilla.health.metrics import COMPARED
-from flotilla.health.window import RollingMean, Streak
+from flotilla.health.window import RollingMedian, Streak, nanmedian0
 
 _SIGN = np.array([1.0 if m.bad == "high" else -1.0 for m in COMPARED])
 _FLOOR = np.array([m.floor for m in COMPARED])
@@ -43,7 +42,7 @@ class PeerOutlierDetector:
         self.continuity = continuity
         self.threshold = threshold
         self.clip = clip
-        self._scores = RollingMean(window, (size, len(COMPARED)))
+        self._scores = RollingMedian(window, (size, len(COMPARED)))
         self._streak = Streak(size)
         self.last_scores = np.zeros((size, len(COMPARED)))
 
@@ -53,13 +52,11 @@ class PeerOutlierDetector:
         if peers.sum() < 3:
             return []
         ref = values[peers]
-        with np.errstate(all="ignore"), warnings.catch_warnings():
-            warnings.simplefilter("ignore", RuntimeWarning)   # a metric no machine reported: all-NaN column
-            median = np.nanmedian(ref, axis=0)
-            mad = np.nanmedian(np.abs(ref - median), axis=0)
+        median = nanmedian0(ref)
+        mad = nanmedian0(np.abs(ref - median))
         scale = np.maximum(np.maximum(1.4826 * np.nan_to_num(mad), _FLOOR), _REL_FLOOR * np.abs(np.nan_to_num(median)))
         z = np.clip((values - median) / scale * _SIGN, -self.clip, self.clip)
-        self.last_scores = scores = np.nan_to_num(self._scores.push(z))
+        self.last_scores = scores = self._scores.push(np.nan_to_num(z))
         best = scores.argmax(axis=1)
         best_score = scores[np.arange(len(best)), best]
         streak = self._streak.update(best_score > self.threshold)

@@ -14,14 +14,14 @@ from __future__ import annotations
 import numpy as np
 
 from flotilla.health.peers import Finding
-from flotilla.health.window import RollingMean, Streak
+from flotilla.health.window import RollingMedian, Streak
 
 
 class StragglerDetector:
     def __init__(self, size: int, *, window: int, continuity: int, margin: float) -> None:
         self.continuity = continuity
         self.margin = margin
-        self._levels = RollingMean(window, (size,))
+        self._levels = RollingMedian(window, (size,), skip_missing=True)
         self._streak = Streak(size)
         self.last_ratio = np.ones(size)
 
