@@ -104,7 +104,7 @@ class BufferedPublisher:
     def add(self, samples: Sequence[Sample]) -> None:
         overflow = len(self.buffer) + len(samples) - (self.buffer.maxlen or 0)
         if overflow > 0:
-            self.dropped += min(overflow, len(self.buffer) + len(samples))
+            self.dropped += overflow
         self.buffer.extend(samples)
 
     def flush(self) -> bool:

@@ -60,6 +60,7 @@ PHASES: tuple[tuple[str, dict[str, float]], ...] = (
                     "nvlink_rx": 0.1, "cpu_util": 1.5}),
 )
 
+_XID = {"ecc_error": 94, "fell_off_bus": 79}
 _STALL = {"gpu_util": 0.4, "power": 0.75, "nvlink_tx": 0.5, "nvlink_rx": 0.5, "step_time": 1.5}
 _MULT = {m: np.array([mults.get(m, 1.0) for _, mults in PHASES]) for m in BASE}
 
@@ -141,6 +142,7 @@ class _Job:
         self.phases = self._phase_schedule(_rng(seed, "phase", name))
         self.row = {n: i for i, n in enumerate(nodes)}
         self.faults = [f for f in faults if f.node in self.row]
+        self.xid_sent: set[Fault] = set()
 
     @staticmethod
     def _phase_schedule(rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -192,15 +194,14 @@ class _Job:
 
     def _inject(self, f: Fault, i: int, age: float, gpu: dict, host: dict, hard: dict) -> None:
         k = f.gpu
+        if f.fault in _XID and f not in self.xid_sent:   # the XID event fires once, when the fault strikes
+            hard["xid"][i, k] = _XID[f.fault]
+            self.xid_sent.add(f)
         if f.fault == "ecc_error":
             hard["ecc_uncorrected"][i, k] = 1 + int(age // 60)
-            if age < 1:
-                hard["xid"][i, k] = 94
         elif f.fault == "fell_off_bus":
             hard["gpu_alive"][i, k] = False
             hard["gpu_count"][i] -= 1
-            if age < 1:
-                hard["xid"][i, k] = 79
         elif f.fault == "node_down":
             hard["alive"][i] = False
         elif f.fault == "nvlink_down":
@@ -293,24 +294,24 @@ class Fleet:
     def samples(self, t: float, stamp: float | None = None) -> list[Sample]:
         """Everything an agent on each live machine would publish at run time t (stamped `stamp`, default t)."""
         out: list[Sample] = []
+        ts = t if stamp is None else stamp
         for job in self._jobs:
             gpu, host, hard = job.tick(t)
-            t = t if stamp is None else stamp
             name = job.name or None
             for i, node in enumerate(job.nodes):
                 if not hard["alive"][i]:
                     continue
-                out.append(Sample(t, node, "heartbeat", 1.0, name))
-                out.append(Sample(t, node, "gpu_count", float(hard["gpu_count"][i]), name))
-                out += [Sample(t, node, m, float(host[m][i]), name) for m in HOST_METRICS]
+                out.append(Sample(ts, node, "heartbeat", 1.0, name))
+                out.append(Sample(ts, node, "gpu_count", float(hard["gpu_count"][i]), name))
+                out += [Sample(ts, node, m, float(host[m][i]), name) for m in HOST_METRICS]
                 for g in np.flatnonzero(hard["gpu_alive"][i]):
                     g = int(g)
-                    out += [Sample(t, node, m, float(gpu[m][i, g]), name, g) for m in GPU_METRICS]
-                    out.append(Sample(t, node, "ecc_uncorrected", float(hard["ecc_uncorrected"][i, g]), name, g))
+                    out += [Sample(ts, node, m, float(gpu[m][i, g]), name, g) for m in GPU_METRICS]
+                    out.append(Sample(ts, node, "ecc_uncorrected", float(hard["ecc_uncorrected"][i, g]), name, g))
                     if name is not None:
-                        out.append(Sample(t, node, "step_time", float(gpu["step_time"][i, g]), name, g))
-                    if hard["xid"][i, g]:
-                        out.append(Sample(t, node, "xid", float(hard["xid"][i, g]), name, g))
+                        out.append(Sample(ts, node, "step_time", float(gpu["step_time"][i, g]), name, g))
+                out += [Sample(ts, node, "xid", float(hard["xid"][i, g]), name, int(g))
+                        for g in np.flatnonzero(hard["xid"][i])]
         return out
 
 
@@ -326,7 +327,7 @@ class SimulatedSource:
         self.fleet = Fleet([(node, job)], gpus=gpus, seed=seed, faults=faults)
 
     def collect(self, now: float) -> list[Sample]:
-        return self.fleet.samples(round(now - self.start), stamp=now)
+        return self.fleet.samples(now - self.start, stamp=now)
 
     def close(self) -> None:
         pass

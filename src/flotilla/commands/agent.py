@@ -15,6 +15,7 @@ import logging
 import signal
 import threading
 import time
+from dataclasses import replace
 
 from flotilla.agent.host import HostSource
 from flotilla.agent.nvml import NvmlSource
@@ -57,8 +58,8 @@ def _gpu_source(args: argparse.Namespace, start: float) -> list[MetricSource]:
     if args.source == "sim":
         faults = [parse_fault(args.node, text) for text in args.inject]
         if args.ground_truth:
-            write_ground_truth([type(f)(f.node, f.fault, f.start + start, None if f.end is None else f.end + start,
-                                        f.gpu) for f in faults], args.ground_truth)
+            write_ground_truth([replace(f, start=f.start + start, end=None if f.end is None else f.end + start)
+                                for f in faults], args.ground_truth)
         return [SimulatedSource(args.node, args.job, start, faults=faults, gpus=args.sim_gpus, seed=args.sim_seed)]
     try:
         return [NvmlSource(args.node), HostSource(args.node), HeartbeatSource(args.node)]
@@ -88,10 +89,13 @@ def run(args: argparse.Namespace) -> int:
     publisher = BufferedPublisher(transport, args.buffer, args.batch)
     agent = Agent(sources, publisher, lambda: (intake.job if intake and intake.job else args.job))
     stop = threading.Event()
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        signal.signal(sig, lambda *_: stop.set())
+    previous = {sig: signal.signal(sig, lambda *_: stop.set()) for sig in (signal.SIGTERM, signal.SIGINT)}
     log.info("agent for node %s: sources %s, publishing to %s every %.1fs", args.node,
              ", ".join(s.name for s in sources), args.redis_url or args.controller_url, args.interval)
-    agent.run(args.interval, stop, args.duration)
+    try:
+        agent.run(args.interval, stop, args.duration)
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
     log.info("agent stopped: %d samples sent, %d dropped", publisher.sent, publisher.dropped)
     return 0

@@ -15,7 +15,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
-Reduce = Literal["min", "max", "mean", "sum"]
+Reduce = Literal["min", "max", "mean"]
 Kind = Literal["compared", "hard", "step", "info"]
 
 
@@ -26,7 +26,7 @@ class Metric:
     per_gpu: bool
     kind: Kind
     help: str
-    reduce: Reduce = "mean"
+    reduce: Reduce = "mean"   # compared per-GPU metrics only
     bad: Literal["low", "high"] | None = None
     floor: float = 1.0
     rel_floor: float = 0.0
@@ -36,7 +36,7 @@ class Metric:
 METRICS: tuple[Metric, ...] = (
     # GPU, from NVML
     Metric("gpu_util", "%", True, "compared", "GPU utilisation", "min", "low", floor=3.0),
-    Metric("mem_used", "MiB", True, "info", "GPU memory used", "max"),
+    Metric("mem_used", "MiB", True, "info", "GPU memory used"),
     Metric("temperature", "C", True, "compared", "GPU core temperature", "max", "high", floor=2.0, transient=True),
     Metric("power", "W", True, "compared", "GPU board power draw", "min", "low", floor=10.0, rel_floor=0.03),
     Metric("sm_clock", "MHz", True, "compared", "SM clock", "min", "low", floor=20.0, rel_floor=0.01),
@@ -49,12 +49,12 @@ METRICS: tuple[Metric, ...] = (
     Metric("nvlink_active", "links", True, "compared", "NVLink links up", "min", "low", floor=0.5),
     Metric("throttle_thermal", "0/1", True, "compared", "clocks held down by a thermal slowdown (HW or SW)", "max", "high",
            floor=0.1, transient=True),
-    Metric("throttle_power", "0/1", True, "info", "clocks held at the power cap (normal under full load)", "max"),
-    Metric("ecc_corrected", "count", True, "info", "volatile corrected ECC errors since driver load", "max"),
-    Metric("ecc_uncorrected", "count", True, "hard", "volatile uncorrectable ECC errors since driver load", "max"),
-    Metric("xid", "code", True, "hard", "an XID event (one sample per event; value = XID code)", "max"),
+    Metric("throttle_power", "0/1", True, "info", "clocks held at the power cap (normal under full load)"),
+    Metric("ecc_corrected", "count", True, "info", "volatile corrected ECC errors since driver load"),
+    Metric("ecc_uncorrected", "count", True, "hard", "volatile uncorrectable ECC errors since driver load"),
+    Metric("xid", "code", True, "hard", "an XID event (one sample per event; value = XID code)"),
     # machine
-    Metric("gpu_count", "GPUs", False, "hard", "GPUs that answer NVML", "sum"),
+    Metric("gpu_count", "GPUs", False, "hard", "GPUs that answer NVML"),
     Metric("heartbeat", "1", False, "hard", "the agent is alive (one per interval)"),
     Metric("cpu_util", "%", False, "compared", "host CPU utilisation", bad="high", floor=5.0, transient=True),
     Metric("mem_available", "MiB", False, "info", "host memory available"),

@@ -29,7 +29,7 @@ from flotilla.health.straggler import StragglerDetector
 
 Rank = tuple[str, int | None]
 
-_REDUCE = {"min": min, "max": max, "sum": sum, "mean": lambda v: sum(v) / len(v)}
+_REDUCE = {"min": min, "max": max, "mean": lambda v: sum(v) / len(v)}
 
 
 @dataclass(frozen=True, slots=True)
