@@ -1,10 +1,8 @@
 """Host (/proc), step-time intake, heartbeat and the agent loop."""
 
-import json
 import socket
+import threading
 import time
-
-import pytest
 
 from flotilla.agent.host import HostSource
 from flotilla.agent.publish import BufferedPublisher
@@ -21,7 +19,7 @@ def write_proc(root, busy, idle, eth_rx, eth_tx, errs):
     (root / "meminfo").write_text("MemTotal: 1000 kB\nMemAvailable:    2048 kB\n")
     (root / "net" / "dev").write_text(
         NET_HEADER
-        + f"    lo: 999999 1 0 0 0 0 0 0 999999 1 0 0 0 0 0 0\n"
+        + "    lo: 999999 1 0 0 0 0 0 0 999999 1 0 0 0 0 0 0\n"
         + f"  eth0: {eth_rx} 10 {errs} 1 0 0 0 0 {eth_tx} 10 0 0 0 0 0 0\n")
 
 
@@ -51,12 +49,13 @@ def test_step_intake_turns_datagrams_into_step_time_samples_and_knows_the_job():
 class ListTransport:
     def __init__(self):
         self.batches = []
+        self.closed = False
 
     def send(self, batch):
         self.batches.append(list(batch))
 
     def close(self):
-        pass
+        self.closed = True
 
 
 class Broken:
@@ -76,9 +75,8 @@ def test_agent_tick_labels_unlabelled_samples_and_survives_a_broken_source():
     assert transport.batches == [[Sample(3.0, "n1", "heartbeat", 1.0, "team/llm")]]
 
 
-def test_agent_runs_for_its_duration_and_closes(tmp_path):
-    import threading
+def test_agent_runs_for_its_duration_and_closes_the_transport():
     transport = ListTransport()
     agent = Agent([HeartbeatSource("n1")], BufferedPublisher(transport))
     agent.run(0.05, threading.Event(), duration=0.2)
-    assert 2 <= len(transport.batches) <= 6
+    assert 2 <= len(transport.batches) <= 6 and transport.closed

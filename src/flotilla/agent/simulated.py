@@ -30,7 +30,7 @@ from typing import Iterable, Sequence
 
 import numpy as np
 
-from flotilla.health.metrics import BY_NAME, COMPARED, METRICS
+from flotilla.health.metrics import COMPARED, METRICS
 from flotilla.health.monitor import JobFrame
 from flotilla.health.samples import Sample
 

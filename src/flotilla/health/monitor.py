@@ -17,7 +17,7 @@ heartbeats, stragglers) clear by rule once the node has looked normal for
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Iterable, Sequence
+from typing import Any, Iterable, Literal, Sequence
 
 import numpy as np
 
@@ -165,14 +165,13 @@ class HealthMonitor:
         return self._confirm(s.ts, node, "fault", "gpu-lost", {"metric": "gpu_count", "window": 1,
                              "score": expected - value, "value": value, "expected": expected}, checkpointable=False)
 
-    def _confirm(self, ts: float, node: str, kind: str, reason: str, evidence: dict, *, transient: bool = False,
-                 checkpointable: bool = True) -> HealthDecision | None:
+    def _confirm(self, ts: float, node: str, kind: Literal["fault", "straggler"], reason: str, evidence: dict[str, Any],
+                 *, transient: bool = False, checkpointable: bool = True) -> HealthDecision | None:
         current = self.active.get(node)
         # A node keeps one decision; only a lasting fault may replace a transient one.
         if current is not None and (transient or not current.transient):
             return None
-        decision = HealthDecision(ts, node, kind, reason, evidence, self._node_job.get(node), transient,  # type: ignore[arg-type]
-                                  checkpointable)
+        decision = HealthDecision(ts, node, kind, reason, evidence, self._node_job.get(node), transient, checkpointable)
         self.active[node] = decision
         self._calm[node] = 0
         return decision
