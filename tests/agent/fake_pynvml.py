@@ -98,8 +98,9 @@ class FakeNvml:
         return links[link]
 
     def nvmlDeviceGetFieldValues(self, h, ids):
-        tx, rx = self._read(h, "nvlink_kib")
-        return [SimpleNamespace(value=SimpleNamespace(ullVal=tx)), SimpleNamespace(value=SimpleNamespace(ullVal=rx))]
+        assert ids == [(NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_TX, 0xFFFFFFFF),
+                       (NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_RX, 0xFFFFFFFF)], "expected the all-links scope"
+        return [SimpleNamespace(nvmlReturn=0, value=SimpleNamespace(ullVal=v)) for v in self._read(h, "nvlink_kib")]
 
     def nvmlEventSetCreate(self):
         return "event-set"

@@ -86,3 +86,8 @@ def test_agent_command_falls_back_to_host_metrics_with_one_log_line(caplog, monk
     assert len(caplog.records) == 1 and "library not found" in caplog.records[0].getMessage()
     with pytest.raises(SourceUnavailable):
         agent._gpu_source(argparse.Namespace(node="n1", source="nvml"), 0.0)
+
+
+def test_gpu_with_every_nvlink_down_reports_zero_links():
+    values = by_key(NvmlSource("n1", FakeNvml([gpu(links=[0] * 18)])).collect(1.0))
+    assert values[("nvlink_active", 0)] == 0

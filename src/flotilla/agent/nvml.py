@@ -22,6 +22,7 @@ log = logging.getLogger(__name__)
 
 _THERMAL_BITS = 0x20 | 0x40          # SW and HW thermal slowdown
 _POWER_CAP_BIT = 0x4
+_ALL_LINKS = 0xFFFFFFFF            # field-value scope: the sum over every NVLink link
 
 
 class NvmlSource:
@@ -106,21 +107,22 @@ class NvmlSource:
         n = self.nvml
         if (gpu, "nvlink") in self._unsupported or gpu in self._lost:
             return {}
-        active = 0
+        links = active = 0
         for link in range(n.NVML_NVLINK_MAX_LINKS):
             try:
-                active += int(n.nvmlDeviceGetNvLinkState(h, link) == 1)
+                state = n.nvmlDeviceGetNvLinkState(h, link)
             except n.NVMLError:
                 break   # links are numbered densely; the first error is past the last link
-        if active == 0 and link == 0:
+            links += 1
+            active += int(state == 1)
+        if links == 0:
             self._unsupported.add((gpu, "nvlink"))
             return {}
         out: dict[str, float | None] = {"nvlink_active": float(active)}
-        counters = self._query(gpu, "nvlink_throughput", lambda: [
-            v.value.ullVal for v in n.nvmlDeviceGetFieldValues(
-                h, [n.NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_TX, n.NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_RX])])
-        if counters is not None:
-            tx, rx = counters   # cumulative KiB
+        counters = self._query(gpu, "nvlink_throughput", lambda: n.nvmlDeviceGetFieldValues(
+            h, [(n.NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_TX, _ALL_LINKS), (n.NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_RX, _ALL_LINKS)]))
+        if counters is not None and all(v.nvmlReturn == 0 for v in counters):
+            tx, rx = (v.value.ullVal for v in counters)   # cumulative KiB
             prev = self._nvlink_prev.get(gpu)
             self._nvlink_prev[gpu] = (now, tx, rx)
             if prev is not None and now > prev[0]:
