@@ -125,7 +125,7 @@ def run(nodes: int, seconds: int, per_type: int, seed: int, gpus: int) -> dict:
     return results
 
 
-def sample_path_cost(gpus: int, seed: int, nodes: int = 32, seconds: int = 20) -> float:
+def sample_path_cost(gpus: int, seed: int, nodes: int = 128, seconds: int = 10) -> float:
     """CPU per 1,000 machines per second of `HealthMonitor.observe` fed every per-GPU sample an agent publishes."""
     fleet = Fleet(make_fleet_members(nodes, seed), gpus=gpus, seed=seed)
     monitor = HealthMonitor()
