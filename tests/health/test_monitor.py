@@ -50,6 +50,9 @@ def test_lost_heartbeat_confirms_after_the_timeout_and_clears_when_heartbeats_re
     assert [(d.ts, d.reason, d.transient, d.checkpointable) for d in lost] == [(7.0, "heartbeat-lost", True, False)]
     back = [d for d in run(m, range(9, 14)) if d.node == "n4"]
     assert [(d.ts, d.state) for d in back] == [(11.0, "cleared")]
+    run(m, range(14, 20), skip={"n4"})
+    m.release("n4")                                   # e.g. the node was taken away for repair
+    assert run(m, range(20, 25), skip={"n4"}) == []   # silence is not reported again until it beats
 
 
 def test_one_bad_gpu_makes_its_machine_the_outlier_and_release_returns_it():

@@ -107,9 +107,11 @@ class HealthMonitor:
         return self._ingest(samples) + self._evaluate(now, frames)
 
     def release(self, node: str) -> None:
-        """Return a node to service: forget its decision; counters it showed become its new baseline."""
+        """Return a node to service: forget its decision; counters it showed become its new baseline, and its
+        heartbeat is watched again from its next one."""
         self.active.pop(node, None)
         self._calm.pop(node, None)
+        self._heartbeat.pop(node, None)
         if node in self._gpu_count:
             self._gpu_expected[node] = self._gpu_count[node]
         for rank, value in self._ecc.items():
