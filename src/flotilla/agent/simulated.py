@@ -181,8 +181,7 @@ class _Job:
         host: dict[str, np.ndarray] = {}
         for m in HOST_METRICS:
             level, noise = BASE[m]
-            host[m] = level * _MULT[m][phase] + noise * (0.5 * self.host_offset[m]
-                                                                         + self.rng.standard_normal(n))
+            host[m] = level * _MULT[m][phase] + noise * (0.5 * self.host_offset[m] + self.rng.standard_normal(n))
         host["net_errors"] = self.rng.poisson(0.02, n).astype(float)
         hard = {"ecc_uncorrected": np.zeros((n, g)), "xid": np.zeros((n, g)), "gpu_count": np.full(n, float(g)),
                 "alive": np.ones(n, dtype=bool), "gpu_alive": np.ones((n, g), dtype=bool)}
@@ -251,7 +250,7 @@ class Fleet:
             by_job.setdefault(job or "", []).append(node)
         self.gpus = gpus
         self._jobs = [_Job(job, nodes, gpus, seed, list(faults), jitter) for job, nodes in by_job.items()]
-        self._reported: dict[tuple[str, int], float] = {}
+        self._reported: dict[tuple[str, str], float] = {}   # (node, metric) -> last value sent
 
     def tick(self, t: float) -> tuple[list[JobFrame], list[Sample]]:
         """Per job, the frame the monitor would build, and the hard-signal samples of this second
