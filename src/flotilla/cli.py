@@ -21,6 +21,8 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "crds": ("flotilla.commands.crds", "Print or write the CRD manifests generated from flotilla.resources"),
     "simulate-serving": ("flotilla.commands.simulate_serving", "Simulate a serving trace under a PD policy"),
     "serving-trace": ("flotilla.commands.serving_trace", "Generate a seeded serving request trace (CSV)"),
+    "agent": ("flotilla.commands.agent", "Run the node agent: sample GPU/host/step-time metrics and publish them"),
+    "detect": ("flotilla.commands.detect", "Run the health detectors offline over a JSONL metrics dump"),
 }
 
 

@@ -1,0 +1,128 @@
+"""Publishing sample batches: to Redis Streams or to the controller over HTTP, through a bounded buffer.
+
+Both transports use the encoding of `flotilla.health.samples`. A transport
+raises `PublishError` when the batch did not get through; `BufferedPublisher`
+then keeps the samples (up to `capacity`, dropping the oldest and counting
+them) and tries again at the next flush, so the agent recovers by itself when
+the transport comes back.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from collections import deque
+from pathlib import Path
+from typing import Callable, Protocol, Sequence
+
+import httpx
+import redis
+
+from flotilla.health.samples import FIELD, STREAM, Sample, encode_batch
+
+log = logging.getLogger(__name__)
+
+
+class PublishError(RuntimeError):
+    pass
+
+
+class Transport(Protocol):
+    def send(self, batch: Sequence[Sample]) -> None: ...
+
+    def close(self) -> None: ...
+
+
+class RedisTransport:
+    """XADD one entry per batch to `stream`, trimming it to about `maxlen` entries."""
+
+    def __init__(self, url: str, stream: str = STREAM, maxlen: int = 100_000, timeout: float = 2.0) -> None:
+        self.stream, self.maxlen = stream, maxlen
+        self.client = redis.Redis.from_url(url, socket_timeout=timeout, socket_connect_timeout=timeout)
+
+    def send(self, batch: Sequence[Sample]) -> None:
+        try:
+            self.client.xadd(self.stream, {FIELD: encode_batch(batch)}, maxlen=self.maxlen, approximate=True)
+        except redis.RedisError as e:
+            raise PublishError(f"redis: {e}") from e
+
+    def close(self) -> None:
+        self.client.close()
+
+
+class HttpTransport:
+    """POST /v1/ingest {"node", "samples"}; retries with exponential backoff, then gives up for this flush."""
+
+    def __init__(self, base_url: str, node: str, token_file: str | Path | None = None, retries: int = 3,
+                 backoff: float = 0.2, timeout: float = 2.0, sleep: Callable[[float], None] = time.sleep) -> None:
+        self.node, self.retries, self.backoff, self.sleep = node, retries, backoff, sleep
+        self.token_file = Path(token_file) if token_file else None
+        self.client = httpx.Client(base_url=base_url.rstrip("/"), timeout=timeout)
+
+    def _headers(self) -> dict[str, str]:
+        if self.token_file is None:
+            return {}
+        # read at every send: the token may be rotated (a projected service-account token)
+        return {"Authorization": f"Bearer {self.token_file.read_text().strip()}"}
+
+    def send(self, batch: Sequence[Sample]) -> None:
+        body = '{"node":%s,"samples":%s}' % (json.dumps(self.node), encode_batch(batch))
+        error = ""
+        for attempt in range(self.retries + 1):
+            if attempt:
+                self.sleep(self.backoff * 2 ** (attempt - 1))
+            try:
+                r = self.client.post("/v1/ingest", content=body,
+                                     headers={"Content-Type": "application/json", **self._headers()})
+            except httpx.HTTPError as e:
+                error = f"{type(e).__name__}: {e}"
+                continue
+            if r.status_code < 300:
+                return
+            error = f"HTTP {r.status_code}: {r.text[:200]}"
+            if r.status_code < 500 and r.status_code != 429:
+                break   # the controller refused this batch; retrying cannot help
+        raise PublishError(f"controller: {error}")
+
+    def close(self) -> None:
+        self.client.close()
+
+
+class BufferedPublisher:
+    """A bounded FIFO of samples in front of a transport."""
+
+    def __init__(self, transport: Transport, capacity: int = 100_000, batch_size: int = 5_000) -> None:
+        if capacity < 1 or batch_size < 1:
+            raise ValueError("buffer capacity and batch size must be at least 1")
+        self.transport, self.batch_size = transport, batch_size
+        self.buffer: deque[Sample] = deque(maxlen=capacity)
+        self.dropped = 0
+        self.sent = 0
+        self.failing = False
+
+    def add(self, samples: Sequence[Sample]) -> None:
+        overflow = len(self.buffer) + len(samples) - (self.buffer.maxlen or 0)
+        if overflow > 0:
+            self.dropped += overflow
+        self.buffer.extend(samples)
+
+    def flush(self) -> bool:
+        """Send everything buffered, oldest first; stop at the first failure. True when the buffer is empty."""
+        while self.buffer:
+            batch = [self.buffer[i] for i in range(min(self.batch_size, len(self.buffer)))]
+            try:
+                self.transport.send(batch)
+            except PublishError as e:
+                if not self.failing:
+                    log.warning("publishing failed, buffering (%d samples held, %d dropped so far): %s",
+                                len(self.buffer), self.dropped, e)
+                self.failing = True
+                return False
+            for _ in batch:
+                self.buffer.popleft()
+            self.sent += len(batch)
+            if self.failing:
+                log.info("publishing recovered; %d samples dropped while it was down", self.dropped)
+                self.failing = False
+        return True

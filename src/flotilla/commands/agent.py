@@ -1,0 +1,101 @@
+"""Run the node agent: sample this node's GPUs (NVML), host and training step times; publish them in batches.
+
+Sources: `nvml` (GPU metrics through nvidia-ml-py; fails if no driver), `sim`
+(a simulated machine with injectable faults, for tests and the demo), `auto`
+(NVML when a GPU is there, otherwise host metrics only, said in one log line).
+Publishing goes to Redis Streams (--redis-url) or to the controller's
+POST /v1/ingest (--controller-url); while the transport is down samples are
+held in a bounded buffer that drops the oldest.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import signal
+import threading
+import time
+from dataclasses import replace
+
+from flotilla.agent.host import HostSource
+from flotilla.agent.nvml import NvmlSource
+from flotilla.agent.publish import BufferedPublisher, HttpTransport, RedisTransport, Transport
+from flotilla.agent.runner import Agent, HeartbeatSource
+from flotilla.agent.simulated import FAULTS, SimulatedSource, parse_fault, write_ground_truth
+from flotilla.agent.sources import MetricSource, SourceUnavailable
+from flotilla.agent.steps import DEFAULT_PORT, StepIntake
+from flotilla.health.samples import STREAM
+
+HELP = "Run the node agent: sample GPU/host/step-time metrics and publish them to Redis or the controller"
+log = logging.getLogger("flotilla.agent")
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--node", required=True, help="this node's name (the Kubernetes Node name)")
+    parser.add_argument("--source", choices=("nvml", "sim", "auto"), default="auto")
+    target = parser.add_mutually_exclusive_group(required=True)
+    target.add_argument("--redis-url", help="publish to this Redis (XADD to the metrics stream)")
+    target.add_argument("--controller-url", help="publish to this controller (POST /v1/ingest)")
+    parser.add_argument("--token-file", help="bearer token for the controller, re-read at every request")
+    parser.add_argument("--stream", default=STREAM, help=f"Redis stream (default {STREAM})")
+    parser.add_argument("--maxlen", type=int, default=100_000, help="approximate Redis stream length cap")
+    parser.add_argument("--interval", type=float, default=1.0, help="seconds between samples")
+    parser.add_argument("--buffer", type=int, default=100_000, help="samples held while publishing fails")
+    parser.add_argument("--batch", type=int, default=5_000, help="samples per published batch at most")
+    parser.add_argument("--step-port", type=int, default=DEFAULT_PORT,
+                        help=f"UDP port on 127.0.0.1 for workers' step times (default {DEFAULT_PORT}; 0 = off)")
+    parser.add_argument("--job", help="job label for samples when no worker reports one")
+    parser.add_argument("--duration", type=float, help="stop after this many seconds")
+    sim = parser.add_argument_group("simulated source")
+    sim.add_argument("--sim-gpus", type=int, default=8)
+    sim.add_argument("--sim-seed", type=int, default=0)
+    sim.add_argument("--inject", action="append", default=[], metavar="TYPE@START[+DURATION][#GPU]",
+                     help=f"inject a fault, seconds after start; TYPE one of {', '.join(FAULTS)}")
+    sim.add_argument("--ground-truth", help="write the injected faults (absolute times) to this JSONL file")
+
+
+def _gpu_source(args: argparse.Namespace, start: float) -> list[MetricSource]:
+    if args.source == "sim":
+        faults = [parse_fault(args.node, text) for text in args.inject]
+        if args.ground_truth:
+            write_ground_truth([replace(f, start=f.start + start, end=None if f.end is None else f.end + start)
+                                for f in faults], args.ground_truth)
+        return [SimulatedSource(args.node, args.job, start, faults=faults, gpus=args.sim_gpus, seed=args.sim_seed)]
+    try:
+        return [NvmlSource(args.node), HostSource(args.node), HeartbeatSource(args.node)]
+    except SourceUnavailable as e:
+        if args.source == "nvml":
+            raise
+        log.warning("no GPU metrics on this node: %s; publishing host metrics and heartbeats only", e)
+        return [HostSource(args.node), HeartbeatSource(args.node)]
+
+
+def run(args: argparse.Namespace) -> int:
+    if args.interval <= 0:
+        raise SystemExit("--interval must be positive")
+    if args.inject and args.source != "sim":
+        raise SystemExit("--inject needs --source sim")
+    start = time.time()
+    try:
+        sources = _gpu_source(args, start)
+    except (SourceUnavailable, ValueError) as e:
+        log.error("%s", e)
+        return 2
+    intake = StepIntake(args.node, args.step_port) if args.step_port else None
+    if intake is not None:
+        sources.append(intake)
+    transport: Transport = (RedisTransport(args.redis_url, args.stream, args.maxlen) if args.redis_url
+                            else HttpTransport(args.controller_url, args.node, args.token_file))
+    publisher = BufferedPublisher(transport, args.buffer, args.batch)
+    agent = Agent(sources, publisher, lambda: (intake.job if intake and intake.job else args.job))
+    stop = threading.Event()
+    previous = {sig: signal.signal(sig, lambda *_: stop.set()) for sig in (signal.SIGTERM, signal.SIGINT)}
+    log.info("agent for node %s: sources %s, publishing to %s every %.1fs", args.node,
+             ", ".join(s.name for s in sources), args.redis_url or args.controller_url, args.interval)
+    try:
+        agent.run(args.interval, stop, args.duration)
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+    log.info("agent stopped: %d samples sent, %d dropped", publisher.sent, publisher.dropped)
+    return 0

@@ -1,0 +1,34 @@
+"""`flotilla agent` end to end: a simulated node with an injected fault publishing to a real Redis."""
+
+import json
+import time
+
+import pytest
+import redis
+
+from flotilla.cli import main
+from flotilla.health.samples import FIELD, decode_batch
+
+
+@pytest.mark.redis
+def test_simulated_agent_streams_samples_with_the_injected_fault(redis_url, tmp_path):
+    truth = tmp_path / "truth.jsonl"
+    before = time.time()
+    code = main(["agent", "--node", "fake-1", "--source", "sim", "--sim-gpus", "2", "--job", "team/llm",
+                 "--redis-url", redis_url, "--stream", "t:agent", "--interval", "0.25", "--duration", "1.6",
+                 "--step-port", "0", "--inject", "fell_off_bus@1#1", "--ground-truth", str(truth)])
+    assert code == 0
+    entries = redis.Redis.from_url(redis_url).xrange("t:agent")
+    samples = [s for _id, fields in entries for s in decode_batch(fields[FIELD.encode()])]
+    assert len(entries) >= 5 and {s.node for s in samples} == {"fake-1"} and {s.job for s in samples} == {"team/llm"}
+    assert sum(s.metric == "heartbeat" for s in samples) == len(entries)
+    assert [(s.gpu, s.value) for s in samples if s.metric == "xid"] == [(1, 79.0)]
+    assert {s.value for s in samples if s.metric == "gpu_count"} == {2.0, 1.0}
+    [row] = [json.loads(line) for line in truth.read_text().splitlines()]
+    assert row["fault"] == "fell_off_bus" and row["gpu"] == 1 and row["end"] is None
+    assert before + 1 <= row["start"] <= time.time()
+
+
+def test_inject_without_the_simulated_source_is_refused(capsys):
+    with pytest.raises(SystemExit, match="--inject needs --source sim"):
+        main(["agent", "--node", "n", "--redis-url", "redis://127.0.0.1:1/0", "--inject", "node_down@1"])

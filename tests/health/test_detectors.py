@@ -1,0 +1,112 @@
+"""The peer-group outlier and straggler detectors on small hand-built cases."""
+
+import numpy as np
+import pytest
+
+from flotilla.health.metrics import COMPARED, COMPARED_INDEX
+from flotilla.health.peers import PeerOutlierDetector
+from flotilla.health.straggler import StragglerDetector
+from flotilla.health.window import RollingMedian, nanmedian0
+
+K = len(COMPARED)
+UTIL = COMPARED_INDEX["gpu_util"]
+
+
+def healthy_row(n: int, rng: np.random.Generator, util: float = 95.0) -> np.ndarray:
+    row = np.full((n, K), 100.0) + rng.normal(0, 0.5, (n, K))
+    row[:, UTIL] = util + rng.normal(0, 1.0, n)
+    return row
+
+
+def run(rows: list[np.ndarray], window: int = 4, continuity: int = 3) -> list[tuple[int, int]]:
+    """(evaluation index, machine) of every finding."""
+    det = PeerOutlierDetector(rows[0].shape[0], window=window, continuity=continuity, threshold=3.0, clip=8.0)
+    peers = np.ones(rows[0].shape[0], dtype=bool)
+    return [(t, f.member) for t, row in enumerate(rows) for f in det.update(row, peers)]
+
+
+def test_rolling_median_skips_missing_cells_and_forgets_old_rows():
+    rm = RollingMedian(3, (2,), skip_missing=True)
+    assert np.allclose(rm.push(np.array([1.0, np.nan])), [1.0, np.nan], equal_nan=True)
+    assert np.allclose(rm.push(np.array([3.0, 4.0])), [2.0, 4.0])
+    assert np.allclose(rm.push(np.array([100.0, 6.0])), [3.0, 5.0])
+    assert np.allclose(rm.push(np.array([5.0, 8.0])), [5.0, 6.0])   # the 1.0 has left the window
+
+
+def test_machine_that_stays_low_is_confirmed_after_the_continuity_window():
+    rng = np.random.default_rng(1)
+    rows = [healthy_row(6, rng) for _ in range(12)]
+    for row in rows[4:]:
+        row[2, UTIL] = 40.0          # z = -55/scale, clipped to 8 in the bad direction
+    findings = run(rows)
+    # window 4 at clip 8: the median passes 3 once half the window is bad (t=5); 3 in a row -> t=7
+    assert findings[0] == (7, 2)
+    assert {m for _, m in findings} == {2}
+
+
+def test_load_shift_on_every_machine_is_not_flagged():
+    rng = np.random.default_rng(2)
+    rows = [healthy_row(8, rng, util=95.0 if t < 10 else 30.0) for t in range(30)]
+    assert run(rows) == []
+
+
+def test_one_sample_spike_is_not_enough():
+    rng = np.random.default_rng(3)
+    rows = [healthy_row(6, rng) for _ in range(20)]
+    rows[8][1, UTIL] = 0.0
+    assert run(rows) == []
+
+
+def test_finding_carries_the_metric_value_and_peer_median():
+    rng = np.random.default_rng(4)
+    rows = [healthy_row(5, rng) for _ in range(8)]
+    for row in rows:
+        row[0, COMPARED_INDEX["temperature"]] = 130.0
+    det = PeerOutlierDetector(5, window=2, continuity=2, threshold=3.0, clip=8.0)
+    out = [f for row in rows for f in det.update(row, np.ones(5, dtype=bool))]
+    assert out and out[0].metric == "temperature" and out[0].value == 130.0
+    assert 99 < out[0].peer_median < 101 and out[0].score == pytest.approx(8.0)
+
+
+def test_too_few_peers_decide_nothing():
+    det = PeerOutlierDetector(3, window=1, continuity=1, threshold=3.0, clip=8.0)
+    values = np.full((3, K), 100.0)
+    values[0, UTIL] = 0.0
+    assert det.update(values, np.array([True, True, False])) == []
+    assert [f.member for f in det.update(values, np.ones(3, dtype=bool))] == [0]
+
+
+@pytest.mark.parametrize("slow, expected", [(1.25, {3}), (1.05, set()), (None, set())])
+def test_straggler_needs_a_margin_over_the_median_for_the_continuity_window(slow, expected):
+    rng = np.random.default_rng(5)
+    det = StragglerDetector(8, window=4, continuity=3, margin=0.10)
+    found = set()
+    for t in range(15):
+        times = 1.0 + rng.normal(0, 0.01, 8)
+        if slow is not None:
+            times[3] *= slow
+        found |= {f.member for f in det.update(times, np.ones(8, dtype=bool))}
+    assert found == expected
+
+
+def test_all_ranks_slowing_down_together_is_no_straggler():
+    det = StragglerDetector(6, window=3, continuity=2, margin=0.10)
+    for t in range(12):
+        assert det.update(np.full(6, 1.0 if t < 5 else 2.0), np.ones(6, dtype=bool)) == []
+
+
+def test_missing_step_reports_do_not_count_as_slow():
+    det = StragglerDetector(4, window=2, continuity=2, margin=0.1)
+    for _ in range(6):
+        assert det.update(np.array([1.0, 1.0, 1.0, np.nan]), np.ones(4, dtype=bool)) == []
+
+
+def test_nanmedian0_matches_numpy():
+    rng = np.random.default_rng(6)
+    for shape in [(5, 7), (6, 3, 4), (1, 4)]:
+        a = rng.normal(size=shape)
+        a[rng.random(shape) < 0.3] = np.nan
+        a[:, 0] = np.nan
+        with np.errstate(all="ignore"), pytest.warns(RuntimeWarning):
+            expected = np.nanmedian(a, axis=0)
+        assert np.allclose(nanmedian0(a), expected, equal_nan=True)
