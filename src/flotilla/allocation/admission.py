@@ -1,0 +1,127 @@
+"""Admission control over time: minimum satisfactory shares in a capacity profile.
+
+The cluster's future is a piecewise-constant profile of GPUs not yet promised.
+Jobs are reserved in deadline order. A job's minimum satisfactory share is the
+smallest size x such that running at min(x, free GPUs) in each segment of the
+profile finishes its remaining steps by its deadline; the GPUs it uses are
+taken out of the profile until it would finish, so a later-deadline job can
+count on the GPUs that earlier jobs give back (ElasticFlow's idea).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from flotilla.allocation.sizes import job_sizes
+from flotilla.allocation.snapshot import JobState
+
+
+@dataclass(frozen=True)
+class Reservation:
+    size: int  # the share x
+    now_gpus: int  # GPUs it uses in the first segment: its guarantee right now
+    finish: float  # when it finishes if it gets exactly its reservation
+
+
+@dataclass(frozen=True)
+class Shortfall:
+    """Why a job cannot be guaranteed: what it would take instead."""
+
+    gpus_needed: int | None  # constant GPUs from now that would make it, on an empty cluster; None if none
+    best_finish: float  # earliest finish with up to maxGPUs from what is not promised (inf if never)
+
+    def describe(self, job: JobState, now: float) -> str:
+        late = self.best_finish - job.deadline
+        if self.gpus_needed is None:
+            need = f"more than maxGPUs={job.max_gpus} GPUs"
+        else:
+            need = f"{self.gpus_needed} GPUs from now until its deadline"
+        if self.best_finish == float("inf"):
+            more = "no GPUs it can use are ever free of other guarantees"
+        else:
+            more = f"with what is not promised to others it would finish {late:.0f} s after its deadline"
+        return f"needs {need}; {more}"
+
+
+class CapacityProfile:
+    """Free (not yet promised) GPUs as a step function of time from `now`."""
+
+    def __init__(self, now: float, capacity: int) -> None:
+        self.capacity = capacity
+        self.bounds = np.array([now, np.inf])  # segment k covers [bounds[k], bounds[k+1])
+        self.free = np.array([float(capacity)])
+
+    def copy(self) -> "CapacityProfile":
+        other = CapacityProfile.__new__(CapacityProfile)
+        other.capacity, other.bounds, other.free = self.capacity, self.bounds.copy(), self.free.copy()
+        return other
+
+    def _shares(self, sizes0: np.ndarray, x: int, k: int) -> np.ndarray:
+        """Index into sizes0 of the share the job gets in each of the first k segments at cap x."""
+        return np.searchsorted(sizes0, np.minimum(self.free[:k], x), side="right") - 1
+
+    def _plan(self, job: JobState, x: int, until: float) -> tuple[np.ndarray, float] | None:
+        """Share indices per segment and the finish time at cap x, or None if not done by `until`."""
+        sizes, rates = job_sizes(job)
+        sizes0 = np.array((0,) + sizes)
+        rates0 = np.array((0.0,) + rates)
+        k = int(np.searchsorted(self.bounds, until, side="left"))
+        idx = self._shares(sizes0, x, k)
+        starts = self.bounds[:k]
+        lens = np.minimum(self.bounds[1 : k + 1], until) - starts
+        r = rates0[idx]
+        # An unused segment that never ends must add 0, not 0 * inf.
+        work = np.cumsum(np.where(r > 0, r * lens, 0.0))
+        remaining = job.remaining_steps
+        if not len(work) or work[-1] < remaining - 1e-9:
+            return None
+        j = int(np.searchsorted(work, remaining - 1e-9))
+        before = work[j - 1] if j else 0.0
+        finish = float(starts[j] + (remaining - before) / r[j])
+        return sizes0[idx[: j + 1]], finish
+
+    def reserve(self, job: JobState, deadline: float) -> Reservation | None:
+        """Reserve the job's minimum satisfactory share to finish by `deadline`; None if it cannot."""
+        sizes, rates = job_sizes(job)
+        if not sizes or job.remaining_steps <= 0:
+            return None
+        now = self.bounds[0]
+        if deadline <= now:
+            return None
+        # No constant share below the one it needs on an empty cluster can work.
+        need_rate = job.remaining_steps / (deadline - now)
+        first = next((i for i, r in enumerate(rates) if r >= need_rate - 1e-12), None)
+        if first is None:
+            return None
+        for x in sizes[first:]:
+            plan = self._plan(job, x, deadline)
+            if plan is not None:
+                shares, finish = plan
+                self._take(shares, finish)
+                return Reservation(x, int(shares[0]), finish)
+        return None
+
+    def shortfall(self, job: JobState, deadline: float) -> Shortfall:
+        """What a job that cannot be reserved would need (does not change the profile)."""
+        sizes, rates = job_sizes(job)
+        now = float(self.bounds[0])
+        gpus_needed = None
+        if sizes and deadline > now:
+            need_rate = job.remaining_steps / (deadline - now)
+            gpus_needed = next((g for g, r in zip(sizes, rates) if r >= need_rate - 1e-12), None)
+        best = float("inf")
+        if sizes:
+            plan = self._plan(job, sizes[-1], float("inf"))
+            if plan is not None:
+                best = plan[1]
+        return Shortfall(gpus_needed, best)
+
+    def _take(self, shares: np.ndarray, finish: float) -> None:
+        n = len(shares)
+        if finish < self.bounds[n]:
+            # Split the last segment the job uses at its finish time.
+            self.bounds = np.insert(self.bounds, n, finish)
+            self.free = np.insert(self.free, n, self.free[n - 1])
+        self.free[:n] -= shares
