@@ -18,6 +18,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "demo": ("flotilla.commands.demo", "Bring up a local cluster with fake GPU nodes, run the operator and apply examples/"),
     "operator": ("flotilla.commands.operator", "Run the operator: reconcile TrainingJobs, ServingDeployments and Nodes"),
     "crds": ("flotilla.commands.crds", "Print the CRD manifests generated from flotilla.resources"),
+    "simulate": ("flotilla.commands.simulate", "Simulate training policies on a job trace, or generate a synthetic trace"),
 }
 
 

@@ -10,6 +10,7 @@ count on the GPUs that earlier jobs give back (ElasticFlow's idea).
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import numpy as np
@@ -31,17 +32,19 @@ class Shortfall:
 
     gpus_needed: int | None  # constant GPUs from now that would make it, on an empty cluster; None if none
     best_finish: float  # earliest finish with up to maxGPUs from what is not promised (inf if never)
+    deadline: float  # the deadline it was judged against (its own, less one restore)
 
-    def describe(self, job: JobState, now: float) -> str:
-        late = self.best_finish - job.deadline
+    def describe(self) -> str:
+        late = math.ceil(self.best_finish - self.deadline)
         if self.gpus_needed is None:
-            need = f"more than maxGPUs={job.max_gpus} GPUs"
+            need = "more than its maxGPUs"
         else:
             need = f"{self.gpus_needed} GPUs from now until its deadline"
         if self.best_finish == float("inf"):
             more = "no GPUs it can use are ever free of other guarantees"
         else:
-            more = f"with what is not promised to others it would finish {late:.0f} s after its deadline"
+            more = (f"with what is not promised to others it would finish {late} s too late "
+                    f"(deadline less one restore)")
         return f"needs {need}; {more}"
 
 
@@ -116,7 +119,7 @@ class CapacityProfile:
             plan = self._plan(job, sizes[-1], float("inf"))
             if plan is not None:
                 best = plan[1]
-        return Shortfall(gpus_needed, best)
+        return Shortfall(gpus_needed, best, deadline)
 
     def _take(self, shares: np.ndarray, finish: float) -> None:
         n = len(shares)

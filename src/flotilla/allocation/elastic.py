@@ -79,7 +79,7 @@ class DeadlineElastic:
                 plans[job.key] = _Plan(job, Verdict.ADMITTED, "admitted", reservations[job.key])
             else:
                 why = ("deadline passed" if job.deadline <= now
-                       else profile.shortfall(job, _latest_start_deadline(job)).describe(job, now))
+                       else profile.shortfall(job, _latest_start_deadline(job)).describe())
                 plans[job.key] = _Plan(job, Verdict.ADMITTED,
                                        f"admitted, but its deadline can no longer be guaranteed ({why}); "
                                        f"runs on what is left")
@@ -133,7 +133,7 @@ class DeadlineElastic:
             return f"admitting it would break the guarantee of {', '.join(lost)}"
         # Judge the job against what the others leave, without it.
         _, others = self._reserve(now, capacity, guaranteed)
-        return others.shortfall(job, _latest_start_deadline(job)).describe(job, now)
+        return others.shortfall(job, _latest_start_deadline(job)).describe()
 
     @staticmethod
     def _size(capacity: int, plans: dict[str, _Plan]) -> None:
