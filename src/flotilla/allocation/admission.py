@@ -85,8 +85,12 @@ class CapacityProfile:
         finish = float(starts[j] + (remaining - before) / r[j])
         return sizes0[idx[: j + 1]], finish
 
-    def reserve(self, job: JobState, deadline: float) -> Reservation | None:
-        """Reserve the job's minimum satisfactory share to finish by `deadline`; None if it cannot."""
+    def reserve(self, job: JobState, deadline: float, keep_now: int = 0) -> Reservation | None:
+        """Reserve the job's minimum satisfactory share to finish by `deadline`; None if it cannot.
+
+        With `keep_now`, only plans that give the job at least that many GPUs
+        in the first segment count (a running job that cannot afford a change).
+        """
         sizes, rates = job_sizes(job)
         if not sizes or job.remaining_steps <= 0:
             return None
@@ -99,8 +103,10 @@ class CapacityProfile:
         if first is None:
             return None
         for x in sizes[first:]:
+            if x < keep_now:
+                continue
             plan = self._plan(job, x, deadline)
-            if plan is not None:
+            if plan is not None and plan[0][0] >= keep_now:
                 shares, finish = plan
                 self._take(shares, finish)
                 return Reservation(x, int(shares[0]), finish)

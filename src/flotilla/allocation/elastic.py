@@ -114,6 +114,10 @@ class DeadlineElastic:
         got: dict[str, Reservation] = {}
         for job in sorted(jobs, key=_edf):
             r = profile.reserve(job, _latest_start_deadline(job))
+            if r is None and job.gpus:
+                # Too close to its deadline to afford a restore: it can still make it
+                # if it keeps at least what it holds now.
+                r = profile.reserve(job, job.deadline, keep_now=job.gpus)
             if r is not None:
                 got[job.key] = r
         return got, profile
@@ -224,10 +228,14 @@ def _next_step(p: _Plan) -> tuple[int, float] | None:
 
 
 def _worth_growing(job: JobState, current: int, size: int) -> bool:
-    """Whether leaving `current` GPUs for `size` finishes the job sooner, cost included."""
+    """Whether leaving `current` GPUs for `size` finishes the job sooner, cost included.
+
+    The cost counts twice: leftover GPUs are lent, and giving them back when a
+    guaranteed job needs them costs another restore.
+    """
     remaining = job.remaining_steps
     stay = remaining / job.curve.rate(current)
-    move = job.restore_seconds + (remaining + job.steps_since_checkpoint) / job.curve.rate(size)
+    move = 2 * job.restore_seconds + (remaining + job.steps_since_checkpoint) / job.curve.rate(size)
     return move < stay
 
 
