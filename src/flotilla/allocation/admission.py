@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from functools import lru_cache
 
 import numpy as np
 
@@ -48,32 +49,40 @@ class Shortfall:
         return f"needs {need}; {more}"
 
 
+@lru_cache(maxsize=4096)
+def _tables(sizes: tuple[int, ...], rates: tuple[float, ...]) -> tuple[np.ndarray, np.ndarray]:
+    """Sizes and rates with a leading 0 (no GPUs, no progress), as arrays."""
+    return np.array((0,) + sizes), np.array((0.0,) + rates)
+
+
 class CapacityProfile:
     """Free (not yet promised) GPUs as a step function of time from `now`."""
 
     def __init__(self, now: float, capacity: int) -> None:
         self.capacity = capacity
-        self.bounds = np.array([now, np.inf])  # segment k covers [bounds[k], bounds[k+1])
-        self.free = np.array([float(capacity)])
+        # Segment k covers [bounds[k], bounds[k+1]); arrays have spare room at the end.
+        self._bounds = np.full(64, np.inf)
+        self._bounds[0] = now
+        self._free = np.zeros(64)
+        self._free[0] = capacity
+        self._segments = 1
 
-    def copy(self) -> "CapacityProfile":
-        other = CapacityProfile.__new__(CapacityProfile)
-        other.capacity, other.bounds, other.free = self.capacity, self.bounds.copy(), self.free.copy()
-        return other
+    @property
+    def bounds(self) -> np.ndarray:
+        return self._bounds[: self._segments + 1]
 
-    def _shares(self, sizes0: np.ndarray, x: int, k: int) -> np.ndarray:
-        """Index into sizes0 of the share the job gets in each of the first k segments at cap x."""
-        return np.searchsorted(sizes0, np.minimum(self.free[:k], x), side="right") - 1
+    @property
+    def free(self) -> np.ndarray:
+        return self._free[: self._segments]
 
     def _plan(self, job: JobState, x: int, until: float) -> tuple[np.ndarray, float] | None:
-        """Share indices per segment and the finish time at cap x, or None if not done by `until`."""
-        sizes, rates = job_sizes(job)
-        sizes0 = np.array((0,) + sizes)
-        rates0 = np.array((0.0,) + rates)
-        k = int(np.searchsorted(self.bounds, until, side="left"))
-        idx = self._shares(sizes0, x, k)
-        starts = self.bounds[:k]
-        lens = np.minimum(self.bounds[1 : k + 1], until) - starts
+        """Shares per segment and the finish time at cap x, or None if not done by `until`."""
+        sizes0, rates0 = _tables(*job_sizes(job))
+        bounds = self.bounds
+        k = int(np.searchsorted(bounds, until, side="left"))
+        idx = np.searchsorted(sizes0, np.minimum(self._free[:k], x), side="right") - 1
+        starts = bounds[:k]
+        lens = np.minimum(bounds[1 : k + 1], until) - starts
         r = rates0[idx]
         # An unused segment that never ends must add 0, not 0 * inf.
         work = np.cumsum(np.where(r > 0, r * lens, 0.0))
@@ -94,7 +103,7 @@ class CapacityProfile:
         sizes, rates = job_sizes(job)
         if not sizes or job.remaining_steps <= 0:
             return None
-        now = self.bounds[0]
+        now = self._bounds[0]
         if deadline <= now:
             return None
         # No constant share below the one it needs on an empty cluster can work.
@@ -115,7 +124,7 @@ class CapacityProfile:
     def shortfall(self, job: JobState, deadline: float) -> Shortfall:
         """What a job that cannot be reserved would need (does not change the profile)."""
         sizes, rates = job_sizes(job)
-        now = float(self.bounds[0])
+        now = float(self._bounds[0])
         gpus_needed = None
         if sizes and deadline > now:
             need_rate = job.remaining_steps / (deadline - now)
@@ -129,8 +138,14 @@ class CapacityProfile:
 
     def _take(self, shares: np.ndarray, finish: float) -> None:
         n = len(shares)
-        if finish < self.bounds[n]:
+        if finish < self._bounds[n]:
             # Split the last segment the job uses at its finish time.
-            self.bounds = np.insert(self.bounds, n, finish)
-            self.free = np.insert(self.free, n, self.free[n - 1])
-        self.free[:n] -= shares
+            if self._segments + 2 > len(self._bounds):
+                self._bounds = np.concatenate([self._bounds, np.full(len(self._bounds), np.inf)])
+                self._free = np.concatenate([self._free, np.zeros(len(self._free))])
+            end = self._segments
+            self._bounds[n + 1 : end + 2] = self._bounds[n : end + 1].copy()
+            self._bounds[n] = finish
+            self._free[n : end + 1] = self._free[n - 1 : end].copy()
+            self._segments += 1
+        self._free[:n] -= shares
