@@ -81,7 +81,7 @@ class SimResult:
     replans: int
     decision_ms_mean: float
     decision_ms_max: float
-    # (time, GPUs held, jobs running) after each re-plan, for plots.
+    # (time, GPUs held, jobs running) after each event, for plots.
     timeline: tuple[tuple[float, int, int], ...] = field(repr=False, default=())
 
     def summary(self) -> dict[str, object]:
@@ -118,7 +118,7 @@ def simulate(trace: Sequence[TraceJob], gpus: int, policy: Allocator, progress: 
                 if job.verdict is Verdict.REJECTED:
                     del active[key]
                     completed += 1
-            timeline.append((now, sum(j.gpus for j in active.values()), sum(1 for j in active.values() if j.gpus)))
+        timeline.append((now, sum(j.gpus for j in active.values()), sum(1 for j in active.values() if j.gpus)))
         bar.update(completed)
 
         upcoming = [arrivals[next_arrival].submit] if next_arrival < len(arrivals) else []
