@@ -24,7 +24,7 @@ def test_elastic_shrinks_for_an_arrival_and_grows_back_paying_restores():
     # restore until 210, finish at 265.
     trace = [tj("a", 0, 800, 1000), tj("b", 100, 200, 300)]
     r = simulate(trace, 4, policies.get("elastic-deadline"))
-    assert (r.deadlines_met, r.admitted, r.rejected, r.rescales) == (2, 2, 0, 2)
+    assert (r.deadlines_met, r.admitted, r.rejected, r.rescales, r.guarantees_missed) == (2, 2, 0, 2, 0)
     assert r.avg_jct_s == pytest.approx((265 + 100) / 2)
     # GPU-seconds held: a 400 + 200 + 260, b 200 = 1060 over 4 GPUs x 265 s.
     assert r.utilisation == pytest.approx(1.0)

@@ -24,7 +24,6 @@ from flotilla.allocation.snapshot import JobState
 class Reservation:
     size: int  # the share x
     now_gpus: int  # GPUs it uses in the first segment: its guarantee right now
-    finish: float  # when it finishes if it gets exactly its reservation
 
 
 @dataclass(frozen=True)
@@ -59,7 +58,6 @@ class CapacityProfile:
     """Free (not yet promised) GPUs as a step function of time from `now`."""
 
     def __init__(self, now: float, capacity: int) -> None:
-        self.capacity = capacity
         # Segment k covers [bounds[k], bounds[k+1]); arrays have spare room at the end.
         self._bounds = np.full(64, np.inf)
         self._bounds[0] = now
@@ -70,10 +68,6 @@ class CapacityProfile:
     @property
     def bounds(self) -> np.ndarray:
         return self._bounds[: self._segments + 1]
-
-    @property
-    def free(self) -> np.ndarray:
-        return self._free[: self._segments]
 
     def _plan(self, job: JobState, x: int, until: float) -> tuple[np.ndarray, float] | None:
         """Shares per segment and the finish time at cap x, or None if not done by `until`."""
@@ -118,7 +112,7 @@ class CapacityProfile:
             if plan is not None and plan[0][0] >= keep_now:
                 shares, finish = plan
                 self._take(shares, finish)
-                return Reservation(x, int(shares[0]), finish)
+                return Reservation(x, int(shares[0]))
         return None
 
     def shortfall(self, job: JobState, deadline: float) -> Shortfall:

@@ -62,7 +62,6 @@ class JobState:
     requested_gpus: int = 0
     # GPU-seconds the job has received so far (least-attained-service baselines).
     attained_gpu_seconds: float = 0.0
-    priority: int = 0
 
     @property
     def gpus(self) -> int:

@@ -72,6 +72,7 @@ def run(args: argparse.Namespace) -> int:
     else:
         for r in results:
             print(f"{r.policy}: deadlines met {r.deadlines_met}/{r.jobs} ({r.deadline_ratio:.3f}), "
+                  f"guaranteed but missed {r.guarantees_missed}, "
                   f"admitted {r.admitted}, rejected {r.rejected}, unfinished {r.unfinished}, "
                   f"utilisation {r.utilisation:.3f}, avg JCT {r.avg_jct_s:.0f} s, rescales {r.rescales}, "
                   f"re-plan {r.decision_ms_mean:.2f} ms mean / {r.decision_ms_max:.2f} ms max over {r.replans}")

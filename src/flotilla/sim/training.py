@@ -16,7 +16,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Sequence, TextIO
 
-from flotilla.allocation.snapshot import Allocator, ClusterSnapshot, JobState, NodeState, Verdict
+from flotilla.allocation.snapshot import Allocator, ClusterSnapshot, JobDecision, JobState, NodeState, Verdict
 from flotilla.sim.training_trace import TraceJob
 
 GPUS_PER_NODE = 8
@@ -45,6 +45,7 @@ class _Job:
     attained: float = 0.0
     finish: float | None = None
     rescales: int = 0
+    guaranteed: bool = False  # the policy promised it GPUs to meet its deadline at some point
 
     @property
     def gpus(self) -> int:
@@ -65,6 +66,11 @@ class _Job:
         )
 
 
+def initial_state(job: TraceJob) -> JobState:
+    """The allocator's view of a trace job that has just arrived."""
+    return _Job(job).state()
+
+
 @dataclass(frozen=True)
 class SimResult:
     policy: str
@@ -74,6 +80,7 @@ class SimResult:
     rejected: int
     deadlines_met: int
     deadline_ratio: float  # met / submitted
+    guarantees_missed: int  # jobs given a deadline guarantee that still finished late (or never)
     utilisation: float  # GPU-seconds held / (GPUs x span from first submit to last finish)
     avg_jct_s: float  # over jobs that finished
     unfinished: int  # jobs the policy never finished (e.g. they can never fit)
@@ -144,11 +151,13 @@ def simulate(trace: Sequence[TraceJob], gpus: int, policy: Allocator, progress: 
 
     finished = [j for j in jobs.values() if j.finish is not None]
     ran = [j for j in jobs.values() if j.verdict is not Verdict.REJECTED]
-    met = sum(1 for j in finished if j.finish <= j.trace.deadline + _EPS)
+    met_ids = {j.trace.job_id for j in finished if j.finish <= j.trace.deadline + _EPS}
+    met = len(met_ids)
     span = (max((j.finish for j in finished), default=now) - arrivals[0].submit) or 1.0
     return SimResult(
         policy=policy.name, gpus=gpus, jobs=len(arrivals), admitted=len(ran), rejected=len(arrivals) - len(ran),
         deadlines_met=met, deadline_ratio=met / len(arrivals),
+        guarantees_missed=sum(1 for j in jobs.values() if j.guaranteed and j.trace.job_id not in met_ids),
         utilisation=held_gpu_seconds / (gpus * span),
         avg_jct_s=sum(j.finish - j.trace.submit for j in finished) / len(finished) if finished else 0.0,
         unfinished=len(ran) - len(finished), rescales=sum(j.rescales for j in jobs.values()),
@@ -157,11 +166,12 @@ def simulate(trace: Sequence[TraceJob], gpus: int, policy: Allocator, progress: 
     )
 
 
-def _apply(job: _Job, decision, now: float) -> None:
+def _apply(job: _Job, decision: JobDecision | None, now: float) -> None:
     if decision is None:
         return
     if decision.verdict is not Verdict.PENDING:
         job.verdict = decision.verdict
+    job.guaranteed = job.guaranteed or decision.guaranteed_gpus > 0
     new = {n: g for n, g in decision.placement.items() if g}
     if new == job.placement:
         return
