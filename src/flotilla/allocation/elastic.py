@@ -57,6 +57,8 @@ class DeadlineElastic:
         now = snapshot.now
         capacity = snapshot.usable_gpus
         schedulable = {n.name for n in snapshot.nodes if n.schedulable}
+        # GPUs each job holds on nodes that are still schedulable (0 if it lost one).
+        held = {j.key: j.gpus if j.placement and set(j.placement) <= schedulable else 0 for j in snapshot.jobs}
         out: dict[str, JobDecision] = {}
         plans: dict[str, _Plan] = {}
         admitted: list[JobState] = []
@@ -73,10 +75,10 @@ class DeadlineElastic:
             else:
                 candidates.append(job)
 
-        reservations, profile = self._reserve(now, capacity, admitted)
+        reservations, profile = _reserve(now, capacity, admitted, held)
         for job in admitted:
             if job.key in reservations:
-                plans[job.key] = _Plan(job, Verdict.ADMITTED, "admitted", reservations[job.key])
+                plans[job.key] = _Plan(job, Verdict.ADMITTED, "admitted")
             else:
                 why = ("deadline passed" if job.deadline <= now
                        else profile.shortfall(job, _latest_start_deadline(job)).describe())
@@ -86,58 +88,22 @@ class DeadlineElastic:
         guaranteed = [j for j in admitted if j.key in reservations]
 
         for job in sorted(candidates, key=lambda j: (j.submit_time, j.key)):
-            plan = self._admit(now, capacity, guaranteed, job)
-            if isinstance(plan, dict):
+            outcome = _admit(now, capacity, guaranteed, job, held)
+            if isinstance(outcome, dict):
                 guaranteed.append(job)
-                reservations = plan
-                plans[job.key] = _Plan(job, Verdict.ADMITTED, "admitted", plan[job.key])
-                continue
-            verdict = Verdict.BEST_EFFORT if job.best_effort else Verdict.REJECTED
-            label = "best-effort, no guarantee" if job.best_effort else "rejected"
-            if verdict is Verdict.REJECTED:
-                out[job.key] = JobDecision(job.key, verdict, {}, f"{label}: {plan}")
+                reservations = outcome
+                plans[job.key] = _Plan(job, Verdict.ADMITTED, "admitted")
+            elif job.best_effort:
+                plans[job.key] = _Plan(job, Verdict.BEST_EFFORT, f"best-effort, no guarantee: {outcome}")
             else:
-                plans[job.key] = _Plan(job, verdict, f"{label}: {plan}")
+                out[job.key] = JobDecision(job.key, Verdict.REJECTED, {}, f"rejected: {outcome}")
         for key, r in reservations.items():
             plans[key].reservation = r
-
         for p in plans.values():
-            intact = p.job.placement and set(p.job.placement) <= schedulable
-            p.current = p.job.gpus if intact else 0
+            p.current = held[p.job.key]
         self._size(capacity, plans)
         out.update(self._place(snapshot, plans))
         return Decision(out, self.name)
-
-    @staticmethod
-    def _reserve(now: float, capacity: int, jobs: list[JobState]) -> tuple[dict[str, Reservation], CapacityProfile]:
-        profile = CapacityProfile(now, capacity)
-        got: dict[str, Reservation] = {}
-        for job in sorted(jobs, key=_edf):
-            r = profile.reserve(job, _latest_start_deadline(job))
-            if r is None and job.gpus:
-                # Too close to its deadline to afford a restore: it can still make it
-                # if it keeps at least what it holds now.
-                r = profile.reserve(job, job.deadline, keep_now=job.gpus)
-            if r is not None:
-                got[job.key] = r
-        return got, profile
-
-    def _admit(self, now: float, capacity: int, guaranteed: list[JobState], job: JobState) -> dict[str, Reservation] | str:
-        """All reservations with `job` admitted, or the reason it cannot be."""
-        if job.deadline <= now:
-            return f"deadline passed {now - job.deadline:.0f} s ago"
-        if not job_sizes(job)[0]:
-            return (f"no GPU count fits elasticity minGPUs={job.min_gpus}, maxGPUs={job.max_gpus}, "
-                    f"gpusPerWorker={job.gpus_per_worker}")
-        got, profile = self._reserve(now, capacity, guaranteed + [job])
-        if len(got) == len(guaranteed) + 1:
-            return got
-        if job.key in got:
-            lost = sorted(j.key for j in guaranteed if j.key not in got)
-            return f"admitting it would break the guarantee of {', '.join(lost)}"
-        # Judge the job against what the others leave, without it.
-        _, others = self._reserve(now, capacity, guaranteed)
-        return others.shortfall(job, _latest_start_deadline(job)).describe()
 
     @staticmethod
     def _size(capacity: int, plans: dict[str, _Plan]) -> None:
@@ -209,6 +175,41 @@ class DeadlineElastic:
                 guaranteed_gpus=p.reservation.now_gpus if p.reservation else 0,
             )
         return decisions
+
+
+def _reserve(now: float, capacity: int, jobs: list[JobState],
+             held: dict[str, int]) -> tuple[dict[str, Reservation], CapacityProfile]:
+    """Reserve `jobs` in deadline order; those that cannot finish in time get no reservation."""
+    profile = CapacityProfile(now, capacity)
+    got: dict[str, Reservation] = {}
+    for job in sorted(jobs, key=_edf):
+        r = profile.reserve(job, _latest_start_deadline(job))
+        if r is None and held[job.key]:
+            # Too close to its deadline to afford a restore: it can still make it
+            # if it keeps at least what it holds now.
+            r = profile.reserve(job, job.deadline, keep_now=held[job.key])
+        if r is not None:
+            got[job.key] = r
+    return got, profile
+
+
+def _admit(now: float, capacity: int, guaranteed: list[JobState], job: JobState,
+           held: dict[str, int]) -> dict[str, Reservation] | str:
+    """All reservations with `job` admitted, or the reason it cannot be."""
+    if job.deadline <= now:
+        return f"deadline passed {now - job.deadline:.0f} s ago"
+    if not job_sizes(job)[0]:
+        return (f"no GPU count fits elasticity minGPUs={job.min_gpus}, maxGPUs={job.max_gpus}, "
+                f"gpusPerWorker={job.gpus_per_worker}")
+    got, _ = _reserve(now, capacity, guaranteed + [job], held)
+    if len(got) == len(guaranteed) + 1:
+        return got
+    if job.key in got:
+        lost = sorted(j.key for j in guaranteed if j.key not in got)
+        return f"admitting it would break the guarantee of {', '.join(lost)}"
+    # Judge the job against what the others leave, without it.
+    _, others = _reserve(now, capacity, guaranteed, held)
+    return others.shortfall(job, _latest_start_deadline(job)).describe()
 
 
 def _next_step(p: _Plan) -> tuple[int, float] | None:
