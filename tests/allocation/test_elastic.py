@@ -132,3 +132,16 @@ def test_every_decision_carries_a_reason():
     assert set(d) == {"a", "b", "c", "d"}
     assert all(x.reason for x in d.values())
     assert d["c"].reason == "finished" and d["d"].verdict is Verdict.REJECTED
+
+
+def test_adding_a_job_to_a_ledger_equals_reserving_all_from_scratch():
+    from flotilla.allocation.elastic import _Ledger
+
+    rng = random.Random(5)
+    jobs = [job(f"j{i}", rng.randint(50, 2000), rng.uniform(50, 800), max_gpus=8, restore=rng.uniform(0, 20))
+            for i in range(60)]
+    held = {j.key: 0 for j in jobs}
+    for newcomer in jobs[::7]:
+        others = [j for j in jobs if j is not newcomer]
+        incremental = _Ledger.of(0.0, 32, others, held).with_job(newcomer)
+        assert incremental.got == _Ledger.of(0.0, 32, jobs, held).got

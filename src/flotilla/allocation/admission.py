@@ -69,6 +69,11 @@ class CapacityProfile:
     def bounds(self) -> np.ndarray:
         return self._bounds[: self._segments + 1]
 
+    def copy(self) -> "CapacityProfile":
+        other = CapacityProfile.__new__(CapacityProfile)
+        other._bounds, other._free, other._segments = self._bounds.copy(), self._free.copy(), self._segments
+        return other
+
     def _plan(self, job: JobState, x: int, until: float) -> tuple[np.ndarray, float] | None:
         """Shares per segment and the finish time at cap x, or None if not done by `until`."""
         sizes0, rates0 = _tables(*job_sizes(job))

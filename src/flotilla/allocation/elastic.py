@@ -20,6 +20,7 @@
 
 from __future__ import annotations
 
+import bisect
 import heapq
 from dataclasses import dataclass
 
@@ -75,29 +76,27 @@ class DeadlineElastic:
             else:
                 candidates.append(job)
 
-        reservations, profile = _reserve(now, capacity, admitted, held)
+        ledger = _Ledger.of(now, capacity, admitted, held)
         for job in admitted:
-            if job.key in reservations:
+            if job.key in ledger.got:
                 plans[job.key] = _Plan(job, Verdict.ADMITTED, "admitted")
             else:
                 why = ("deadline passed" if job.deadline <= now
-                       else profile.shortfall(job, _latest_start_deadline(job)).describe())
+                       else ledger.profile.shortfall(job, _latest_start_deadline(job)).describe())
                 plans[job.key] = _Plan(job, Verdict.ADMITTED,
                                        f"admitted, but its deadline can no longer be guaranteed ({why}); "
                                        f"runs on what is left")
-        guaranteed = [j for j in admitted if j.key in reservations]
 
         for job in sorted(candidates, key=lambda j: (j.submit_time, j.key)):
-            outcome = _admit(now, capacity, guaranteed, job, held)
-            if isinstance(outcome, dict):
-                guaranteed.append(job)
-                reservations = outcome
+            outcome = _admit(ledger, job)
+            if isinstance(outcome, _Ledger):
+                ledger = outcome
                 plans[job.key] = _Plan(job, Verdict.ADMITTED, "admitted")
             elif job.best_effort:
                 plans[job.key] = _Plan(job, Verdict.BEST_EFFORT, f"best-effort, no guarantee: {outcome}")
             else:
                 out[job.key] = JobDecision(job.key, Verdict.REJECTED, {}, f"rejected: {outcome}")
-        for key, r in reservations.items():
+        for key, r in ledger.got.items():
             plans[key].reservation = r
         for p in plans.values():
             p.current = held[p.job.key]
@@ -177,39 +176,73 @@ class DeadlineElastic:
         return decisions
 
 
-def _reserve(now: float, capacity: int, jobs: list[JobState],
-             held: dict[str, int]) -> tuple[dict[str, Reservation], CapacityProfile]:
-    """Reserve `jobs` in deadline order; those that cannot finish in time get no reservation."""
-    profile = CapacityProfile(now, capacity)
-    got: dict[str, Reservation] = {}
-    for job in sorted(jobs, key=_edf):
-        r = profile.reserve(job, _latest_start_deadline(job))
-        if r is None and held[job.key]:
-            # Too close to its deadline to afford a restore: it can still make it
-            # if it keeps at least what it holds now.
-            r = profile.reserve(job, job.deadline, keep_now=held[job.key])
-        if r is not None:
-            got[job.key] = r
-    return got, profile
+class _Ledger:
+    """Reservations in deadline order, in a capacity profile, that can take one more job cheaply.
+
+    The profile is kept every CHECKPOINT_EVERY jobs, so adding a job replays
+    only the jobs from just before its place in deadline order.
+    """
+
+    CHECKPOINT_EVERY = 16
+
+    def __init__(self, now: float, capacity: int, held: dict[str, int]) -> None:
+        self.now, self.capacity, self.held = now, capacity, held
+        self.order: list[JobState] = []
+        self.got: dict[str, Reservation] = {}
+        self.checkpoints: list[CapacityProfile] = []  # [k]: the profile before order[k * CHECKPOINT_EVERY]
+        self.profile = CapacityProfile(now, capacity)
+
+    @classmethod
+    def of(cls, now: float, capacity: int, jobs: list[JobState], held: dict[str, int]) -> "_Ledger":
+        ledger = cls(now, capacity, held)
+        ledger.order = sorted(jobs, key=_edf)
+        ledger._run(0, CapacityProfile(now, capacity))
+        return ledger
+
+    def with_job(self, job: JobState) -> "_Ledger":
+        """A new ledger with `job` added in deadline order (this one is unchanged)."""
+        position = bisect.bisect_left([_edf(j) for j in self.order], _edf(job))
+        k = position // self.CHECKPOINT_EVERY
+        other = _Ledger(self.now, self.capacity, self.held)
+        other.order = self.order[:position] + [job] + self.order[position:]
+        other.checkpoints = self.checkpoints[:k]
+        start = k * self.CHECKPOINT_EVERY
+        other.got = {j.key: self.got[j.key] for j in self.order[:start] if j.key in self.got}
+        other._run(start, self.checkpoints[k].copy())
+        return other
+
+    def _run(self, start: int, profile: CapacityProfile) -> None:
+        for i in range(start, len(self.order)):
+            if i % self.CHECKPOINT_EVERY == 0:
+                self.checkpoints.append(profile.copy())
+            job = self.order[i]
+            r = profile.reserve(job, _latest_start_deadline(job))
+            if r is None and self.held[job.key]:
+                # Too close to its deadline to afford a restore: it can still make it
+                # if it keeps at least what it holds now.
+                r = profile.reserve(job, job.deadline, keep_now=self.held[job.key])
+            if r is not None:
+                self.got[job.key] = r
+        if len(self.order) % self.CHECKPOINT_EVERY == 0 and len(self.checkpoints) * self.CHECKPOINT_EVERY <= len(self.order):
+            self.checkpoints.append(profile.copy())
+        self.profile = profile
 
 
-def _admit(now: float, capacity: int, guaranteed: list[JobState], job: JobState,
-           held: dict[str, int]) -> dict[str, Reservation] | str:
-    """All reservations with `job` admitted, or the reason it cannot be."""
-    if job.deadline <= now:
-        return f"deadline passed {now - job.deadline:.0f} s ago"
+def _admit(ledger: _Ledger, job: JobState) -> _Ledger | str:
+    """The ledger with `job` admitted, or the reason it cannot be."""
+    if job.deadline <= ledger.now:
+        return f"deadline passed {ledger.now - job.deadline:.0f} s ago"
     if not job_sizes(job)[0]:
         return (f"no GPU count fits elasticity minGPUs={job.min_gpus}, maxGPUs={job.max_gpus}, "
                 f"gpusPerWorker={job.gpus_per_worker}")
-    got, _ = _reserve(now, capacity, guaranteed + [job], held)
-    if len(got) == len(guaranteed) + 1:
-        return got
-    if job.key in got:
-        lost = sorted(j.key for j in guaranteed if j.key not in got)
+    trial = ledger.with_job(job)
+    lost = sorted(key for key in ledger.got if key not in trial.got)
+    if job.key in trial.got and not lost:
+        return trial
+    if job.key in trial.got:
         return f"admitting it would break the guarantee of {', '.join(lost)}"
     # Judge the job against what the others leave, without it.
-    _, others = _reserve(now, capacity, guaranteed, held)
-    return others.shortfall(job, _latest_start_deadline(job)).describe()
+    return ledger.profile.shortfall(job, _latest_start_deadline(job)).describe()
 
 
 def _next_step(p: _Plan) -> tuple[int, float] | None:
