@@ -6,7 +6,7 @@ Prints one line per trace and policy, then, as its last line, one JSON object:
 {"deadline_ratio": {"<policy>": ratio, ...}, "vs_best_baseline": x, "replan_ms_10k_gpus": t}
 where a policy's ratio is deadlines met / jobs submitted over all traces together,
 vs_best_baseline is elastic-deadline's ratio over the best baseline's, and
-replan_ms_10k_gpus is the median time of one re-plan (a job arrives) with
+replan_ms_10k_gpus is the median CPU time of one re-plan (a job arrives) with
 1,000 active jobs on 10,000 GPUs.
 """
 
@@ -33,9 +33,9 @@ FULL = [
     (2000, 4096, 3, "poisson", (0.5, 1.5)),  # ElasticFlow's deadline shape
 ]
 QUICK = [
-    (200, 64, 1, "poisson", (1.2, 3.0)),
-    (400, 128, 2, "bursty", (1.2, 3.0)),
-    (400, 256, 3, "poisson", (0.5, 1.5)),
+    (150, 64, 1, "poisson", (1.2, 3.0)),
+    (300, 128, 2, "bursty", (1.2, 3.0)),
+    (300, 256, 3, "poisson", (0.5, 1.5)),
 ]
 LOAD = 2.0
 
@@ -57,8 +57,12 @@ def compare(traces: list[tuple]) -> dict[str, float]:
     return {name: m / total for name, m in met.items()}
 
 
-def replan_ms(gpus: int = 10_000, active: int = 1_000, repeats: int = 5) -> float:
-    """Median time of one elastic-deadline re-plan: `active` admitted, running jobs, one arrival."""
+def replan_ms(gpus: int = 10_000, active: int = 1_000, repeats: int = 5) -> tuple[float, float]:
+    """Median CPU and wall-clock ms of one elastic-deadline re-plan: `active` admitted, running jobs, one arrival.
+
+    CPU time (of this thread) is the figure reported: on a shared machine the
+    wall clock also counts time spent waiting for a core.
+    """
     allocator = policies.get(policies.DEFAULT)
     nodes = training.make_nodes(gpus)
     trace = training_trace.generate(active + 1, gpus, seed=7, load=0.5, deadline_factor=(1.5, 3.0))
@@ -69,12 +73,13 @@ def replan_ms(gpus: int = 10_000, active: int = 1_000, repeats: int = 5) -> floa
     states = [dataclasses.replace(s, placement=dict(placed.jobs[s.key].placement)) for s in states]
     arrival = dataclasses.replace(training.initial_state(trace[active]), submit_time=0.0)
     snapshot = ClusterSnapshot(0.0, nodes, tuple(states) + (arrival,))
-    times = []
+    cpu, wall = [], []
     for _ in range(repeats):
-        started = time.perf_counter()
+        started_cpu, started_wall = time.thread_time(), time.perf_counter()
         allocator.decide(snapshot)
-        times.append(time.perf_counter() - started)
-    return 1000 * statistics.median(times)
+        cpu.append(time.thread_time() - started_cpu)
+        wall.append(time.perf_counter() - started_wall)
+    return 1000 * statistics.median(cpu), 1000 * statistics.median(wall)
 
 
 def main() -> int:
@@ -86,9 +91,10 @@ def main() -> int:
     ours = ratios[policies.DEFAULT]
     best_baseline = max(v for k, v in ratios.items() if k != policies.DEFAULT)
     vs = ours / best_baseline if best_baseline else float("inf")
-    t = replan_ms()
+    t, wall = replan_ms()
     print(f"deadline ratio {policies.DEFAULT} {ours:.3f} vs best baseline {best_baseline:.3f}: x{vs:.2f}; "
-          f"one re-plan with 1,000 jobs on 10,000 GPUs: {t:.1f} ms; total {time.perf_counter() - started:.1f} s")
+          f"one re-plan with 1,000 jobs on 10,000 GPUs: {t:.1f} ms CPU ({wall:.1f} ms wall); "
+          f"total {time.perf_counter() - started:.1f} s")
     print(json.dumps({"deadline_ratio": {k: round(v, 4) for k, v in ratios.items()},
                       "vs_best_baseline": round(vs, 3), "replan_ms_10k_gpus": round(t, 2)}))
     return 0
