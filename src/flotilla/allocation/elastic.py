@@ -223,7 +223,7 @@ class _Ledger:
                 r = profile.reserve(job, job.deadline, keep_now=self.held[job.key])
             if r is not None:
                 self.got[job.key] = r
-        if len(self.order) % self.CHECKPOINT_EVERY == 0 and len(self.checkpoints) * self.CHECKPOINT_EVERY <= len(self.order):
+        if len(self.order) % self.CHECKPOINT_EVERY == 0:  # so that a job can be added at the end
             self.checkpoints.append(profile.copy())
         self.profile = profile
 
@@ -249,8 +249,7 @@ def _next_step(p: _Plan) -> tuple[int, float] | None:
     """The next size worth growing to and its gain per GPU, or None."""
     job = p.job
     sizes, rates = job_sizes(job)
-    rate_at = dict(zip(sizes, rates))
-    base_rate = rate_at.get(p.target, job.curve.rate(p.target))
+    base_rate = job.curve.rate(p.target)
     remaining = job.remaining_steps
     for size, rate in zip(sizes, rates):
         if size <= p.target:
