@@ -228,7 +228,7 @@ def plot(results: Sequence[SimResult], path: str) -> None:
         ax.axhline(results[0].gpus, color="grey", linestyle=":", label="cluster GPUs")
     ax.set_xlabel("hours since the first submit")
     ax.set_ylabel("GPUs allocated")
-    ax.legend(loc="lower right", fontsize="small")
+    ax.legend(loc="best", fontsize="small")
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)
