@@ -45,7 +45,10 @@ def run(args: argparse.Namespace) -> int:
         if args.generate is not None:
             if not args.out:
                 raise ValueError("--generate needs --out FILE.csv")
-            low, high = (float(x) for x in args.deadline_factor.split(","))
+            try:
+                low, high = (float(x) for x in args.deadline_factor.split(","))
+            except ValueError:
+                raise ValueError(f"--deadline-factor must be LOW,HIGH (e.g. 1.2,3.0), not {args.deadline_factor!r}") from None
             jobs = training_trace.generate(args.generate, args.gpus, seed=args.seed, load=args.load,
                                            arrivals="bursty" if args.bursty else "poisson",
                                            deadline_factor=(low, high))
