@@ -58,6 +58,10 @@ class JobState:
     verdict: Verdict | None = None
     checkpoint_interval_steps: int = 0
     last_checkpoint_step: int = 0
+    # The size the user asked for (fixed-size baselines run at it); 0 means minGPUs.
+    requested_gpus: int = 0
+    # GPU-seconds the job has received so far (least-attained-service baselines).
+    attained_gpu_seconds: float = 0.0
 
     @property
     def gpus(self) -> int:
@@ -66,6 +70,14 @@ class JobState:
     @property
     def remaining_steps(self) -> int:
         return max(0, self.total_steps - self.done_steps)
+
+    @property
+    def requested(self) -> int:
+        return self.requested_gpus or self.min_gpus
+
+    @property
+    def steps_since_checkpoint(self) -> int:
+        return max(0, self.done_steps - self.last_checkpoint_step)
 
 
 @dataclass(frozen=True)
@@ -85,6 +97,8 @@ class JobDecision:
     verdict: Verdict
     placement: Mapping[str, int]  # node -> GPUs; empty means no GPUs now
     reason: str
+    # GPUs this job is guaranteed right now (its minimum satisfactory share); 0 if none.
+    guaranteed_gpus: int = 0
 
     @property
     def gpus(self) -> int:

@@ -1,0 +1,150 @@
+"""Admission control over time: minimum satisfactory shares in a capacity profile.
+
+The cluster's future is a piecewise-constant profile of GPUs not yet promised.
+Jobs are reserved in deadline order. A job's minimum satisfactory share is the
+smallest size x such that running at min(x, free GPUs) in each segment of the
+profile finishes its remaining steps by its deadline; the GPUs it uses are
+taken out of the profile until it would finish, so a later-deadline job can
+count on the GPUs that earlier jobs give back (ElasticFlow's idea).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from functools import lru_cache
+
+import numpy as np
+
+from flotilla.allocation.sizes import job_sizes
+from flotilla.allocation.snapshot import JobState
+
+
+@dataclass(frozen=True)
+class Reservation:
+    size: int  # the share x
+    now_gpus: int  # GPUs it uses in the first segment: its guarantee right now
+
+
+@dataclass(frozen=True)
+class Shortfall:
+    """Why a job cannot be guaranteed: what it would take instead."""
+
+    gpus_needed: int | None  # constant GPUs from now that would make it, on an empty cluster; None if none
+    best_finish: float  # earliest finish with up to maxGPUs from what is not promised (inf if never)
+    deadline: float  # the deadline it was judged against (its own, less one restore)
+
+    def describe(self) -> str:
+        late = math.ceil(self.best_finish - self.deadline)
+        if self.gpus_needed is None:
+            need = "more than its maxGPUs"
+        else:
+            need = f"{self.gpus_needed} GPUs from now until its deadline"
+        if self.best_finish == float("inf"):
+            more = "no GPUs it can use are ever free of other guarantees"
+        else:
+            more = (f"with what is not promised to others it would finish {late} s too late "
+                    f"(deadline less one restore)")
+        return f"needs {need}; {more}"
+
+
+@lru_cache(maxsize=4096)
+def _tables(sizes: tuple[int, ...], rates: tuple[float, ...]) -> tuple[np.ndarray, np.ndarray]:
+    """Sizes and rates with a leading 0 (no GPUs, no progress), as arrays."""
+    return np.array((0,) + sizes), np.array((0.0,) + rates)
+
+
+class CapacityProfile:
+    """Free (not yet promised) GPUs as a step function of time from `now`."""
+
+    def __init__(self, now: float, capacity: int) -> None:
+        # Segment k covers [bounds[k], bounds[k+1]); arrays have spare room at the end.
+        self._bounds = np.full(64, np.inf)
+        self._bounds[0] = now
+        self._free = np.zeros(64)
+        self._free[0] = capacity
+        self._segments = 1
+
+    @property
+    def bounds(self) -> np.ndarray:
+        return self._bounds[: self._segments + 1]
+
+    def copy(self) -> "CapacityProfile":
+        other = CapacityProfile.__new__(CapacityProfile)
+        other._bounds, other._free, other._segments = self._bounds.copy(), self._free.copy(), self._segments
+        return other
+
+    def _plan(self, job: JobState, x: int, until: float) -> tuple[np.ndarray, float] | None:
+        """Shares per segment and the finish time at cap x, or None if not done by `until`."""
+        sizes0, rates0 = _tables(*job_sizes(job))
+        bounds = self.bounds
+        k = int(np.searchsorted(bounds, until, side="left"))
+        idx = np.searchsorted(sizes0, np.minimum(self._free[:k], x), side="right") - 1
+        starts = bounds[:k]
+        lens = np.minimum(bounds[1 : k + 1], until) - starts
+        r = rates0[idx]
+        # An unused segment that never ends must add 0, not 0 * inf.
+        work = np.cumsum(np.where(r > 0, r * lens, 0.0))
+        remaining = job.remaining_steps
+        if not len(work) or work[-1] < remaining - 1e-9:
+            return None
+        j = int(np.searchsorted(work, remaining - 1e-9))
+        before = work[j - 1] if j else 0.0
+        finish = float(starts[j] + (remaining - before) / r[j])
+        return sizes0[idx[: j + 1]], finish
+
+    def reserve(self, job: JobState, deadline: float, keep_now: int = 0) -> Reservation | None:
+        """Reserve the job's minimum satisfactory share to finish by `deadline`; None if it cannot.
+
+        With `keep_now`, only plans that give the job at least that many GPUs
+        in the first segment count (a running job that cannot afford a change).
+        """
+        sizes, rates = job_sizes(job)
+        if not sizes or job.remaining_steps <= 0:
+            return None
+        now = self._bounds[0]
+        if deadline <= now:
+            return None
+        # No constant share below the one it needs on an empty cluster can work.
+        need_rate = job.remaining_steps / (deadline - now)
+        first = next((i for i, r in enumerate(rates) if r >= need_rate - 1e-12), None)
+        if first is None:
+            return None
+        for x in sizes[first:]:
+            if x < keep_now:
+                continue
+            plan = self._plan(job, x, deadline)
+            if plan is not None and plan[0][0] >= keep_now:
+                shares, finish = plan
+                self._take(shares, finish)
+                return Reservation(x, int(shares[0]))
+        return None
+
+    def shortfall(self, job: JobState, deadline: float) -> Shortfall:
+        """What a job that cannot be reserved would need (does not change the profile)."""
+        sizes, rates = job_sizes(job)
+        now = float(self._bounds[0])
+        gpus_needed = None
+        if sizes and deadline > now:
+            need_rate = job.remaining_steps / (deadline - now)
+            gpus_needed = next((g for g, r in zip(sizes, rates) if r >= need_rate - 1e-12), None)
+        best = float("inf")
+        if sizes:
+            plan = self._plan(job, sizes[-1], float("inf"))
+            if plan is not None:
+                best = plan[1]
+        return Shortfall(gpus_needed, best, deadline)
+
+    def _take(self, shares: np.ndarray, finish: float) -> None:
+        n = len(shares)
+        if finish < self._bounds[n]:
+            # Split the last segment the job uses at its finish time.
+            if self._segments + 2 > len(self._bounds):
+                self._bounds = np.concatenate([self._bounds, np.full(len(self._bounds), np.inf)])
+                self._free = np.concatenate([self._free, np.zeros(len(self._free))])
+            end = self._segments
+            self._bounds[n + 1 : end + 2] = self._bounds[n : end + 1].copy()
+            self._bounds[n] = finish
+            self._free[n : end + 1] = self._free[n - 1 : end].copy()
+            self._segments += 1
+        self._free[:n] -= shares

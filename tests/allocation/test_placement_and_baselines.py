@@ -1,0 +1,69 @@
+"""Compact placement, the fixed-size baselines and the policy registry."""
+
+import pytest
+from builders import job, nodes, snapshot
+
+from flotilla.allocation import ScalingCurve, Verdict, policies
+from flotilla.allocation.placement import free_gpus, place
+from flotilla.allocation.sizes import job_sizes
+
+
+@pytest.mark.parametrize("gpus, unit, free, expected", [
+    (4, 1, {"n0": 8, "n1": 4}, {"n1": 4}),  # the tightest single node
+    (8, 1, {"n0": 4, "n1": 4, "n2": 6, "n3": 6}, {"n0": 4, "n1": 4}),  # the tightest domain that holds it
+    (4, 2, {"n0": 3, "n1": 3}, {"n0": 2, "n1": 2}),  # whole 2-GPU workers only
+    (6, 2, {"n0": 3, "n1": 3}, None),
+])
+def test_place(gpus, unit, free, expected):
+    node_list = nodes(8, 8, 8, 8, domains={"n0": "a", "n1": "a", "n2": "b", "n3": "b"})
+    assert place(gpus, unit, free, node_list) == expected
+
+
+def test_free_gpus_skips_unschedulable_nodes_and_held_gpus():
+    node_list = nodes(8, 8, 8, unschedulable=("n1",))
+    assert free_gpus(node_list, [{"n0": 3}, {"n2": 8}]) == {"n0": 5}
+
+
+@pytest.mark.parametrize("min_gpus, max_gpus, unit, expected", [
+    (1, 8, 1, (1, 2, 4, 8)),
+    (3, 12, 1, (3, 4, 8, 12)),  # the bounds are allowed besides powers of two
+    (2, 16, 2, (2, 4, 8, 16)),
+    (3, 3, 2, ()),  # no whole worker fits
+])
+def test_allowed_sizes(min_gpus, max_gpus, unit, expected):
+    to_16 = ScalingCurve.of({1: 1.0, 16: 16.0})
+    assert job_sizes(job("x", 10, 10, min_gpus=min_gpus, max_gpus=max_gpus, unit=unit, curve=to_16))[0] == expected
+
+
+def test_edf_runs_the_earliest_deadline_that_can_still_be_met_first():
+    a = job("a", 100, 100, requested_gpus=4)
+    b = job("b", 100, 50, requested_gpus=4)
+    edf = policies.get("edf-fixed")
+    d = edf.decide(snapshot(nodes(4), a, b)).jobs
+    assert (d["b"].gpus, d["a"].gpus, d["a"].verdict) == (4, 0, Verdict.PENDING)
+    d = edf.decide(snapshot(nodes(4), a, b, now=60)).jobs  # b already missed its deadline
+    assert (d["a"].gpus, d["b"].gpus) == (4, 0)
+
+
+def test_least_attained_service_preempts_the_job_that_has_had_most():
+    old = job("old", 100, 100, requested_gpus=4, attained_gpu_seconds=4000.0, placement={"n0": 4})
+    new = job("new", 100, 100, requested_gpus=4, submit=10)
+    d = policies.get("least-attained-service").decide(snapshot(nodes(4), old, new)).jobs
+    assert d["new"].placement == {"n0": 4}
+    assert d["old"].gpus == 0 and d["old"].reason.startswith("preempted;")
+
+
+def test_fixed_size_baselines_backfill_behind_a_job_that_does_not_fit():
+    big = job("big", 100, 10, requested_gpus=8)
+    small = job("small", 100, 20, requested_gpus=2)
+    d = policies.get("edf-fixed").decide(snapshot(nodes(4), big, small)).jobs
+    assert (d["big"].gpus, d["small"].gpus) == (0, 2)
+
+
+def test_registry():
+    assert policies.names()[0] == policies.DEFAULT
+    assert set(policies.names()) == {"elastic-deadline", "fifo-gang", "edf-fixed", "least-attained-service"}
+    for name in policies.names():
+        assert policies.get(name).name == name
+    with pytest.raises(ValueError, match="unknown policy 'nope'; known: elastic-deadline"):
+        policies.get("nope")
