@@ -38,7 +38,9 @@ def log_dir(tmp_path_factory) -> Path:
 
 @pytest.fixture(scope="module")
 def operator(log_dir, request):
-    op = OperatorProcess(log_dir / f"operator-{request.module.__name__.split('.')[-1]}.log").start()
+    """The operator for one test module; a module sets OPERATOR_ARGS to choose e.g. its policy."""
+    args = getattr(request.module, "OPERATOR_ARGS", ())
+    op = OperatorProcess(log_dir / f"operator-{request.module.__name__.split('.')[-1]}.log", *args).start()
     yield op
     op.stop()
 

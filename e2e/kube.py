@@ -55,6 +55,18 @@ def wait_for(what: str, fn: Callable[[], Any], timeout: float = 60.0, interval: 
     raise AssertionError(f"timed out after {timeout}s waiting for {what}; last value: {last!r}")
 
 
+def gpu_pods_outside(namespace: str) -> list[str]:
+    pods = json.loads(kubectl("get", "pods", "-A", "-o", "json").stdout)["items"]
+    return [f"{p['metadata']['namespace']}/{p['metadata']['name']}" for p in pods
+            if p["metadata"]["namespace"] != namespace and p["status"].get("phase") in ("Pending", "Running")
+            and any("nvidia.com/gpu" in (c.get("resources", {}).get("limits") or {}) for c in p["spec"]["containers"])]
+
+
+def wait_for_gpus_free_outside(namespace: str, timeout: float = 120) -> None:
+    """For tests that need the whole cluster: wait until earlier tests' GPU pods are gone."""
+    wait_for("no GPU pods left by earlier tests", lambda: not gpu_pods_outside(namespace), timeout=timeout)
+
+
 def apply(manifest: str, namespace: str) -> subprocess.CompletedProcess:
     return kubectl("apply", "-n", namespace, "-f", "-", stdin=manifest, check=False)
 

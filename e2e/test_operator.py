@@ -7,9 +7,11 @@ import signal
 import time
 from pathlib import Path
 
-from e2e.kube import ROOT, OperatorProcess, apply, get, items, kubectl, wait_for
+from e2e.kube import ROOT, OperatorProcess, apply, get, items, kubectl, wait_for, wait_for_gpus_free_outside
 
 WORKER = "flotilla.dev/role=worker"
+# These tests are about the operator's mechanics; FIFO gang at minGPUs makes the GPU counts exact.
+OPERATOR_ARGS = ("--policy", "fifo-gang")
 
 
 def job_manifest(name: str, min_gpus: int = 2, max_gpus: int = 4, per_worker: int = 1,
@@ -101,16 +103,8 @@ def test_job_succeeds_when_rank0_exits_zero_and_fails_when_a_worker_fails(operat
 
 def test_a_job_too_big_for_free_gpus_waits_then_runs_when_a_node_joins(operator, namespace):
     total = sum(int(n["status"].get("allocatable", {}).get("nvidia.com/gpu", 0)) for n in items("nodes", "default"))
-
-    def gpu_pods_elsewhere() -> list[str]:
-        pods = json.loads(kubectl("get", "pods", "-A", "-o", "json").stdout)["items"]
-        return [f"{p['metadata']['namespace']}/{p['metadata']['name']}" for p in pods
-                if p["metadata"]["namespace"] != namespace and p["status"].get("phase") in ("Pending", "Running")
-                and any("nvidia.com/gpu" in (c.get("resources", {}).get("limits") or {})
-                        for c in p["spec"]["containers"])]
-
     # The job needs the whole cluster once the node joins: earlier tests' pods must be gone first.
-    wait_for("no GPU pods left by earlier tests", lambda: not gpu_pods_elsewhere(), timeout=120)
+    wait_for_gpus_free_outside(namespace)
     # Asks for every GPU of the cluster plus one node's worth: it cannot start until a node joins.
     want = total + 8
     assert apply(job_manifest("big", min_gpus=want, max_gpus=want, per_worker=8), namespace).returncode == 0
@@ -134,7 +128,7 @@ def test_a_job_too_big_for_free_gpus_waits_then_runs_when_a_node_joins(operator,
 
 def test_restarting_the_operator_mid_way_creates_no_duplicate_pods(log_dir: Path, namespace):
     log = log_dir / "operator-restart.log"
-    op = OperatorProcess(log).start()
+    op = OperatorProcess(log, *OPERATOR_ARGS).start()
     try:
         for i in range(3):
             assert apply(job_manifest(f"r{i}", min_gpus=2, max_gpus=2), namespace).returncode == 0
@@ -144,7 +138,7 @@ def test_restarting_the_operator_mid_way_creates_no_duplicate_pods(log_dir: Path
             interval=0.05)
         op.stop(signal.SIGKILL)
         before = {p["metadata"]["name"]: p["metadata"]["uid"] for p in items("pods", namespace, WORKER)}
-        op = OperatorProcess(log).start()
+        op = OperatorProcess(log, *OPERATOR_ARGS).start()
         for i in range(3):
             wait_for(f"r{i} Running", lambda: phase(f"r{i}", namespace) == "Running", timeout=60)
         pods = items("pods", namespace, WORKER)
@@ -157,7 +151,7 @@ def test_restarting_the_operator_mid_way_creates_no_duplicate_pods(log_dir: Path
         assert all(after[n] == uid for n, uid in before.items())
         # And a restart once everything runs changes nothing.
         op.stop()
-        op = OperatorProcess(log).start()
+        op = OperatorProcess(log, *OPERATOR_ARGS).start()
         wait_for("operator up", op.alive)
         time.sleep(5)
         assert {p["metadata"]["uid"] for p in items("pods", namespace, WORKER)} == set(after.values())

@@ -13,14 +13,14 @@ import asyncio
 import logging
 import os
 
-HELP = "Run the operator: reconcile TrainingJobs, ServingDeployments and Nodes"
+from flotilla.allocation import policies
 
-POLICIES = ("fifo-gang",)
+HELP = "Run the operator: reconcile TrainingJobs, ServingDeployments and Nodes"
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--policy", default="fifo-gang", choices=POLICIES,
-                        help="allocation policy for TrainingJobs (default: %(default)s)")
+    parser.add_argument("--policy", default=policies.DEFAULT, choices=policies.names(),
+                        help="allocation policy for TrainingJobs (default: %(default)s; the others are baselines)")
     parser.add_argument("--resync", type=float, default=10.0, metavar="SECONDS",
                         help="reconcile everything at least this often (default: %(default)s)")
     parser.add_argument("--concurrency", type=int, default=16,
@@ -39,18 +39,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                        help="a standby takes over this long after the leader stops renewing (default: %(default)s)")
 
 
-def _allocator(name: str):
-    from flotilla.allocation.fifo import FifoGang
-
-    return {"fifo-gang": FifoGang}[name]()
-
-
 def run(args: argparse.Namespace) -> int:
     import kopf
 
     from flotilla.operator import handlers
 
-    handlers.configure(handlers.Settings(allocator=_allocator(args.policy), resync_seconds=args.resync,
+    handlers.configure(handlers.Settings(allocator=policies.get(args.policy), resync_seconds=args.resync,
                                          concurrency=args.concurrency))
     logging.getLogger("kopf.objects").setLevel(logging.WARNING)
 
