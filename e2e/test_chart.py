@@ -22,7 +22,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from e2e.kube import ROOT, OperatorProcess, get, items, kubectl, wait_for
+from e2e.kube import ROOT, FlotillaProcess, OperatorProcess, get, items, kubectl, wait_for
 
 RELEASE = "fl"
 FULL = f"{RELEASE}-flotilla"
@@ -67,10 +67,11 @@ def kubeconfig_for(service_account: str, ns: str, path: Path) -> Path:
     return path
 
 
-def start_operator(kubeconfig: Path, log: Path, ns: str, monkeypatch) -> OperatorProcess:
+def start_operator(kubeconfig: Path, log: Path, ns: str, monkeypatch) -> FlotillaProcess:
+    # FIFO gang at minGPUs: the scenarios below check exact GPU counts.
     with monkeypatch.context() as m:
         m.setenv("KUBECONFIG", str(kubeconfig))
-        return OperatorProcess(log, "--leader-elect", f"--lease-name={OP}", f"--lease-namespace={ns}",
+        return OperatorProcess(log, "--policy", "fifo-gang", "--leader-elect", f"--lease-name={OP}", f"--lease-namespace={ns}",
                                f"--lease-duration={LEASE_SECONDS}").start()
 
 
