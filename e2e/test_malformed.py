@@ -29,6 +29,7 @@ GOOD_SD = {
         "slo": {"ttftMs": 400, "tpotMs": 50, "attainment": 0.9},
         "workload": {"requestsPerSecond": 2, "inputTokens": 512, "outputTokens": 128},
         "maxGPUs": 4,
+        "profile": {"name": "opt-13b-a100"},
         "prefill": {"template": {"spec": {"containers": [{"name": "p", "image": "vllm"}]}}},
         "decode": {"template": {"spec": {"containers": [{"name": "d", "image": "vllm"}]}}},
     },
@@ -71,6 +72,10 @@ CASES = [
     ("bad-slo-negative-ttft", _mutate(GOOD_SD, "spec.slo", {"ttftMs": -1, "tpotMs": 50}), ["spec.slo.ttftMs"]),
     ("fixed-without-replicas", _mutate(GOOD_SD, "spec.planner", {"mode": "fixed"}),
      ["spec.planner", "required when mode is fixed"]),
+    ("auto-without-profile", _mutate(GOOD_SD, "spec.profile", _DELETE),
+     ["spec.profile is required unless spec.planner.mode is fixed"]),
+    ("profile-half-coefficients", _mutate(GOOD_SD, "spec.profile", {"prefill": [{"gpus": 1}]}),
+     ["spec.profile"]),
     ("unknown-planner-mode", _mutate(GOOD_SD, "spec.planner", {"mode": "yolo"}),
      ["spec.planner.mode", "Unsupported value"]),
 ]

@@ -83,6 +83,25 @@ def test_examples_run_on_kwok_gpu_nodes(operator, namespace):
     assert "llama-ft" in table and "Running" in table and "1:2" in table
 
 
+def test_an_auto_mode_serving_deployment_comes_up_with_the_planners_plan(operator, namespace):
+    from flotilla.operator.serving import initial_plan
+
+    body = {"apiVersion": "flotilla.dev/v1alpha1", "kind": "ServingDeployment", "metadata": {"name": "auto"},
+            "spec": {"slo": {"ttftMs": 400, "tpotMs": 100, "attainment": 0.9},
+                     "workload": {"requestsPerSecond": 4, "inputTokens": 512, "outputTokens": 128},
+                     "profile": {"name": "opt-13b-a100"}, "maxGPUs": 8,
+                     "prefill": {"template": {"spec": {"containers": [{"name": "p", "image": "vllm/vllm-openai"}]}}},
+                     "decode": {"template": {"spec": {"containers": [{"name": "d", "image": "vllm/vllm-openai"}]}}}}}
+    assert apply(json.dumps(body), namespace).returncode == 0
+    expected = initial_plan(body["spec"])
+    sd = wait_for("auto Ready", lambda: (s := get("servingdeployment", "auto", namespace))
+                  and s.get("status", {}).get("phase") == "Ready" and s)
+    st = sd["status"]
+    assert (st["prefillReplicas"], st["decodeReplicas"]) == (expected.prefill_replicas, expected.decode_replicas)
+    assert st["gpus"] == expected.gpus and st["lastPlan"]["reason"] == expected.reason
+    assert "Scaled" in events_for(namespace, "auto")
+
+
 def test_deleting_a_job_removes_its_pods(operator, namespace):
     assert apply(job_manifest("doomed"), namespace).returncode == 0
     wait_for("doomed's pods running", lambda: len(running_pods(namespace, "doomed")) == 2)

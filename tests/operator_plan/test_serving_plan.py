@@ -40,3 +40,54 @@ def test_a_plan_over_max_gpus_is_refused():
     assert not [a for a in actions if isinstance(a, ApplyDeployment)]
     st = next(a for a in actions if isinstance(a, PatchStatus)).status
     assert st["phase"] == "Failed" and "12 GPUs" in st["message"]
+
+
+def auto_sd(profile="opt-13b-a100", rps=6.0, max_gpus=16, **spec_extra):
+    body = sd(mode="auto", max_gpus=max_gpus)
+    body["spec"]["planner"] = {"mode": "auto"}
+    body["spec"]["workload"] = {"requestsPerSecond": rps, "inputTokens": 512, "outputTokens": 128}
+    body["spec"]["slo"] = {"ttftMs": 400, "tpotMs": 100, "attainment": 0.9}
+    body["spec"]["profile"] = {"name": profile}
+    for role in ("prefill", "decode"):
+        body["spec"][role].pop("gpusPerInstance")
+    body["spec"].update(spec_extra)
+    return body
+
+
+def test_auto_mode_starts_from_the_pd_planners_plan_for_the_workload_estimate():
+    from flotilla.operator.serving import initial_plan
+
+    body = auto_sd()
+    expected = initial_plan(body["spec"])
+    actions = serving.plan_serving(body, {}, T0)
+    deps = {a.manifest["metadata"]["name"]: a.manifest for a in actions if isinstance(a, ApplyDeployment)}
+    assert deps["chat-prefill"]["spec"]["replicas"] == expected.prefill_replicas >= 1
+    assert deps["chat-decode"]["spec"]["replicas"] == expected.decode_replicas >= 1
+    limit = deps["chat-decode"]["spec"]["template"]["spec"]["containers"][0]["resources"]["limits"]["nvidia.com/gpu"]
+    assert limit == str(expected.decode_gpus_per_instance)
+    st = next(a for a in actions if isinstance(a, PatchStatus)).status
+    assert st["gpus"] == expected.gpus <= 16 and st["predictedGoodput"] >= 6.0
+    assert st["lastPlan"]["reason"] == expected.reason and expected.mode == "disaggregated"
+
+
+def test_auto_mode_without_enough_gpus_says_the_slo_is_at_risk():
+    actions = serving.plan_serving(auto_sd(rps=500.0, max_gpus=4), {}, T0)
+    st = next(a for a in actions if isinstance(a, PatchStatus)).status
+    at_risk = [c for c in st["conditions"] if c["type"] == "SLOAtRisk"]
+    assert at_risk and at_risk[0]["status"] == "True" and st["gpus"] <= 4
+
+
+def test_an_unknown_profile_fails_the_deployment_with_the_field_named():
+    actions = serving.plan_serving(auto_sd(profile="no-such-model"), {}, T0)
+    assert not [a for a in actions if isinstance(a, ApplyDeployment)]
+    st = next(a for a in actions if isinstance(a, PatchStatus)).status
+    assert st["phase"] == "Failed" and "profile" in st["message"] and "no-such-model" in st["message"]
+
+
+def test_a_changed_gpu_limit_on_a_deployment_is_put_back():
+    deps = {r: {"spec": {"replicas": n, "template": {"spec": {"containers": [
+        {"resources": {"limits": {"nvidia.com/gpu": "2"}}}]}}}, "status": {"readyReplicas": n}}
+        for r, n in (("prefill", 1), ("decode", 2))}
+    deps["prefill"]["spec"]["template"]["spec"]["containers"][0]["resources"]["limits"]["nvidia.com/gpu"] = "8"
+    actions = serving.plan_serving(sd(status={"lastPlan": {"time": "t", "reason": "r"}}), deps, T0)
+    assert [a.manifest["metadata"]["name"] for a in actions if isinstance(a, ApplyDeployment)] == ["chat-prefill"]

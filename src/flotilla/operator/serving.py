@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+from dataclasses import dataclass
 from typing import Any, Mapping
 
 from flotilla import API_VERSION
@@ -10,6 +11,9 @@ from flotilla.operator.actions import Action, ApplyDeployment, PatchStatus, Post
 from flotilla.operator.training import set_condition
 from flotilla.operator.timeutil import rfc3339
 from flotilla.resources import names, phases
+from flotilla.serving.planner import Plan, PlanRequest, plan
+from flotilla.serving.profile import resolve_profile
+from flotilla.serving.workload import SLO, Workload
 
 Body = Mapping[str, Any]
 PLURAL = "servingdeployments"
@@ -20,27 +24,67 @@ def deployment_name(sd: str, role: str) -> str:
     return f"{sd}-{role}"
 
 
-def desired_replicas(body: Body) -> tuple[dict[str, int], str]:
-    """Replica counts per role and why. `fixed` mode: the spec's counts. `auto` mode keeps
-    the last plan in status, starting from the spec's counts or one of each."""
+@dataclass(frozen=True)
+class Target:
+    """What the Deployments should be: instances and GPUs per instance per role, and why."""
+
+    replicas: dict[str, int]
+    gpus_per_instance: dict[str, int]
+    reason: str
+    predicted_goodput: float | None = None
+    slo_at_risk: bool = False
+
+    @property
+    def gpus(self) -> int:
+        return sum(self.replicas[r] * self.gpus_per_instance[r] for r in ROLES)
+
+    @property
+    def ratio(self) -> str:
+        return f"{self.replicas[names.ROLE_PREFILL]}:{self.replicas[names.ROLE_DECODE]}"
+
+
+def _pinned(spec: Body, role: str) -> int | None:
+    value = spec[role].get("gpusPerInstance")
+    return int(value) if value else None
+
+
+def initial_plan(spec: Body) -> Plan:
+    """The PD planner's plan for the spec's workload estimate (auto mode, before any observation).
+    Raises ValueError (ProfileError included) with the field named."""
+    workload, slo = spec["workload"], spec["slo"]
+    return plan(PlanRequest(
+        workload=Workload.from_means(float(workload["requestsPerSecond"]), float(workload["inputTokens"]),
+                                     float(workload["outputTokens"])),
+        slo=SLO(float(slo["ttftMs"]), float(slo["tpotMs"]), float(slo.get("attainment", 0.9))),
+        profile=resolve_profile(spec["profile"]),
+        min_gpus=int(spec.get("minGPUs", 0)), max_gpus=int(spec["maxGPUs"]),
+        # Deployments run prefill and decode apart; a colocated plan has no pool to run in yet.
+        allow_colocated=False,
+        prefill_gpus=_pinned(spec, names.ROLE_PREFILL), decode_gpus=_pinned(spec, names.ROLE_DECODE)))
+
+
+def target(body: Body) -> Target:
+    """`fixed` mode: the spec's counts. `auto` mode: the last plan in status (the planner's, which
+    the controller re-plans from observed load), else the PD planner's plan for spec.workload."""
     spec, status = body["spec"], body.get("status") or {}
     planner = spec.get("planner") or {}
     if planner.get("mode", "auto") == "fixed":
-        return ({names.ROLE_PREFILL: int(planner["prefillReplicas"]),
-                 names.ROLE_DECODE: int(planner["decodeReplicas"])}, "fixed by spec.planner")
+        return Target({names.ROLE_PREFILL: int(planner["prefillReplicas"]),
+                       names.ROLE_DECODE: int(planner["decodeReplicas"])},
+                      {r: _pinned(spec, r) or 1 for r in ROLES}, "fixed by spec.planner")
     if "prefillReplicas" in status and "decodeReplicas" in status:
-        return ({names.ROLE_PREFILL: int(status["prefillReplicas"]),
-                 names.ROLE_DECODE: int(status["decodeReplicas"])},
-                (status.get("lastPlan") or {}).get("reason", "last plan"))
-    return ({names.ROLE_PREFILL: int(planner.get("prefillReplicas", 1)),
-             names.ROLE_DECODE: int(planner.get("decodeReplicas", 1))}, "initial plan from spec")
+        return Target({names.ROLE_PREFILL: int(status["prefillReplicas"]),
+                       names.ROLE_DECODE: int(status["decodeReplicas"])},
+                      {names.ROLE_PREFILL: int(status.get("prefillGPUsPerInstance") or _pinned(spec, "prefill") or 1),
+                       names.ROLE_DECODE: int(status.get("decodeGPUsPerInstance") or _pinned(spec, "decode") or 1)},
+                      (status.get("lastPlan") or {}).get("reason", "last plan"), status.get("predictedGoodput"))
+    p = initial_plan(spec)
+    return Target({names.ROLE_PREFILL: p.prefill_replicas, names.ROLE_DECODE: p.decode_replicas},
+                  {names.ROLE_PREFILL: p.prefill_gpus_per_instance, names.ROLE_DECODE: p.decode_gpus_per_instance},
+                  p.reason, p.predicted_goodput, p.slo_at_risk)
 
 
-def gpus_per_instance(body: Body, role: str) -> int:
-    return int(body["spec"][role].get("gpusPerInstance", 1))
-
-
-def deployment(body: Body, role: str, replicas: int) -> dict[str, Any]:
+def deployment(body: Body, role: str, replicas: int, gpus_per_instance: int) -> dict[str, Any]:
     meta, pool = body["metadata"], body["spec"][role]
     template = copy.deepcopy(pool["template"])
     t_meta = template.setdefault("metadata", {})
@@ -53,8 +97,7 @@ def deployment(body: Body, role: str, replicas: int) -> dict[str, Any]:
     for i, c in enumerate(pod_spec["containers"]):
         c.setdefault("env", []).extend(env)
         if i == 0:
-            c.setdefault("resources", {}).setdefault("limits", {})[names.GPU_RESOURCE] = str(
-                gpus_per_instance(body, role))
+            c.setdefault("resources", {}).setdefault("limits", {})[names.GPU_RESOURCE] = str(gpus_per_instance)
     return {
         "apiVersion": "apps/v1",
         "kind": "Deployment",
@@ -72,55 +115,78 @@ def deployment(body: Body, role: str, replicas: int) -> dict[str, Any]:
 def plan_serving(body: Body, deployments: Mapping[str, Body], now: float) -> list[Action]:
     """Actions for one ServingDeployment; `deployments` maps role -> its Deployment (if any)."""
     meta, spec, status = body["metadata"], body["spec"], body.get("status") or {}
-    replicas, reason = desired_replicas(body)
-    gpus = sum(replicas[r] * gpus_per_instance(body, r) for r in ROLES)
     actions: list[Action] = []
     patch: dict[str, Any] = {}
     if status.get("observedGeneration") != meta.get("generation"):
         patch["observedGeneration"] = meta.get("generation")
 
-    if gpus > int(spec["maxGPUs"]):
-        why = f"the plan needs {gpus} GPUs, more than spec.maxGPUs={spec['maxGPUs']}"
+    def refuse(reason: str, why: str) -> list[Action]:
         if status.get("message") != why:
             patch.update(phase=phases.FAILED, message=why,
                          conditions=set_condition(status, {"type": names.COND_READY, "status": "False",
-                                                           "reason": "OverBudget", "message": why}, now))
-            actions.append(PostEvent(involved(body), "Warning", "OverBudget", why))
-        return [PatchStatus(PLURAL, meta["namespace"], meta["name"], patch)] if patch else []
+                                                           "reason": reason, "message": why}, now))
+            actions.append(PostEvent(involved(body), "Warning", reason, why))
+        return [PatchStatus(PLURAL, meta["namespace"], meta["name"], patch), *actions] if patch else []
+
+    try:
+        want = target(body)
+    except ValueError as e:
+        return refuse("NoPlan", f"the planner found no plan: {e}")
+    if want.gpus > int(spec["maxGPUs"]):
+        return refuse("OverBudget", f"the plan needs {want.gpus} GPUs, more than spec.maxGPUs={spec['maxGPUs']}")
 
     for role in ROLES:
         dep = deployments.get(role)
-        if dep is None or (dep.get("spec") or {}).get("replicas") != replicas[role]:
-            actions.append(ApplyDeployment(deployment(body, role, replicas[role])))
+        if dep is None or _drifted(dep, want.replicas[role], want.gpus_per_instance[role]):
+            actions.append(ApplyDeployment(deployment(body, role, want.replicas[role], want.gpus_per_instance[role])))
     ready = {r: int(((deployments.get(r) or {}).get("status") or {}).get("readyReplicas") or 0) for r in ROLES}
-    all_ready = all(ready[r] >= replicas[r] for r in ROLES)
+    all_ready = all(ready[r] >= want.replicas[r] for r in ROLES)
     phase = phases.READY if all_ready else phases.PROGRESSING
-    ratio = f"{replicas[names.ROLE_PREFILL]}:{replicas[names.ROLE_DECODE]}"
-    want = {
+    desired = {
         "phase": phase,
-        "prefillReplicas": replicas[names.ROLE_PREFILL],
-        "decodeReplicas": replicas[names.ROLE_DECODE],
+        "prefillReplicas": want.replicas[names.ROLE_PREFILL],
+        "decodeReplicas": want.replicas[names.ROLE_DECODE],
+        "prefillGPUsPerInstance": want.gpus_per_instance[names.ROLE_PREFILL],
+        "decodeGPUsPerInstance": want.gpus_per_instance[names.ROLE_DECODE],
         "readyPrefill": ready[names.ROLE_PREFILL],
         "readyDecode": ready[names.ROLE_DECODE],
-        "gpus": gpus,
-        "ratio": ratio,
-        "message": f"{ready[names.ROLE_PREFILL]}/{replicas[names.ROLE_PREFILL]} prefill, "
-                   f"{ready[names.ROLE_DECODE]}/{replicas[names.ROLE_DECODE]} decode ready",
+        "gpus": want.gpus,
+        "ratio": want.ratio,
+        "message": f"{ready[names.ROLE_PREFILL]}/{want.replicas[names.ROLE_PREFILL]} prefill, "
+                   f"{ready[names.ROLE_DECODE]}/{want.replicas[names.ROLE_DECODE]} decode ready",
     }
-    patch.update({k: v for k, v in want.items() if status.get(k) != v})
+    if want.predicted_goodput is not None:
+        desired["predictedGoodput"] = round(float(want.predicted_goodput), 3)
+    patch.update({k: v for k, v in desired.items() if status.get(k) != v})
+    conditions = status
     if not status.get("lastPlan"):
-        patch["lastPlan"] = {"time": rfc3339(now), "reason": reason}
+        patch["lastPlan"] = {"time": rfc3339(now), "reason": want.reason}
         actions.append(PostEvent(involved(body), "Normal", names.Reason.SCALED,
-                                 f"prefill:decode {ratio} on {gpus} GPUs: {reason}"))
+                                 f"prefill:decode {want.ratio} on {want.gpus} GPUs: {want.reason}"))
+        if want.slo_at_risk:
+            patch["conditions"] = set_condition(conditions, {"type": names.COND_SLO_AT_RISK, "status": "True",
+                                                             "reason": names.Reason.SLO_AT_RISK,
+                                                             "message": want.reason}, now)
+            conditions = {"conditions": patch["conditions"]}
+            actions.append(PostEvent(involved(body), "Warning", names.Reason.SLO_AT_RISK, want.reason))
     if status.get("phase") != phase:
         cond = ({"type": names.COND_READY, "status": "True", "reason": names.Reason.AVAILABLE,
                  "message": "all instances ready"} if all_ready else
                 {"type": names.COND_READY, "status": "False", "reason": names.Reason.PROGRESSING,
-                 "message": want["message"]})
-        patch["conditions"] = set_condition(status, cond, now)
+                 "message": desired["message"]})
+        patch["conditions"] = set_condition(conditions, cond, now)
         if all_ready:
             actions.append(PostEvent(involved(body), "Normal", names.Reason.AVAILABLE,
-                                     f"{ratio} prefill:decode instances ready"))
+                                     f"{want.ratio} prefill:decode instances ready"))
     if patch:
         actions.insert(0, PatchStatus(PLURAL, meta["namespace"], meta["name"], patch))
     return actions
+
+
+def _drifted(dep: Body, replicas: int, gpus_per_instance: int) -> bool:
+    """True when the Deployment's replicas or GPU limit differ from the plan (e.g. a manual edit)."""
+    if (dep.get("spec") or {}).get("replicas") != replicas:
+        return True
+    containers = (((dep.get("spec") or {}).get("template") or {}).get("spec") or {}).get("containers") or [{}]
+    limit = ((containers[0].get("resources") or {}).get("limits") or {}).get(names.GPU_RESOURCE)
+    return limit is not None and str(limit) != str(gpus_per_instance)

@@ -164,8 +164,8 @@ def _serving_deployment_schema() -> Schema:
     phase_pool = lambda what: obj(  # noqa: E731
         {
             "template": POD_TEMPLATE,
-            "gpusPerInstance": integer(f"GPUs per {what} instance (tensor parallelism).", minimum=1,
-                                       maximum=16, default=1),
+            "gpusPerInstance": integer(f"GPUs per {what} instance (tensor parallelism); unset, the "
+                                       "planner chooses (1 in fixed mode).", minimum=1, maximum=16),
         },
         f"The {what} pool.",
         required=["template"],
@@ -210,13 +210,17 @@ def _serving_deployment_schema() -> Schema:
         },
         required=["slo", "workload", "prefill", "decode", "maxGPUs"],
         rules=[rule("!has(self.minGPUs) || self.minGPUs <= self.maxGPUs",
-                    "spec.minGPUs must be <= spec.maxGPUs", ".minGPUs")],
+                    "spec.minGPUs must be <= spec.maxGPUs", ".minGPUs"),
+               rule("(has(self.planner) && self.planner.mode == 'fixed') || has(self.profile)",
+                    "spec.profile is required unless spec.planner.mode is fixed")],
     )
     status = obj(
         {
             "phase": string(enum=list(phases.SERVING)),
             "prefillReplicas": integer(minimum=0),
             "decodeReplicas": integer(minimum=0),
+            "prefillGPUsPerInstance": integer(minimum=1),
+            "decodeGPUsPerInstance": integer(minimum=1),
             "readyPrefill": integer(minimum=0),
             "readyDecode": integer(minimum=0),
             "gpus": integer(minimum=0),

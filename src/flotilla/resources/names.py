@@ -31,6 +31,7 @@ GPU_RESOURCE = "nvidia.com/gpu"
 COND_ADMITTED = "Admitted"
 COND_READY = "Ready"
 COND_DEADLINE_AT_RISK = "DeadlineAtRisk"
+COND_SLO_AT_RISK = "SLOAtRisk"
 
 
 class Reason:
@@ -55,3 +56,4 @@ class Reason:
     SCALED = "Scaled"
     AVAILABLE = "Available"
     PROGRESSING = "Progressing"
+    SLO_AT_RISK = "SLOAtRisk"
