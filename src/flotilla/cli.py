@@ -17,6 +17,7 @@ import sys
 COMMANDS: dict[str, tuple[str, str]] = {
     "demo": ("flotilla.commands.demo", "Bring up a local cluster with fake GPU nodes, run the operator and apply examples/"),
     "operator": ("flotilla.commands.operator", "Run the operator: reconcile TrainingJobs, ServingDeployments and Nodes"),
+    "controller": ("flotilla.commands.controller", "Run the controller: REST admin API, metrics, ingest and decision history"),
     "crds": ("flotilla.commands.crds", "Print the CRD manifests generated from flotilla.resources"),
 }
 
