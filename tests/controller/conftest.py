@@ -4,11 +4,12 @@ from __future__ import annotations
 
 import os
 import shutil
+import signal
 import subprocess
 import tempfile
 import uuid
 from pathlib import Path
-from typing import Iterator
+from typing import Any, Iterator
 
 import pytest
 import sqlalchemy as sa
@@ -41,24 +42,44 @@ def postgres_server() -> Iterator[str]:
     if not (PG_BIN / "postgres").exists():
         pytest.skip(f"PostgreSQL binaries not found in {PG_BIN} (apt-get install postgresql-15)")
     tmp = Path(tempfile.mkdtemp(prefix="flotilla-pg-"))
-    runas: list[str] = []
-    if os.geteuid() == 0:
+    as_postgres: dict[str, Any] = {}
+    if os.geteuid() == 0:  # initdb and postgres refuse to run as root
         shutil.chown(tmp, "postgres", "postgres")
-        runas = ["runuser", "-u", "postgres", "--"]
-    subprocess.run([*runas, str(PG_BIN / "initdb"), "-D", str(tmp / "data"), "-A", "trust", "-U", "postgres",
-                    "--no-sync", "-E", "UTF8"], check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        as_postgres = {"user": "postgres", "group": "postgres", "extra_groups": []}
+    subprocess.run([str(PG_BIN / "initdb"), "-D", str(tmp / "data"), "-A", "trust", "-U", "postgres",
+                    "--no-sync", "-E", "UTF8"], check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                   **as_postgres)
     port = free_port()
-    proc = subprocess.Popen([*runas, str(PG_BIN / "postgres"), "-D", str(tmp / "data"), "-p", str(port),
+    proc = subprocess.Popen([str(PG_BIN / "postgres"), "-D", str(tmp / "data"), "-p", str(port),
                              "-k", str(tmp), "-c", "listen_addresses=127.0.0.1", "-c", "fsync=off",
                              "-c", "full_page_writes=off", "-c", "synchronous_commit=off"],
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, **as_postgres)
     try:
         wait_for_port(port, timeout=30, proc=proc)
         yield f"postgresql+psycopg://postgres@127.0.0.1:{port}"
     finally:
-        proc.terminate()
+        proc.send_signal(signal.SIGINT)  # fast shutdown: do not wait for pooled connections to close
         proc.wait(timeout=30)
         shutil.rmtree(tmp, ignore_errors=True)
+
+
+def _create_pg_database(base: str, template: str | None = None) -> str:
+    name = f"t_{uuid.uuid4().hex[:12]}"
+    admin = sa.create_engine(f"{base}/postgres", isolation_level="AUTOCOMMIT")
+    with admin.connect() as conn:
+        conn.execute(sa.text(f'CREATE DATABASE "{name}"' + (f' TEMPLATE "{template}" STRATEGY FILE_COPY' if template else "")))
+    admin.dispose()
+    return f"{base}/{name}"
+
+
+@pytest.fixture(scope="session")
+def postgres_template(postgres_server: str) -> str:
+    """A database migrated to head once; tests get copies (CREATE DATABASE ... TEMPLATE is fast)."""
+    url = _create_pg_database(postgres_server)
+    engine = create_engine(url)
+    upgrade(engine)
+    engine.dispose()
+    return url.rsplit("/", 1)[1]
 
 
 @pytest.fixture(params=["sqlite", "postgresql"])
@@ -66,13 +87,20 @@ def db_url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
     """An empty database of each kind."""
     if request.param == "sqlite":
         return f"sqlite:///{tmp_path / 'controller.db'}"
-    base = request.getfixturevalue("postgres_server")
-    name = f"t_{uuid.uuid4().hex[:12]}"
-    admin = sa.create_engine(f"{base}/postgres", isolation_level="AUTOCOMMIT")
-    with admin.connect() as conn:
-        conn.execute(sa.text(f'CREATE DATABASE "{name}"'))
-    admin.dispose()
-    return f"{base}/{name}"
+    return _create_pg_database(request.getfixturevalue("postgres_server"))
+
+
+@pytest.fixture(params=["sqlite", "postgresql"])
+def migrated_db_url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
+    """A database of each kind with the schema at head."""
+    if request.param == "sqlite":
+        url = f"sqlite:///{tmp_path / 'controller.db'}"
+        engine = create_engine(url)
+        upgrade(engine)
+        engine.dispose()
+        return url
+    return _create_pg_database(request.getfixturevalue("postgres_server"),
+                               template=request.getfixturevalue("postgres_template"))
 
 
 @pytest.fixture
@@ -81,9 +109,8 @@ def clock() -> Clock:
 
 
 @pytest.fixture
-def store(db_url: str, clock: Clock) -> Iterator[Store]:
-    engine = create_engine(db_url)
-    upgrade(engine)
+def store(migrated_db_url: str, clock: Clock) -> Iterator[Store]:
+    engine = create_engine(migrated_db_url)
     yield Store(engine, clock)
     engine.dispose()
 
