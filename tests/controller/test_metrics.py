@@ -1,5 +1,9 @@
 """/metrics: state gauges read from the database, event counters and histograms."""
 
+import json
+import re
+from pathlib import Path
+
 from prometheus_client.parser import text_string_to_metric_families
 
 from controller_fixtures import ADMIN, READER, auth, node, serving, training_job
@@ -29,7 +33,7 @@ def test_metrics(client, controller, store, clock):
     m = scrape(client)
     assert m[("flotilla_training_jobs", (("phase", "Running"),))] == 1
     assert m[("flotilla_training_jobs_deadline_outlook", (("outlook", "on-track"),))] == 1
-    assert m[("flotilla_gpus_total", ())] == 16
+    assert m[("flotilla_gpus_capacity", ())] == 16
     assert m[("flotilla_gpus_schedulable", ())] == 0  # a drained, b unhealthy
     assert m[("flotilla_gpus_allocated", (("workload", "training"),))] == 4
     assert m[("flotilla_gpus_allocated", (("workload", "serving"),))] == 5
@@ -47,3 +51,12 @@ def test_metrics(client, controller, store, clock):
     assert m[("flotilla_detection_latency_seconds_sum", ())] == 2.5
     assert m[("flotilla_api_request_duration_seconds_count",
               (("method", "POST"), ("route", "/v1/nodes/{name}/drain"), ("status", "202")))] == 1
+
+
+def test_grafana_dashboard_uses_only_exported_metrics(controller):
+    dashboard = json.loads((Path(__file__).parents[2] / "controller" / "grafana-dashboard.json").read_text())
+    used = {re.sub(r"_(total|bucket|count|sum)$", "", name) for p in dashboard["panels"] for t in p["targets"]
+            for name in re.findall(r"flotilla_[a-z_]+", t["expr"])}
+    exported = {family.name for family in controller.metrics.registry.collect()}
+    assert used and used <= exported, used - exported
+    assert len(used) >= 15

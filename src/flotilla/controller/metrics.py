@@ -8,7 +8,7 @@ read at scrape time by `StateCollector`, so it is right after a restart; events
 |---|---|---|
 | flotilla_training_jobs | gauge | phase |
 | flotilla_training_jobs_deadline_outlook | gauge | outlook: on-track, at-risk, missed, done, no-deadline |
-| flotilla_gpus_total, flotilla_gpus_schedulable, flotilla_gpus_free | gauge | |
+| flotilla_gpus_capacity, flotilla_gpus_schedulable, flotilla_gpus_free | gauge | (GPUs on all nodes; on healthy uncordoned ones; not held) |
 | flotilla_gpus_allocated | gauge | workload: training, serving |
 | flotilla_nodes_unhealthy, flotilla_nodes_cordoned | gauge | |
 | flotilla_serving_replicas | gauge | deployment, role: prefill, decode |
@@ -58,7 +58,7 @@ class StateCollector(Collector):
         yield outlook
 
         cap = self.store.capacity()
-        yield GaugeMetricFamily("flotilla_gpus_total", "GPUs on all nodes", value=cap["gpus"])
+        yield GaugeMetricFamily("flotilla_gpus_capacity", "GPUs on all nodes", value=cap["gpus"])
         yield GaugeMetricFamily("flotilla_gpus_schedulable", "GPUs on healthy uncordoned nodes",
                                 value=cap["schedulableGpus"])
         yield GaugeMetricFamily("flotilla_gpus_free", "Schedulable GPUs held by no workload", value=cap["freeGpus"])
