@@ -123,10 +123,10 @@ class BodyLimit:
         if scope["type"] != "http" or scope["method"] in ("GET", "HEAD", "OPTIONS"):
             return await self.app(scope, receive, send)
         limit = self.per_path.get(scope["path"], self.default)
-        too_large = error(413, f"request body over the limit of {limit} bytes")
+        too_large = lambda: error(413, f"request body over the limit of {limit} bytes")  # noqa: E731
         length = dict(scope["headers"]).get(b"content-length")
         if length is not None and length.isdigit() and int(length) > limit:
-            return await too_large(scope, receive, send)
+            return await too_large()(scope, receive, send)
         messages: list[Message] = []
         size = 0
         while True:
@@ -136,7 +136,7 @@ class BodyLimit:
                 break
             size += len(message.get("body", b""))
             if size > limit:
-                return await too_large(scope, receive, send)
+                return await too_large()(scope, receive, send)
             if not message.get("more_body", False):
                 break
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import dataclasses
 import time
 from dataclasses import dataclass
-from typing import Any, Iterable, Sequence
+from typing import Any, Callable, Iterable, Sequence
 
 import sqlalchemy as sa
 from sqlalchemy.orm import sessionmaker
@@ -31,6 +31,12 @@ from flotilla.controller.mirror import (
 from flotilla.health.samples import Sample
 
 OUTLOOKS = ("on-track", "at-risk", "missed", "done", "no-deadline")
+# Mirrored kind -> (table, key column)
+_TABLES: dict[str, tuple[type, Any]] = {
+    "TrainingJob": (TrainingJobRow, TrainingJobRow.key),
+    "ServingDeployment": (ServingDeploymentRow, ServingDeploymentRow.key),
+    "Node": (NodeRow, NodeRow.name),
+}
 
 
 @dataclass(frozen=True)
@@ -78,7 +84,7 @@ def _decision_row(d: DecisionRecord, now: float) -> DecisionRow:
 
 
 class Store:
-    def __init__(self, engine: sa.Engine, clock: Any = time.time) -> None:
+    def __init__(self, engine: sa.Engine, clock: Callable[[], float] = time.time) -> None:
         self.engine = engine
         self.session = sessionmaker(engine, expire_on_commit=False)
         self.clock = clock
@@ -150,12 +156,8 @@ class Store:
         return SyncResult(decisions)
 
     def delete_object(self, kind: str, key: str) -> None:
-        table = {"TrainingJob": TrainingJobRow, "ServingDeployment": ServingDeploymentRow, "Node": NodeRow}[kind]
         with self.session.begin() as s:
-            if kind == "Node":
-                s.execute(sa.delete(NodeRow).where(NodeRow.name == key))
-            else:
-                s.execute(sa.delete(table).where(table.key == key))
+            s.execute(sa.delete(_TABLES[kind][0]).where(_TABLES[kind][1] == key))
             if kind == "TrainingJob":
                 s.execute(sa.delete(AllocationRow).where(AllocationRow.job == key))
 
@@ -165,10 +167,8 @@ class Store:
             self.delete_object(kind, key)
 
     def object_keys(self, kind: str) -> list[str]:
-        col = {"TrainingJob": TrainingJobRow.key, "ServingDeployment": ServingDeploymentRow.key,
-               "Node": NodeRow.name}[kind]
         with self.session() as s:
-            return list(s.scalars(sa.select(col)))
+            return list(s.scalars(sa.select(_TABLES[kind][1])))
 
     # ---- direct updates made by actions before the watch reports them ----
 
