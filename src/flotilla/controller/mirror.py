@@ -159,8 +159,9 @@ def _annotation_json(meta: Mapping[str, Any], key: str) -> Mapping[str, Any] | N
         value = json.loads(raw)
     except (TypeError, ValueError):
         raise ValueError(f"metadata.annotations[{key!r}] must be a JSON object") from None
-    if not isinstance(value, dict):
-        raise ValueError(f"metadata.annotations[{key!r}] must be a JSON object")
+    generation = value.get("generation") if isinstance(value, dict) else None
+    if not isinstance(value, dict) or isinstance(generation, bool) or not isinstance(generation, int):
+        raise ValueError(f"metadata.annotations[{key!r}] must be a JSON object with an integer 'generation'")
     return value
 
 
