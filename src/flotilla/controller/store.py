@@ -368,10 +368,6 @@ class Store:
         with self.session.begin() as s:
             return s.execute(sa.delete(SampleRow).where(SampleRow.ts < ts)).rowcount or 0
 
-    def newest_sample_time(self) -> float | None:
-        with self.session() as s:
-            return s.scalar(sa.select(sa.func.max(SampleRow.ts)))
-
     # ---- idempotency keys ----
 
     def idempotent_answer(self, key: str) -> IdempotencyRow | None:
