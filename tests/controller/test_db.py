@@ -80,3 +80,9 @@ def test_samples_retention_and_latest(store):
     assert latest == {("gpu_util", 0): 50.0, ("gpu_util", 1): 70.0, ("xid", None): 79.0}
     assert store.drop_samples_before(NOW - 50) == 1
     assert max(s.ts for s in store.latest_samples("a")) == NOW - 5
+
+
+def test_plain_postgresql_urls_use_psycopg3():
+    for url in ("postgresql://u:p@127.0.0.1/db", "postgres://u:p@127.0.0.1/db"):
+        engine = db.create_engine(url)  # no connection is made here
+        assert engine.dialect.driver == "psycopg" and engine.url.database == "db"
