@@ -1,0 +1,51 @@
+"""Run the controller: REST admin API, Prometheus metrics, metric ingest, decision history.
+
+State: SQLite under $FLOTILLA_DATA (default ./.flotilla/) unless --db-url names
+PostgreSQL (postgresql://user:pass@host/db). The database is created and
+migrated on start. Tokens: --tokens-file, lines '<token>,<role>,<name>' with
+role read|ingest|admin; created with one admin token if missing.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+from pathlib import Path
+
+HELP = "Run the controller: REST admin API, metrics, ingest and decision history"
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--db-url", help="SQLAlchemy URL (default: sqlite file $FLOTILLA_DATA/controller.db)")
+    parser.add_argument("--redis-url", help="consume agent metrics from this Redis (stream flotilla:metrics)")
+    parser.add_argument("--tokens-file", type=Path, help="bearer tokens (default: $FLOTILLA_DATA/tokens)")
+    parser.add_argument("--host", default="127.0.0.1", help="bind address (default 127.0.0.1)")
+    parser.add_argument("--port", type=int, default=8080, help="port (default 8080)")
+    parser.add_argument("--no-kubernetes", action="store_true",
+                        help="run without a cluster: no object sync, cluster actions answer 503")
+    parser.add_argument("--tokenreview-admins", metavar="USERS",
+                        help="also accept tokens the API server vouches for (TokenReview); comma-separated "
+                             "usernames get admin, everyone else read")
+    parser.add_argument("--sample-retention", type=float, default=6 * 3600.0, metavar="SECONDS",
+                        help="drop metric samples older than this (default 6 h); decisions are kept")
+    parser.add_argument("--ingest-limit", type=int, default=4 * 1024 * 1024, metavar="BYTES",
+                        help="largest POST /v1/ingest body (default 4 MiB)")
+    parser.add_argument("--cors-origin", action="append", default=[], metavar="ORIGIN",
+                        help="allow browser requests from this origin (repeatable; CORS is off by default)")
+
+
+def run(args: argparse.Namespace) -> int:
+    logging.getLogger("alembic.runtime.plugins").setLevel(logging.WARNING)  # logs at import; say nothing useful
+    from flotilla.controller.service import ControllerService, Settings
+
+    settings = Settings(host=args.host, port=args.port, redis_url=args.redis_url,
+                        kubernetes=not args.no_kubernetes, sample_retention_s=args.sample_retention,
+                        ingest_limit=args.ingest_limit, cors_origins=tuple(args.cors_origin))
+    if args.db_url:
+        settings.db_url = args.db_url
+    if args.tokens_file:
+        settings.tokens_file = args.tokens_file
+    if args.tokenreview_admins is not None:
+        settings.tokenreview_admins = frozenset(u.strip() for u in args.tokenreview_admins.split(",") if u.strip())
+    ControllerService(settings).serve()
+    return 0

@@ -1,0 +1,76 @@
+"""What the controller may do to the cluster, as one small interface.
+
+The controller never creates pods: it patches TrainingJobs and
+ServingDeployments (annotations, spec fields) and Nodes (cordon, the
+`flotilla.dev/unhealthy` taint, the `FlotillaGPUHealthy` condition); the
+operator reacts. `flotilla.controller.kube.KubeActions` does it through the
+API server, `RecordingActions` records the calls (unit tests),
+`OfflineActions` refuses them (`--no-kubernetes`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+
+class ClusterActionError(Exception):
+    """The API server refused or failed an action."""
+
+
+class ObjectNotFound(ClusterActionError):
+    pass
+
+
+class ClusterUnavailable(ClusterActionError):
+    """The controller runs without a cluster connection."""
+
+
+class ClusterActions(Protocol):
+    def annotate(self, plural: str, namespace: str, name: str, key: str, value: str) -> None:
+        """Set one annotation on a Flotilla custom object (plural: trainingjobs | servingdeployments)."""
+
+    def patch_spec(self, plural: str, namespace: str, name: str, patch: dict[str, Any]) -> None:
+        """Merge `patch` into a Flotilla custom object's spec."""
+
+    def set_unschedulable(self, node: str, unschedulable: bool) -> None:
+        """Cordon (True) or uncordon (False) a node."""
+
+    def set_node_health(self, node: str, healthy: bool, reason: str, message: str,
+                        effect: str = "NoSchedule") -> None:
+        """Set the FlotillaGPUHealthy condition; add (unhealthy) or remove (healthy) the unhealthy taint."""
+
+
+@dataclass
+class RecordingActions:
+    """Records every call as (method, args...) and changes nothing; `fail` makes every call raise it."""
+
+    calls: list[tuple[Any, ...]] = field(default_factory=list)
+    fail: ClusterActionError | None = None
+
+    def _call(self, *call: Any) -> None:
+        if self.fail is not None:
+            raise self.fail
+        self.calls.append(call)
+
+    def annotate(self, plural: str, namespace: str, name: str, key: str, value: str) -> None:
+        self._call("annotate", plural, namespace, name, key, value)
+
+    def patch_spec(self, plural: str, namespace: str, name: str, patch: dict[str, Any]) -> None:
+        self._call("patch_spec", plural, namespace, name, patch)
+
+    def set_unschedulable(self, node: str, unschedulable: bool) -> None:
+        self._call("set_unschedulable", node, unschedulable)
+
+    def set_node_health(self, node: str, healthy: bool, reason: str, message: str,
+                        effect: str = "NoSchedule") -> None:
+        self._call("set_node_health", node, healthy, reason, message, effect)
+
+
+class OfflineActions:
+    """For `--no-kubernetes`: every action fails with a message saying why."""
+
+    def _refuse(self, *_: Any, **__: Any) -> None:
+        raise ClusterUnavailable("the controller runs with --no-kubernetes; cluster actions are unavailable")
+
+    annotate = patch_spec = set_unschedulable = set_node_health = _refuse

@@ -1,0 +1,186 @@
+"""The controller's database: tables, engine, and migrations run at start-up.
+
+Times are stored as Unix seconds (double precision) so that SQLite and
+PostgreSQL behave the same; the API renders them as RFC 3339.
+The schema is owned by the Alembic migrations shipped in
+`flotilla/controller/migrations`; `Base.metadata` mirrors the head revision and
+a test keeps the two in step.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import sqlalchemy as sa
+from alembic import command
+from alembic.config import Config
+from alembic.runtime.migration import MigrationContext
+from alembic.script import ScriptDirectory
+from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
+
+MIGRATIONS = Path(__file__).with_name("migrations")
+Seconds = sa.Float(precision=53)
+
+
+class Base(DeclarativeBase):
+    pass
+
+
+class TrainingJobRow(Base):
+    __tablename__ = "training_jobs"
+    key: Mapped[str] = mapped_column(sa.String(512), primary_key=True)  # namespace/name
+    namespace: Mapped[str] = mapped_column(sa.String(253), index=True)
+    name: Mapped[str] = mapped_column(sa.String(253))
+    phase: Mapped[str] = mapped_column(sa.String(32), index=True)
+    priority: Mapped[int] = mapped_column(sa.Integer)
+    best_effort: Mapped[bool] = mapped_column(sa.Boolean)
+    created: Mapped[float | None] = mapped_column(Seconds)
+    deadline: Mapped[float | None] = mapped_column(Seconds)
+    total_steps: Mapped[int] = mapped_column(sa.BigInteger)
+    steps: Mapped[int] = mapped_column(sa.BigInteger)
+    steps_per_second: Mapped[float] = mapped_column(Seconds)
+    min_gpus: Mapped[int] = mapped_column(sa.Integer)
+    max_gpus: Mapped[int] = mapped_column(sa.Integer)
+    gpus: Mapped[int] = mapped_column(sa.Integer)
+    placement: Mapped[dict[str, int]] = mapped_column(sa.JSON)
+    estimated_completion: Mapped[float | None] = mapped_column(Seconds)
+    deadline_met: Mapped[bool | None] = mapped_column(sa.Boolean)
+    reshards: Mapped[int] = mapped_column(sa.Integer)
+    checkpoint_generation: Mapped[int] = mapped_column(sa.Integer)
+    checkpoint_request: Mapped[dict[str, Any] | None] = mapped_column(sa.JSON)
+    # When the job entered phase Resharding (None when not resharding): for the reshard duration metric.
+    resharding_since: Mapped[float | None] = mapped_column(Seconds)
+    updated: Mapped[float] = mapped_column(Seconds)
+
+
+class AllocationRow(Base):
+    """GPUs a training job holds on one node (its placement, one row per node) for SQL aggregation."""
+
+    __tablename__ = "allocations"
+    job: Mapped[str] = mapped_column(sa.String(512), primary_key=True)
+    node: Mapped[str] = mapped_column(sa.String(253), primary_key=True, index=True)
+    gpus: Mapped[int] = mapped_column(sa.Integer)
+
+
+class ServingDeploymentRow(Base):
+    __tablename__ = "serving_deployments"
+    key: Mapped[str] = mapped_column(sa.String(512), primary_key=True)
+    namespace: Mapped[str] = mapped_column(sa.String(253), index=True)
+    name: Mapped[str] = mapped_column(sa.String(253))
+    planner_mode: Mapped[str] = mapped_column(sa.String(16))
+    prefill_replicas: Mapped[int] = mapped_column(sa.Integer)
+    decode_replicas: Mapped[int] = mapped_column(sa.Integer)
+    prefill_gpus_per_instance: Mapped[int] = mapped_column(sa.Integer)
+    decode_gpus_per_instance: Mapped[int] = mapped_column(sa.Integer)
+    slo: Mapped[dict[str, float]] = mapped_column(sa.JSON)
+    observed: Mapped[dict[str, float]] = mapped_column(sa.JSON)
+    predicted_goodput: Mapped[float | None] = mapped_column(Seconds)
+    last_plan_time: Mapped[float | None] = mapped_column(Seconds)
+    last_plan_reason: Mapped[str | None] = mapped_column(sa.Text)
+    replan_request: Mapped[dict[str, Any] | None] = mapped_column(sa.JSON)
+    updated: Mapped[float] = mapped_column(Seconds)
+
+
+class NodeRow(Base):
+    __tablename__ = "nodes"
+    name: Mapped[str] = mapped_column(sa.String(253), primary_key=True)
+    domain: Mapped[str] = mapped_column(sa.String(253), index=True)
+    total_gpus: Mapped[int] = mapped_column(sa.Integer)
+    labels: Mapped[dict[str, str]] = mapped_column(sa.JSON)
+    ready: Mapped[bool] = mapped_column(sa.Boolean)
+    unschedulable: Mapped[bool] = mapped_column(sa.Boolean)
+    healthy: Mapped[bool] = mapped_column(sa.Boolean)
+    health_reason: Mapped[str | None] = mapped_column(sa.String(253))
+    health_message: Mapped[str | None] = mapped_column(sa.Text)
+    taint: Mapped[dict[str, str] | None] = mapped_column(sa.JSON)  # the flotilla.dev/unhealthy taint
+    updated: Mapped[float] = mapped_column(Seconds)
+
+
+class DecisionRow(Base):
+    __tablename__ = "decisions"
+    __table_args__ = (sa.Index("ix_decisions_object", "object_kind", "object"),)
+    id: Mapped[int] = mapped_column(sa.BigInteger().with_variant(sa.Integer, "sqlite"), primary_key=True,
+                                    autoincrement=True)
+    time: Mapped[float] = mapped_column(Seconds, index=True)
+    kind: Mapped[str] = mapped_column(sa.String(64), index=True)
+    object_kind: Mapped[str] = mapped_column(sa.String(64))
+    object: Mapped[str] = mapped_column(sa.String(512))
+    actor: Mapped[str] = mapped_column(sa.String(253))
+    reason: Mapped[str] = mapped_column(sa.Text)
+    inputs: Mapped[dict[str, Any]] = mapped_column(sa.JSON)
+
+
+class SampleRow(Base):
+    __tablename__ = "samples"
+    __table_args__ = (sa.Index("ix_samples_node_ts", "node", "ts"),)
+    id: Mapped[int] = mapped_column(sa.BigInteger().with_variant(sa.Integer, "sqlite"), primary_key=True,
+                                    autoincrement=True)
+    ts: Mapped[float] = mapped_column(Seconds, index=True)
+    node: Mapped[str] = mapped_column(sa.String(253))
+    metric: Mapped[str] = mapped_column(sa.String(128))
+    value: Mapped[float] = mapped_column(Seconds)
+    job: Mapped[str | None] = mapped_column(sa.String(512))
+    gpu: Mapped[int | None] = mapped_column(sa.Integer)
+
+
+class IdempotencyRow(Base):
+    """The stored answer to an action sent with an Idempotency-Key header."""
+
+    __tablename__ = "idempotency_keys"
+    key: Mapped[str] = mapped_column(sa.String(255), primary_key=True)
+    request: Mapped[str] = mapped_column(sa.String(64))  # sha256 of method, path and body
+    status: Mapped[int] = mapped_column(sa.Integer)
+    response: Mapped[dict[str, Any]] = mapped_column(sa.JSON)
+    created: Mapped[float] = mapped_column(Seconds, index=True)
+
+
+def create_engine(url: str) -> sa.Engine:
+    """An engine for `url`; a SQLite file's folder is created, and SQLite runs in WAL mode."""
+    if url.startswith("sqlite"):
+        database = sa.make_url(url).database
+        if database and database != ":memory:":
+            Path(database).parent.mkdir(parents=True, exist_ok=True)
+        engine = sa.create_engine(url, connect_args={"check_same_thread": False, "timeout": 30})
+
+        @sa.event.listens_for(engine, "connect")
+        def _sqlite_pragmas(dbapi_conn: Any, _record: Any) -> None:
+            cur = dbapi_conn.cursor()
+            cur.execute("PRAGMA journal_mode=WAL")
+            cur.execute("PRAGMA synchronous=NORMAL")
+            cur.close()
+
+        return engine
+    if url.startswith("postgresql://") or url.startswith("postgres://"):
+        url = "postgresql+psycopg://" + url.split("://", 1)[1]
+    return sa.create_engine(url, pool_pre_ping=True)
+
+
+def alembic_config(connection: sa.Connection) -> Config:
+    cfg = Config()
+    cfg.set_main_option("script_location", str(MIGRATIONS))
+    cfg.attributes["connection"] = connection
+    return cfg
+
+
+def upgrade(engine: sa.Engine, revision: str = "head") -> None:
+    with engine.begin() as conn:
+        command.upgrade(alembic_config(conn), revision)
+
+
+def downgrade(engine: sa.Engine, revision: str) -> None:
+    with engine.begin() as conn:
+        command.downgrade(alembic_config(conn), revision)
+
+
+def current_revision(engine: sa.Engine) -> str | None:
+    with engine.connect() as conn:
+        return MigrationContext.configure(conn).get_current_revision()
+
+
+def head_revision() -> str:
+    cfg = Config()
+    cfg.set_main_option("script_location", str(MIGRATIONS))
+    head = ScriptDirectory.from_config(cfg).get_current_head()
+    assert head is not None
+    return head

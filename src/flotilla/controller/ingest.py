@@ -1,0 +1,149 @@
+"""Metric ingest: samples from agents (Redis Streams, or HTTP as the fallback) go to a list of sinks.
+
+A sink is anything with `accept(samples)`: the sample store below, and the
+health detectors (plugged in by whoever assembles the controller). The Redis
+consumer reads stream `flotilla:metrics` in a consumer group, acks each entry
+only after every sink has accepted it, and claims entries left pending by a
+consumer that died (XAUTOCLAIM), so a batch is never lost with its consumer.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from typing import Protocol, Sequence
+
+import redis
+
+from flotilla.controller.metrics import ControllerMetrics
+from flotilla.controller.store import Store
+from flotilla.health.samples import FIELD, STREAM, Sample, decode_batch
+
+log = logging.getLogger(__name__)
+GROUP = "flotilla-controller"
+
+
+class SampleSink(Protocol):
+    def accept(self, samples: Sequence[Sample]) -> None: ...
+
+
+class SampleStoreSink:
+    """Keeps samples in the database (node evidence in the API); old ones are dropped by `Retention`."""
+
+    def __init__(self, store: Store) -> None:
+        self.store = store
+
+    def accept(self, samples: Sequence[Sample]) -> None:
+        self.store.add_samples(samples)
+
+
+class Ingestor:
+    """Hands each batch to every sink, in order, and counts it."""
+
+    def __init__(self, sinks: Sequence[SampleSink], metrics: ControllerMetrics | None = None) -> None:
+        self.sinks = list(sinks)
+        self.metrics = metrics
+
+    def ingest(self, transport: str, samples: Sequence[Sample]) -> None:
+        for sink in self.sinks:
+            sink.accept(samples)
+        if self.metrics is not None:
+            self.metrics.ingested(transport, samples, time.time())
+
+    def rejected(self, transport: str) -> None:
+        if self.metrics is not None:
+            self.metrics.rejected(transport)
+
+
+class RedisConsumer:
+    """One consumer of the controller's consumer group on the metrics stream."""
+
+    def __init__(self, url: str, ingestor: Ingestor, consumer: str, *, group: str = GROUP, stream: str = STREAM,
+                 count: int = 100, block_ms: int = 1000, claim_idle_ms: int = 30_000) -> None:
+        self.redis = redis.Redis.from_url(url)
+        self.ingestor = ingestor
+        self.consumer, self.group, self.stream = consumer, group, stream
+        self.count, self.block_ms, self.claim_idle_ms = count, block_ms, claim_idle_ms
+        self._stop = threading.Event()
+
+    def ensure_group(self) -> None:
+        try:
+            self.redis.xgroup_create(self.stream, self.group, id="0", mkstream=True)
+        except redis.ResponseError as e:
+            if "BUSYGROUP" not in str(e):
+                raise
+
+    def _handle(self, entries: Sequence[tuple[bytes, dict[bytes, bytes]]]) -> int:
+        """Process entries and ack them; a malformed entry is logged, counted and acked (it would never parse)."""
+        done: list[bytes] = []
+        n = 0
+        for entry_id, fields in entries:
+            if fields is None:  # deleted from the stream while pending
+                done.append(entry_id)
+                continue
+            try:
+                samples = decode_batch(fields[FIELD.encode()])
+            except (KeyError, ValueError) as e:
+                log.warning("dropping stream entry %s: %s", entry_id.decode(), e)
+                self.ingestor.rejected("redis")
+            else:
+                self.ingestor.ingest("redis", samples)
+                n += len(samples)
+            done.append(entry_id)
+        if done:
+            self.redis.xack(self.stream, self.group, *done)
+        return n
+
+    def claim_stale(self) -> int:
+        """Take over entries another consumer read but did not ack within claim_idle_ms; -> samples handled."""
+        n, start = 0, "0-0"
+        while True:
+            start_raw, entries, *_ = self.redis.xautoclaim(self.stream, self.group, self.consumer,
+                                                           self.claim_idle_ms, start, count=self.count)
+            n += self._handle(entries)
+            start = start_raw.decode() if isinstance(start_raw, bytes) else start_raw
+            if start == "0-0" or not entries:
+                return n
+
+    def poll(self) -> int:
+        """Read and process one round of new entries; -> samples handled."""
+        reply = self.redis.xreadgroup(self.group, self.consumer, {self.stream: ">"}, count=self.count,
+                                      block=self.block_ms)
+        return sum(self._handle(entries) for _, entries in reply or [])
+
+    def pending(self) -> int:
+        return int(self.redis.xpending(self.stream, self.group)["pending"])
+
+    def run(self, claim_every_s: float = 10.0) -> None:
+        self.ensure_group()
+        next_claim = 0.0
+        while not self._stop.is_set():
+            try:
+                if time.monotonic() >= next_claim:
+                    self.claim_stale()
+                    next_claim = time.monotonic() + claim_every_s
+                    if self.ingestor.metrics is not None:
+                        self.ingestor.metrics.ingest_pending.set(self.pending())
+                self.poll()
+            except redis.RedisError as e:
+                log.warning("redis ingest: %s; retrying in 1 s", e)
+                self._stop.wait(1.0)
+
+    def stop(self) -> None:
+        self._stop.set()
+
+
+class Retention:
+    """Drops samples older than max_age_s, and stored idempotency answers older than a day; decisions are kept."""
+
+    ANSWERS_KEPT_S = 86_400.0
+
+    def __init__(self, store: Store, max_age_s: float) -> None:
+        self.store = store
+        self.max_age_s = max_age_s
+
+    def run_once(self) -> int:
+        now = self.store.clock()
+        self.store.drop_answers_before(now - self.ANSWERS_KEPT_S)
+        return self.store.drop_samples_before(now - self.max_age_s)

@@ -1,0 +1,143 @@
+"""Prometheus metrics of the controller, in one dedicated registry.
+
+State that lives in the database (jobs, GPUs, outlook, serving plans, nodes) is
+read at scrape time by `StateCollector`, so it is right after a restart; events
+(reshards, detections, ingest, API requests) are counted as they happen.
+
+| metric | type | labels |
+|---|---|---|
+| flotilla_training_jobs | gauge | phase |
+| flotilla_training_jobs_deadline_outlook | gauge | outlook: on-track, at-risk, missed, done, no-deadline |
+| flotilla_gpus_capacity, flotilla_gpus_schedulable, flotilla_gpus_free | gauge | (GPUs on all nodes; on healthy uncordoned ones; not held) |
+| flotilla_gpus_allocated | gauge | workload: training, serving |
+| flotilla_nodes_unhealthy, flotilla_nodes_cordoned | gauge | |
+| flotilla_serving_replicas | gauge | deployment, role: prefill, decode |
+| flotilla_serving_pd_ratio | gauge | deployment (prefill / decode replicas) |
+| flotilla_serving_goodput_requests_per_second | gauge | deployment, source: predicted, observed |
+| flotilla_serving_slo_attainment_ratio | gauge | deployment |
+| flotilla_reshards_total | counter | |
+| flotilla_reshard_duration_seconds | histogram | |
+| flotilla_decisions_total | counter | kind |
+| flotilla_detection_events_total | counter | type |
+| flotilla_detection_latency_seconds | histogram | |
+| flotilla_ingest_samples_total, flotilla_ingest_batches_total | counter | transport: http, redis (batches also result) |
+| flotilla_ingest_lag_seconds | gauge | transport (now minus the newest sample's time, at ingest) |
+| flotilla_ingest_pending_entries | gauge | (Redis entries delivered to the group, not yet acked) |
+| flotilla_api_request_duration_seconds | histogram | method, route, status |
+"""
+
+from __future__ import annotations
+
+from typing import Iterable, Sequence
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+from prometheus_client.core import GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
+
+from flotilla.controller.mirror import DecisionRecord
+from flotilla.controller.store import Store
+from flotilla.health.samples import Sample
+
+DURATION_BUCKETS = (1, 2, 5, 10, 20, 30, 60, 120, 300, 600, 1800)
+LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5)
+
+
+class StateCollector(Collector):
+    def __init__(self, store: Store) -> None:
+        self.store = store
+
+    def collect(self) -> Iterable[Metric]:
+        jobs = GaugeMetricFamily("flotilla_training_jobs", "TrainingJobs by phase", labels=["phase"])
+        for phase, n in sorted(self.store.jobs_by_phase().items()):
+            jobs.add_metric([phase], n)
+        yield jobs
+        outlook = GaugeMetricFamily("flotilla_training_jobs_deadline_outlook",
+                                    "TrainingJobs by deadline outlook", labels=["outlook"])
+        for name, n in self.store.outlook_counts().items():
+            outlook.add_metric([name], n)
+        yield outlook
+
+        cap = self.store.capacity()
+        yield GaugeMetricFamily("flotilla_gpus_capacity", "GPUs on all nodes", value=cap["gpus"])
+        yield GaugeMetricFamily("flotilla_gpus_schedulable", "GPUs on healthy uncordoned nodes",
+                                value=cap["schedulableGpus"])
+        yield GaugeMetricFamily("flotilla_gpus_free", "Schedulable GPUs held by no workload", value=cap["freeGpus"])
+        allocated = GaugeMetricFamily("flotilla_gpus_allocated", "GPUs held by workloads", labels=["workload"])
+        allocated.add_metric(["training"], cap["trainingGpus"])
+        allocated.add_metric(["serving"], cap["servingGpus"])
+        yield allocated
+
+        health = self.store.node_health_counts()
+        yield GaugeMetricFamily("flotilla_nodes_unhealthy", "Nodes with FlotillaGPUHealthy=False",
+                                value=health["unhealthy"])
+        yield GaugeMetricFamily("flotilla_nodes_cordoned", "Cordoned nodes", value=health["cordoned"])
+
+        replicas = GaugeMetricFamily("flotilla_serving_replicas", "Serving instances by role",
+                                     labels=["deployment", "role"])
+        ratio = GaugeMetricFamily("flotilla_serving_pd_ratio", "Prefill instances per decode instance",
+                                  labels=["deployment"])
+        goodput = GaugeMetricFamily("flotilla_serving_goodput_requests_per_second",
+                                    "Requests per second within SLO", labels=["deployment", "source"])
+        attainment = GaugeMetricFamily("flotilla_serving_slo_attainment_ratio",
+                                       "Observed fraction of requests within SLO", labels=["deployment"])
+        for sd in self.store.all_servings():
+            replicas.add_metric([sd.key, "prefill"], sd.prefill_replicas)
+            replicas.add_metric([sd.key, "decode"], sd.decode_replicas)
+            if sd.decode_replicas:
+                ratio.add_metric([sd.key], sd.prefill_replicas / sd.decode_replicas)
+            if sd.predicted_goodput is not None:
+                goodput.add_metric([sd.key, "predicted"], sd.predicted_goodput)
+            if "requestsPerSecond" in sd.observed and "attainment" in sd.observed:
+                goodput.add_metric([sd.key, "observed"], sd.observed["requestsPerSecond"] * sd.observed["attainment"])
+            if "attainment" in sd.observed:
+                attainment.add_metric([sd.key], sd.observed["attainment"])
+        yield from (replicas, ratio, goodput, attainment)
+
+
+class ControllerMetrics:
+    def __init__(self, store: Store) -> None:
+        self.registry = CollectorRegistry()
+        self.registry.register(StateCollector(store))
+        r = self.registry
+        self.reshards = Counter("flotilla_reshards", "Reshards observed (TrainingJob status.reshards increments)",
+                                registry=r)
+        self.reshard_duration = Histogram("flotilla_reshard_duration_seconds", "Time TrainingJobs spent Resharding",
+                                          buckets=DURATION_BUCKETS, registry=r)
+        self.decisions = Counter("flotilla_decisions", "Decisions recorded in the audit trail", ["kind"], registry=r)
+        self.detection_events = Counter("flotilla_detection_events", "Faults and stragglers detected", ["type"],
+                                        registry=r)
+        self.detection_latency = Histogram("flotilla_detection_latency_seconds",
+                                           "From the first anomalous sample to the detection",
+                                           buckets=DURATION_BUCKETS, registry=r)
+        self.ingest_samples = Counter("flotilla_ingest_samples", "Samples ingested", ["transport"], registry=r)
+        self.ingest_batches = Counter("flotilla_ingest_batches", "Sample batches received", ["transport", "result"],
+                                      registry=r)
+        self.ingest_lag = Gauge("flotilla_ingest_lag_seconds", "Now minus the newest sample's time, at ingest",
+                                ["transport"], registry=r)
+        self.ingest_pending = Gauge("flotilla_ingest_pending_entries",
+                                    "Redis stream entries delivered to the consumer group and not yet acked",
+                                    registry=r)
+        self.api_latency = Histogram("flotilla_api_request_duration_seconds", "REST API request latency",
+                                     ["method", "route", "status"], buckets=LATENCY_BUCKETS, registry=r)
+
+    def decided(self, decisions: Sequence[DecisionRecord], reshard_seconds: float | None = None) -> None:
+        for d in decisions:
+            self.decisions.labels(d.kind).inc()
+            if d.kind == "reshard":
+                self.reshards.inc()
+        if reshard_seconds is not None:
+            self.reshard_duration.observe(reshard_seconds)
+
+    def detected(self, event_type: str, latency_seconds: float) -> None:
+        """For the detectors: one fault or straggler found `latency_seconds` after its first sign."""
+        self.detection_events.labels(event_type).inc()
+        self.detection_latency.observe(latency_seconds)
+
+    def ingested(self, transport: str, samples: Sequence[Sample], now: float) -> None:
+        self.ingest_batches.labels(transport, "ok").inc()
+        self.ingest_samples.labels(transport).inc(len(samples))
+        if samples:
+            self.ingest_lag.labels(transport).set(max(0.0, now - max(s.ts for s in samples)))
+
+    def rejected(self, transport: str) -> None:
+        self.ingest_batches.labels(transport, "rejected").inc()

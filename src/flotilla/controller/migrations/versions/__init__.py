@@ -1,0 +1,1 @@
+"""Revisions, oldest first: 0001 core tables, 0002 idempotency keys and reshard timing."""

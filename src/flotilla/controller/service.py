@@ -1,0 +1,114 @@
+"""Assembles the controller process: database (migrated at start-up), API, metrics, ingest, sync, retention."""
+
+from __future__ import annotations
+
+import logging
+import os
+import socket
+import threading
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Sequence
+
+import uvicorn
+
+from flotilla.controller.actions import ClusterActions, OfflineActions
+from flotilla.controller.api import Controller, Policy, create_app
+from flotilla.controller.auth import TokenAuthenticator, create_tokens_file
+from flotilla.controller.db import create_engine, upgrade
+from flotilla.controller.ingest import Ingestor, RedisConsumer, Retention, SampleSink, SampleStoreSink
+from flotilla.controller.metrics import ControllerMetrics
+from flotilla.controller.store import Store
+
+if TYPE_CHECKING:
+    from flotilla.controller.kube import Sync
+
+log = logging.getLogger(__name__)
+
+
+def data_dir() -> Path:
+    return Path(os.environ.get("FLOTILLA_DATA") or ".flotilla")
+
+
+@dataclass
+class Settings:
+    db_url: str = field(default_factory=lambda: f"sqlite:///{(data_dir() / 'controller.db').resolve()}")
+    tokens_file: Path = field(default_factory=lambda: data_dir() / "tokens")
+    redis_url: str | None = None
+    host: str = "127.0.0.1"
+    port: int = 8080
+    kubernetes: bool = True
+    tokenreview_admins: frozenset[str] | None = None  # None: TokenReview off
+    sample_retention_s: float = 6 * 3600.0
+    retention_every_s: float = 300.0
+    body_limit: int = 64 * 1024
+    ingest_limit: int = 4 * 1024 * 1024
+    cors_origins: Sequence[str] = ()
+    policy: Policy = field(default_factory=Policy)
+
+
+class ControllerService:
+    """`flotilla controller`: build with Settings, then `serve()` (blocks) or `start()`/`stop()` around an app."""
+
+    def __init__(self, settings: Settings, extra_sinks: Sequence[SampleSink] = ()) -> None:
+        self.settings = settings
+        engine = create_engine(settings.db_url)
+        upgrade(engine)  # an upgraded controller migrates its database, keeping the history
+        self.store = Store(engine)
+        self.metrics = ControllerMetrics(self.store)
+        self.ingestor = Ingestor([SampleStoreSink(self.store), *extra_sinks], self.metrics)
+        if not settings.tokens_file.exists():
+            create_tokens_file(settings.tokens_file)
+            log.info("created %s with a new admin token (read it from the file)", settings.tokens_file)
+        actions: ClusterActions = OfflineActions()
+        reviewer = None
+        self.sync: Sync | None = None
+        if settings.kubernetes:
+            from flotilla.controller import kube  # only with a cluster: keeps --no-kubernetes free of kubeconfig
+
+            api_client = kube.load_config()
+            actions = kube.KubeActions(api_client)
+            if settings.tokenreview_admins is not None:
+                reviewer = kube.token_reviewer(api_client, set(settings.tokenreview_admins))
+            self.sync = kube.Sync(api_client, self.store, self.metrics)
+        self.controller = Controller(
+            store=self.store, actions=actions, auth=TokenAuthenticator(settings.tokens_file, reviewer),
+            metrics=self.metrics, ingestor=self.ingestor, policy=settings.policy, body_limit=settings.body_limit,
+            ingest_limit=settings.ingest_limit, cors_origins=settings.cors_origins)
+        self.app = create_app(self.controller)
+        self.consumer = (RedisConsumer(settings.redis_url, self.ingestor, f"{socket.gethostname()}-{os.getpid()}")
+                         if settings.redis_url else None)
+        self.retention = Retention(self.store, settings.sample_retention_s)
+        self._stop = threading.Event()
+
+    def _retention_loop(self) -> None:
+        while not self._stop.wait(self.settings.retention_every_s):
+            try:
+                dropped = self.retention.run_once()
+                if dropped:
+                    log.info("retention: dropped %d samples older than %gs", dropped,
+                             self.settings.sample_retention_s)
+            except Exception:
+                log.exception("retention run failed")
+
+    def start(self) -> None:
+        threading.Thread(target=self._retention_loop, name="retention", daemon=True).start()
+        if self.consumer is not None:
+            threading.Thread(target=self.consumer.run, name="redis-ingest", daemon=True).start()
+        if self.sync is not None:
+            self.sync.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self.consumer is not None:
+            self.consumer.stop()
+        if self.sync is not None:
+            self.sync.stop()
+
+    def serve(self) -> None:
+        self.start()
+        try:
+            uvicorn.run(self.app, host=self.settings.host, port=self.settings.port, log_level="info",
+                        access_log=False)  # access logs off: no request line with query strings in logs
+        finally:
+            self.stop()

@@ -1,0 +1,78 @@
+"""JSON shapes of the API's answers, built from database rows."""
+
+from __future__ import annotations
+
+from datetime import datetime, timezone
+from typing import Any
+
+from flotilla.controller.db import DecisionRow, NodeRow, SampleRow, ServingDeploymentRow, TrainingJobRow
+from flotilla.controller.store import Page
+
+
+def iso(ts: float | None) -> str | None:
+    if ts is None:
+        return None
+    return datetime.fromtimestamp(ts, timezone.utc).isoformat().replace("+00:00", "Z")
+
+
+def page(p: Page, view: Any) -> dict[str, Any]:
+    return {"items": [view(item) for item in p.items], "nextCursor": p.next_cursor}
+
+
+def job(row_outlook: tuple[TrainingJobRow, str]) -> dict[str, Any]:
+    row, outlook = row_outlook
+    return {
+        "key": row.key, "namespace": row.namespace, "name": row.name, "phase": row.phase,
+        "priority": row.priority, "bestEffort": row.best_effort, "created": iso(row.created),
+        "deadline": iso(row.deadline), "outlook": outlook, "deadlineMet": row.deadline_met,
+        "estimatedCompletion": iso(row.estimated_completion),
+        "progress": {"steps": row.steps, "totalSteps": row.total_steps, "stepsPerSecond": row.steps_per_second},
+        "elasticity": {"minGPUs": row.min_gpus, "maxGPUs": row.max_gpus},
+        "gpus": row.gpus, "placement": [{"node": n, "gpus": g} for n, g in sorted(row.placement.items())],
+        "reshards": row.reshards, "checkpointGeneration": row.checkpoint_generation,
+        "checkpointRequest": row.checkpoint_request, "updated": iso(row.updated),
+    }
+
+
+def serving(row: ServingDeploymentRow) -> dict[str, Any]:
+    return {
+        "key": row.key, "namespace": row.namespace, "name": row.name,
+        "plan": {"mode": row.planner_mode, "prefillReplicas": row.prefill_replicas,
+                 "decodeReplicas": row.decode_replicas, "prefillGpusPerInstance": row.prefill_gpus_per_instance,
+                 "decodeGpusPerInstance": row.decode_gpus_per_instance,
+                 "gpus": row.prefill_replicas * row.prefill_gpus_per_instance
+                 + row.decode_replicas * row.decode_gpus_per_instance,
+                 "predictedGoodput": row.predicted_goodput, "time": iso(row.last_plan_time),
+                 "reason": row.last_plan_reason},
+        "slo": row.slo, "observed": row.observed, "replanRequest": row.replan_request, "updated": iso(row.updated),
+    }
+
+
+def node(row_allocated: tuple[NodeRow, int]) -> dict[str, Any]:
+    row, allocated = row_allocated
+    usable = row.total_gpus if row.healthy and not row.unschedulable else 0
+    return {
+        "name": row.name, "domain": row.domain, "ready": row.ready, "unschedulable": row.unschedulable,
+        "healthy": row.healthy,
+        "health": None if row.healthy else {"reason": row.health_reason, "message": row.health_message},
+        "taint": row.taint, "labels": row.labels,
+        "gpus": {"total": row.total_gpus, "allocated": allocated, "free": max(0, usable - allocated)},
+        "updated": iso(row.updated),
+    }
+
+
+def domain(row: tuple[str, int, int, int, int]) -> dict[str, Any]:
+    name, nodes, total, schedulable, allocated = row
+    return {"domain": name, "nodes": nodes, "gpus": {"total": int(total), "schedulable": int(schedulable),
+                                                     "allocated": int(allocated),
+                                                     "free": max(0, int(schedulable) - int(allocated))}}
+
+
+def decision(row: DecisionRow) -> dict[str, Any]:
+    return {"id": row.id, "time": iso(row.time), "kind": row.kind, "objectKind": row.object_kind,
+            "object": row.object, "actor": row.actor, "reason": row.reason, "inputs": row.inputs}
+
+
+def sample(row: SampleRow) -> dict[str, Any]:
+    return {"ts": row.ts, "time": iso(row.ts), "metric": row.metric, "value": row.value, "gpu": row.gpu,
+            "job": row.job}

@@ -1,0 +1,88 @@
+"""Migrations and the store against real SQLite and real PostgreSQL."""
+
+import sqlalchemy as sa
+from alembic.autogenerate import compare_metadata
+from alembic.migration import MigrationContext
+
+from controller_fixtures import NOW, node, serving, training_job
+from flotilla.controller import db
+from flotilla.controller.mirror import DecisionRecord, parse_node, parse_serving_deployment, parse_training_job
+from flotilla.controller.store import Store
+from flotilla.health.samples import Sample
+
+
+def test_upgrade_from_empty_matches_the_models(db_url):
+    engine = db.create_engine(db_url)
+    assert db.current_revision(engine) is None
+    db.upgrade(engine)
+    assert db.current_revision(engine) == db.head_revision() == "0002"
+    with engine.connect() as conn:
+        assert compare_metadata(MigrationContext.configure(conn), db.Base.metadata) == []
+    db.upgrade(engine)  # a second start is a no-op
+    engine.dispose()
+
+
+def test_downgrade_and_upgrade_keep_history(db_url, clock):
+    engine = db.create_engine(db_url)
+    db.upgrade(engine)
+    store = Store(engine, clock)
+    store.upsert_job(parse_training_job(training_job("j", placement={"a": 4})))
+    store.upsert_job(parse_training_job(training_job("j", placement={"a": 8})))
+    store.record([DecisionRecord("cordon", "Node", "a", "test")])
+    db.downgrade(engine, "0001")
+    assert db.current_revision(engine) == "0001"
+    assert "idempotency_keys" not in sa.inspect(engine).get_table_names()
+    db.upgrade(engine)
+    job = store.job("default/j")
+    assert job is not None and job[0].placement == {"a": 8} and job[0].resharding_since is None
+    kinds = [d.kind for d in store.decisions(limit=10).items]
+    assert kinds == ["cordon", "allocation"]
+    engine.dispose()
+
+
+def test_upsert_records_changes_and_reshard_duration(store, clock):
+    assert store.upsert_job(parse_training_job(training_job("j", placement={"a": 4}))).decisions == []
+    clock.now += 5
+    res = store.upsert_job(parse_training_job(training_job("j", placement={"a": 4}, phase="Resharding")))
+    assert [d.kind for d in res.decisions] == ["phase"] and res.reshard_seconds is None
+    clock.now += 12.5
+    res = store.upsert_job(parse_training_job(training_job("j", placement={"a": 4, "b": 4}, reshards=1)))
+    assert {d.kind for d in res.decisions} == {"allocation", "reshard", "phase"}
+    assert res.reshard_seconds == 12.5
+    assert [j.key for j in store.jobs_on_node("b")] == ["default/j"]
+    assert len(store.decisions(limit=100, obj="default/j").items) == 4
+
+
+def test_capacity_domains_and_outlook(store, clock):
+    store.upsert_node(parse_node(node("a", 8, labels={"flotilla.dev/rack": "r1"})))
+    store.upsert_node(parse_node(node("b", 8, labels={"flotilla.dev/rack": "r1"})))
+    store.upsert_node(parse_node(node("c", 4, labels={"flotilla.dev/rack": "r2"}, healthy=False)))
+    store.upsert_job(parse_training_job(training_job("ok", placement={"a": 4})))
+    store.upsert_job(parse_training_job(training_job("risk", placement={"b": 2}, deadline_met=False)))
+    store.upsert_job(parse_training_job(training_job("late", placement={}, deadline=NOW - 1)))
+    store.upsert_job(parse_training_job(training_job("free", placement={}, deadline=None)))
+    store.upsert_serving(parse_serving_deployment(serving("s", prefill=1, decode=1)))  # 1*1 + 1*2 GPUs
+    assert store.capacity() == {"nodes": 3, "gpus": 20, "schedulableGpus": 16, "trainingGpus": 6,
+                                "servingGpus": 3, "freeGpus": 7}
+    assert store.outlook_counts() == {"on-track": 1, "at-risk": 1, "missed": 1, "done": 0, "no-deadline": 1}
+    domains = {d[0]: d[1:] for d in store.domains(limit=10).items}
+    assert domains == {"r1": (2, 16, 16, 6), "r2": (1, 4, 0, 0)}
+    page1 = store.jobs(limit=2)
+    page2 = store.jobs(limit=2, cursor=page1.next_cursor)
+    assert [r.name for r, _ in page1.items + page2.items] == ["free", "late", "ok", "risk"]
+    assert page2.next_cursor is None
+
+
+def test_samples_retention_and_latest(store):
+    store.add_samples([Sample(NOW - 100, "a", "gpu_util", 90.0, gpu=0), Sample(NOW - 10, "a", "gpu_util", 50.0, gpu=0),
+                       Sample(NOW - 10, "a", "gpu_util", 70.0, gpu=1), Sample(NOW - 5, "a", "xid", 79.0)])
+    latest = {(s.metric, s.gpu): s.value for s in store.latest_samples("a")}
+    assert latest == {("gpu_util", 0): 50.0, ("gpu_util", 1): 70.0, ("xid", None): 79.0}
+    assert store.drop_samples_before(NOW - 50) == 1
+    assert max(s.ts for s in store.latest_samples("a")) == NOW - 5
+
+
+def test_plain_postgresql_urls_use_psycopg3():
+    for url in ("postgresql://u:p@127.0.0.1/db", "postgres://u:p@127.0.0.1/db"):
+        engine = db.create_engine(url)  # no connection is made here
+        assert engine.dialect.driver == "psycopg" and engine.url.database == "db"

@@ -1,0 +1,106 @@
+"""Redis Streams ingest through a consumer group (real Redis), sinks, retention."""
+
+import json
+import uuid
+
+import pytest
+import redis
+
+from controller_fixtures import NOW
+from flotilla.controller.ingest import Ingestor, RedisConsumer, Retention, SampleStoreSink
+from flotilla.controller.metrics import ControllerMetrics
+from flotilla.health.samples import FIELD, Sample, encode_batch
+
+pytestmark = pytest.mark.redis
+
+
+class ListSink:
+    def __init__(self):
+        self.batches = []
+
+    def accept(self, samples):
+        self.batches.append(list(samples))
+
+
+@pytest.fixture
+def stream():
+    return f"test:metrics:{uuid.uuid4().hex[:8]}"  # one stream per test on the shared server
+
+
+def batch(node, n, t0=NOW):
+    return [Sample(t0 + i, node, "gpu_util", float(i), gpu=i % 8) for i in range(n)]
+
+
+def consumer(url, stream, sink, name, **kw):
+    return RedisConsumer(url, Ingestor([sink]), name, stream=stream, block_ms=100, **kw)
+
+
+def test_reads_acks_and_skips_malformed(redis_url, stream):
+    r = redis.Redis.from_url(redis_url)
+    sink = ListSink()
+    c = consumer(redis_url, stream, sink, "c1")
+    c.ensure_group()
+    c.ensure_group()  # a second controller start finds the group and carries on
+    r.xadd(stream, {FIELD: encode_batch(batch("a", 3))})
+    r.xadd(stream, {FIELD: "not json"})
+    r.xadd(stream, {"other": "x"})
+    r.xadd(stream, {FIELD: json.dumps([{"ts": NOW, "node": "b", "metric": "m"}])})
+    r.xadd(stream, {FIELD: encode_batch(batch("b", 2))})
+    assert c.poll() == 5
+    assert [[s.node for s in b] for b in sink.batches] == [["a"] * 3, ["b"] * 2]
+    assert c.pending() == 0
+    assert c.poll() == 0
+
+
+def test_stale_entries_of_a_dead_consumer_are_claimed(redis_url, stream):
+    r = redis.Redis.from_url(redis_url)
+    dead_sink, live_sink = ListSink(), ListSink()
+    dead = consumer(redis_url, stream, dead_sink, "dead", claim_idle_ms=0)
+    dead.ensure_group()
+    r.xadd(stream, {FIELD: encode_batch(batch("a", 4))})
+    # "dead" reads the entry and dies before acking: read it without processing.
+    r.xreadgroup(dead.group, "dead", {stream: ">"}, count=10)
+    assert dead.pending() == 1
+    live = consumer(redis_url, stream, live_sink, "live", claim_idle_ms=0)
+    assert live.poll() == 0  # new entries only: the pending one is not redelivered by XREADGROUP >
+    assert live.claim_stale() == 4
+    assert [len(b) for b in live_sink.batches] == [4] and live.pending() == 0
+
+
+def test_young_pending_entries_are_left_to_their_consumer(redis_url, stream):
+    r = redis.Redis.from_url(redis_url)
+    live = consumer(redis_url, stream, ListSink(), "live", claim_idle_ms=60_000)
+    live.ensure_group()
+    r.xadd(stream, {FIELD: encode_batch(batch("a", 1))})
+    r.xreadgroup(live.group, "busy", {stream: ">"}, count=10)
+    assert live.claim_stale() == 0 and live.pending() == 1
+
+
+def test_sink_failure_leaves_the_entry_pending(redis_url, stream):
+    class Failing:
+        def accept(self, samples):
+            raise RuntimeError("database down")
+
+    r = redis.Redis.from_url(redis_url)
+    c = consumer(redis_url, stream, Failing(), "c1")
+    c.ensure_group()
+    r.xadd(stream, {FIELD: encode_batch(batch("a", 2))})
+    with pytest.raises(RuntimeError):
+        c.poll()
+    assert c.pending() == 1  # not acked: claimed again later
+
+
+def test_store_sink_metrics_and_retention(redis_url, stream, store, clock):
+    r = redis.Redis.from_url(redis_url)
+    metrics = ControllerMetrics(store)
+    c = RedisConsumer(redis_url, Ingestor([SampleStoreSink(store)], metrics), "c1", stream=stream, block_ms=100)
+    c.ensure_group()
+    r.xadd(stream, {FIELD: encode_batch(batch("a", 5, t0=NOW - 3600))})
+    r.xadd(stream, {FIELD: encode_batch(batch("a", 5, t0=NOW - 10))})
+    assert c.poll() == 10
+    reg = metrics.registry
+    assert reg.get_sample_value("flotilla_ingest_samples_total", {"transport": "redis"}) == 10
+    assert reg.get_sample_value("flotilla_ingest_batches_total", {"transport": "redis", "result": "ok"}) == 2
+    assert max(s.ts for s in store.latest_samples("a")) == NOW - 6
+    assert Retention(store, max_age_s=600).run_once() == 5
+    assert len(store.latest_samples("a")) == 5
