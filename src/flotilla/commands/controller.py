@@ -32,6 +32,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="largest POST /v1/ingest body (default 4 MiB)")
     parser.add_argument("--cors-origin", action="append", default=[], metavar="ORIGIN",
                         help="allow browser requests from this origin (repeatable; CORS is off by default)")
+    parser.add_argument("--no-health", action="store_true",
+                        help="do not run the fault and straggler detectors on ingested metrics")
+    parser.add_argument("--stragglers", choices=("report", "evict"), default="report",
+                        help="report a straggler only, or also taint its node and move its jobs (default: report)")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -40,7 +44,8 @@ def run(args: argparse.Namespace) -> int:
 
     settings = Settings(host=args.host, port=args.port, redis_url=args.redis_url,
                         kubernetes=not args.no_kubernetes, sample_retention_s=args.sample_retention,
-                        ingest_limit=args.ingest_limit, cors_origins=tuple(args.cors_origin))
+                        ingest_limit=args.ingest_limit, cors_origins=tuple(args.cors_origin),
+                        health=not args.no_health, straggler_action=args.stragglers)
     if args.db_url:
         settings.db_url = args.db_url
     if args.tokens_file:

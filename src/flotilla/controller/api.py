@@ -28,13 +28,13 @@ from pydantic import AwareDatetime, BaseModel, ConfigDict, Field, StrictBool, St
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from flotilla.controller import views
+from flotilla.controller import checkpoints, views
 from flotilla.controller.actions import ClusterActionError, ClusterActions, ClusterUnavailable, ObjectNotFound
 from flotilla.controller.auth import Identity, TokenAuthenticator
 from flotilla.controller.db import current_revision, head_revision
 from flotilla.controller.ingest import Ingestor
 from flotilla.controller.metrics import ControllerMetrics
-from flotilla.controller.mirror import CHECKPOINT_REQUEST, REPLAN_REQUEST, DecisionRecord, parse_time
+from flotilla.controller.mirror import REPLAN_REQUEST, DecisionRecord, parse_time
 from flotilla.controller.store import OUTLOOKS, Store
 from flotilla.health.samples import Sample
 
@@ -64,6 +64,8 @@ class Controller:
     body_limit: int = 64 * 1024
     ingest_limit: int = 4 * 1024 * 1024
     cors_origins: Sequence[str] = ()
+    # Called with a node's name when an admin returns it to service (the health detectors forget it).
+    on_return_to_service: Callable[[str], None] | None = None
 
 
 class ApiError(Exception):
@@ -249,21 +251,10 @@ def create_app(ctl: Controller) -> FastAPI:
 
     def request_checkpoint(key: str, reason: str, restart: bool, who: str) -> tuple[bool, dict[str, Any]]:
         """-> (created, request); an unacknowledged request is returned instead of making another."""
-        found = store.job(key)
-        if found is None:
-            raise ApiError(404, f"TrainingJob {key!r} not found")
-        job = found[0]
-        pending = job.checkpoint_request
-        if pending and int(pending.get("generation", 0)) > job.checkpoint_generation:
-            return False, dict(pending)
-        generation = max(job.checkpoint_generation, int((pending or {}).get("generation", 0))) + 1
-        req = {"generation": generation, "reason": reason, "requestedBy": "admin", "restart": restart,
-               "time": now_iso()}
-        actions.annotate("trainingjobs", job.namespace, job.name, CHECKPOINT_REQUEST, json.dumps(req))
-        store.set_job_fields(key, checkpoint_request=req)
-        record(DecisionRecord("checkpoint-request", "TrainingJob", key, reason,
-                              {"generation": generation, "restart": restart, "step": job.steps}, actor=who))
-        return True, req
+        try:
+            return checkpoints.request(store, actions, ctl.metrics, key, reason, restart, who, "admin")
+        except KeyError:
+            raise ApiError(404, f"TrainingJob {key!r} not found") from None
 
     # ----- probes and metrics -----
 
@@ -500,6 +491,8 @@ def create_app(ctl: Controller) -> FastAPI:
             actions.set_unschedulable(name, False)
             store.set_node_fields(name, unschedulable=False, healthy=True, taint=None, health_reason=None,
                                   health_message=None)
+            if ctl.on_return_to_service is not None:
+                ctl.on_return_to_service(name)
             record(DecisionRecord("return-to-service", "Node", name, body.reason,
                                   {"wasUnschedulable": row.unschedulable, "wasHealthy": row.healthy,
                                    "taint": row.taint}, actor=who.name))

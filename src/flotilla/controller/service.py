@@ -16,6 +16,7 @@ from flotilla.controller.actions import ClusterActions, OfflineActions
 from flotilla.controller.api import Controller, Policy, create_app
 from flotilla.controller.auth import TokenAuthenticator, create_tokens_file
 from flotilla.controller.db import create_engine, upgrade
+from flotilla.controller.health import HealthResponder
 from flotilla.controller.ingest import Ingestor, RedisConsumer, Retention, SampleSink, SampleStoreSink
 from flotilla.controller.metrics import ControllerMetrics
 from flotilla.controller.store import Store
@@ -45,6 +46,8 @@ class Settings:
     ingest_limit: int = 4 * 1024 * 1024
     cors_origins: Sequence[str] = ()
     policy: Policy = field(default_factory=Policy)
+    health: bool = True  # run the fault and straggler detectors on ingested samples
+    straggler_action: str = "report"  # report | evict
 
 
 class ControllerService:
@@ -56,7 +59,7 @@ class ControllerService:
         upgrade(engine)  # an upgraded controller migrates its database, keeping the history
         self.store = Store(engine)
         self.metrics = ControllerMetrics(self.store)
-        self.ingestor = Ingestor([SampleStoreSink(self.store), *extra_sinks], self.metrics)
+        sinks: list[SampleSink] = [SampleStoreSink(self.store), *extra_sinks]
         if not settings.tokens_file.exists():
             create_tokens_file(settings.tokens_file)
             log.info("created %s with a new admin token (read it from the file)", settings.tokens_file)
@@ -71,10 +74,16 @@ class ControllerService:
             if settings.tokenreview_admins is not None:
                 reviewer = kube.token_reviewer(api_client, set(settings.tokenreview_admins))
             self.sync = kube.Sync(api_client, self.store, self.metrics)
+        self.health = (HealthResponder(self.store, actions, self.metrics, straggler_action=settings.straggler_action)
+                       if settings.health else None)
+        if self.health is not None:
+            sinks.append(self.health)
+        self.ingestor = Ingestor(sinks, self.metrics)
         self.controller = Controller(
             store=self.store, actions=actions, auth=TokenAuthenticator(settings.tokens_file, reviewer),
             metrics=self.metrics, ingestor=self.ingestor, policy=settings.policy, body_limit=settings.body_limit,
-            ingest_limit=settings.ingest_limit, cors_origins=settings.cors_origins)
+            ingest_limit=settings.ingest_limit, cors_origins=settings.cors_origins,
+            on_return_to_service=self.health.release if self.health is not None else None)
         self.app = create_app(self.controller)
         self.consumer = (RedisConsumer(settings.redis_url, self.ingestor, f"{socket.gethostname()}-{os.getpid()}")
                          if settings.redis_url else None)
@@ -97,6 +106,8 @@ class ControllerService:
             threading.Thread(target=self.consumer.run, name="redis-ingest", daemon=True).start()
         if self.sync is not None:
             self.sync.start()
+        if self.health is not None:
+            threading.Thread(target=self.health.run, name="health-tick", daemon=True).start()
 
     def stop(self) -> None:
         self._stop.set()
@@ -104,6 +115,8 @@ class ControllerService:
             self.consumer.stop()
         if self.sync is not None:
             self.sync.stop()
+        if self.health is not None:
+            self.health.stop()
 
     def serve(self) -> None:
         self.start()

@@ -240,6 +240,16 @@ class Store:
                               .where(TrainingJobRow.key == key)).first()
             return (found[0], found[1]) if found else None
 
+    def job_of_node(self) -> dict[str, str]:
+        """node -> the training job holding GPUs on it (the job with most GPUs there)."""
+        with self.session() as s:
+            rows = s.execute(sa.select(AllocationRow.node, AllocationRow.job, AllocationRow.gpus)).all()
+        best: dict[str, tuple[int, str]] = {}
+        for node, job, gpus in rows:
+            if node not in best or gpus > best[node][0]:
+                best[node] = (gpus, job)
+        return {node: job for node, (_, job) in best.items()}
+
     def jobs_on_node(self, node: str) -> list[TrainingJobRow]:
         with self.session() as s:
             return list(s.scalars(sa.select(TrainingJobRow).join(AllocationRow, AllocationRow.job == TrainingJobRow.key)
