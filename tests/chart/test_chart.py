@@ -130,11 +130,13 @@ def test_rbac_is_exactly_what_each_component_uses(render):
     lease_role = o[("Role", f"{OP}-leader-election")]
     assert lease_role["rules"] == [{"apiGroups": ["coordination.k8s.io"], "resources": ["leases"],
                                     "resourceNames": [OP], "verbs": ["get", "update"]}]
-    # From the controller: mirror (list/watch), checkpoint requests and spec edits (patch), cordon/taint/condition.
+    # From the controller: mirror (list/watch), checkpoint requests and spec edits (patch), cordon/taint/condition,
+    # and an Event on a Node whose health it changes.
     assert rules(o, "ClusterRole", CTL) == (
         triples("flotilla.dev", ["trainingjobs", "servingdeployments"], ["get", "list", "watch", "patch"])
         | triples("", ["nodes"], ["get", "list", "watch", "patch"])
-        | triples("", ["nodes/status"], ["patch"]))
+        | triples("", ["nodes/status"], ["patch"])
+        | triples("", ["events"], ["create"]))
     # Every binding names the SA of its own component; nothing is bound to the agent.
     for kind in ("ClusterRoleBinding", "RoleBinding"):
         for (k, name), b in o.items():

@@ -49,7 +49,7 @@ def test_kube_actions_patches():
     actions = KubeActions(client.ApiClient())
     taints = [client.V1Taint(key="other", effect="NoSchedule"),
               client.V1Taint(key="flotilla.dev/unhealthy", value="old", effect="NoSchedule")]
-    current = SimpleNamespace(spec=SimpleNamespace(taints=taints), metadata=SimpleNamespace(resource_version="42"))
+    current = SimpleNamespace(spec=SimpleNamespace(taints=taints), metadata=SimpleNamespace(resource_version="42", uid="u1"))
     actions.core = Recorder(current)
     actions.custom = Recorder()
     actions.annotate("trainingjobs", "ns", "j", "k", "v")

@@ -90,6 +90,13 @@ class KubeActions:
             self.core.patch_node_status(node, {"status": {"conditions": [{
                 "type": HEALTH_CONDITION, "status": "True" if healthy else "False", "reason": reason,
                 "message": message, "lastTransitionTime": now, "lastHeartbeatTime": now}]}})
+            self.core.create_namespaced_event("default", {
+                "metadata": {"generateName": f"{node}.flotilla-", "namespace": "default"},
+                "involvedObject": {"apiVersion": "v1", "kind": "Node", "name": node, "uid": current.metadata.uid},
+                "reason": "GPUHealthy" if healthy else "GPUUnhealthy",
+                "message": f"{reason}: {message}"[:1024], "type": "Normal" if healthy else "Warning",
+                "source": {"component": "flotilla-controller"}, "reportingComponent": "flotilla-controller",
+                "firstTimestamp": now, "lastTimestamp": now, "count": 1})
         except ApiException as e:
             raise _wrap(e, f"node/{node}") from None
 

@@ -29,6 +29,7 @@ from flotilla.resources import checkpoint, names, phases
 
 Body = Mapping[str, Any]
 PLURAL = "trainingjobs"
+UNHEALTHY_TOLERATION_SECONDS = 600
 
 
 def key_of(body: Body) -> str:
@@ -132,8 +133,13 @@ def worker_pods(body: Body, placement: Mapping[str, int], generation: int) -> li
         pod_spec = copy.deepcopy(template["spec"])
         pod_spec["restartPolicy"] = "Never"
         pod_spec.setdefault("nodeSelector", {})["kubernetes.io/hostname"] = node
-        pod_spec.setdefault("tolerations", []).append(
-            {"key": names.GPU_RESOURCE, "operator": "Exists", "effect": "NoSchedule"})
+        pod_spec.setdefault("tolerations", []).extend([
+            {"key": names.GPU_RESOURCE, "operator": "Exists", "effect": "NoSchedule"},
+            # A node tainted unhealthy NoExecute must not evict the workers before they checkpoint:
+            # the operator moves them through the resharding protocol; eviction is the backstop.
+            {"key": names.TAINT_UNHEALTHY, "operator": "Exists", "effect": "NoExecute",
+             "tolerationSeconds": UNHEALTHY_TOLERATION_SECONDS},
+        ])
         env = [
             {"name": "FLOTILLA_JOB", "value": meta["name"]},
             {"name": "FLOTILLA_NAMESPACE", "value": meta["namespace"]},
