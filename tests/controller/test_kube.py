@@ -56,8 +56,10 @@ def test_kube_actions_patches():
     assert actions.custom.calls == [("patch_namespaced_custom_object", "flotilla.dev", "v1alpha1", "ns",
                                      "trainingjobs", "j", {"metadata": {"annotations": {"k": "v"}}})]
     actions.set_node_health("n1", False, "Xid 79: fell off the bus", "GPU 3 lost", "NoExecute")
-    read, patch, status = actions.core.calls
+    read, patch, status, event = actions.core.calls
     assert read == ("read_node", "n1")
+    assert event[0] == "create_namespaced_event" and event[2]["reason"] == "GPUUnhealthy"
+    assert event[2]["involvedObject"] == {"apiVersion": "v1", "kind": "Node", "name": "n1", "uid": "u1"}
     assert patch[2] == {"metadata": {"resourceVersion": "42"}, "spec": {"taints": [
         {"key": "other", "effect": "NoSchedule"},
         {"key": "flotilla.dev/unhealthy", "value": "Xid-79--fell-off-the-bus", "effect": "NoExecute"}]}}
