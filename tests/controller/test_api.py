@@ -28,6 +28,7 @@ ROUTES = [
     ("POST", "/v1/nodes/a/return-to-service", "admin"),
     ("GET", "/v1/decisions", "read"),
     ("POST", "/v1/ingest", "ingest"),
+    ("POST", "/v1/serving/default/s1/stats", "ingest"),
 ]
 
 
@@ -45,8 +46,13 @@ def cluster(store):
     return store
 
 
+STATS = {"windowSeconds": 10, "requestsPerSecond": 4.0, "meanPromptTokens": 512, "meanOutputTokens": 128}
+
+
 def body_for(path):
-    return {"node": "a", "samples": []} if path == "/v1/ingest" else {}
+    if path == "/v1/ingest":
+        return {"node": "a", "samples": []}
+    return STATS if path.endswith("/stats") else {}
 
 
 sqlite_only = pytest.mark.parametrize("migrated_db_url", ["sqlite"], indirect=True)  # auth needs no database twice

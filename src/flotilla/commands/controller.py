@@ -34,6 +34,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="allow browser requests from this origin (repeatable; CORS is off by default)")
     parser.add_argument("--no-health", action="store_true",
                         help="do not run the fault and straggler detectors on ingested metrics")
+    parser.add_argument("--no-replan", action="store_true",
+                        help="do not re-plan auto-mode ServingDeployments from pushed serving statistics")
+    parser.add_argument("--scale-down-after", type=float, default=300.0, metavar="SECONDS",
+                        help="a serving plan must hold this long before a smaller one replaces it (default 300)")
     parser.add_argument("--stragglers", choices=("report", "evict"), default="report",
                         help="report a straggler only, or also taint its node and move its jobs (default: report)")
 
@@ -41,11 +45,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     logging.getLogger("alembic.runtime.plugins").setLevel(logging.WARNING)  # logs at import; say nothing useful
     from flotilla.controller.service import ControllerService, Settings
+    from flotilla.serving.replan import ReplanPolicy
 
     settings = Settings(host=args.host, port=args.port, redis_url=args.redis_url,
                         kubernetes=not args.no_kubernetes, sample_retention_s=args.sample_retention,
                         ingest_limit=args.ingest_limit, cors_origins=tuple(args.cors_origin),
-                        health=not args.no_health, straggler_action=args.stragglers)
+                        health=not args.no_health, straggler_action=args.stragglers, replan=not args.no_replan,
+                        replan_policy=ReplanPolicy(scale_down_delay_s=args.scale_down_after))
     if args.db_url:
         settings.db_url = args.db_url
     if args.tokens_file:

@@ -33,6 +33,12 @@ class ClusterActions(Protocol):
     def patch_spec(self, plural: str, namespace: str, name: str, patch: dict[str, Any]) -> None:
         """Merge `patch` into a Flotilla custom object's spec."""
 
+    def patch_status(self, plural: str, namespace: str, name: str, status: dict[str, Any]) -> None:
+        """Merge `status` into a Flotilla custom object's status (the planner's ServingDeployment plan)."""
+
+    def list_objects(self, plural: str) -> list[dict[str, Any]]:
+        """Every Flotilla custom object of a kind, in all namespaces, as the API server returns them."""
+
     def set_unschedulable(self, node: str, unschedulable: bool) -> None:
         """Cordon (True) or uncordon (False) a node."""
 
@@ -43,10 +49,12 @@ class ClusterActions(Protocol):
 
 @dataclass
 class RecordingActions:
-    """Records every call as (method, args...) and changes nothing; `fail` makes every call raise it."""
+    """Records every call as (method, args...) and changes nothing; `fail` makes every call raise it.
+    `objects` is what `list_objects` answers, by plural."""
 
     calls: list[tuple[Any, ...]] = field(default_factory=list)
     fail: ClusterActionError | None = None
+    objects: dict[str, list[dict[str, Any]]] = field(default_factory=dict)
 
     def _call(self, *call: Any) -> None:
         if self.fail is not None:
@@ -58,6 +66,14 @@ class RecordingActions:
 
     def patch_spec(self, plural: str, namespace: str, name: str, patch: dict[str, Any]) -> None:
         self._call("patch_spec", plural, namespace, name, patch)
+
+    def patch_status(self, plural: str, namespace: str, name: str, status: dict[str, Any]) -> None:
+        self._call("patch_status", plural, namespace, name, status)
+
+    def list_objects(self, plural: str) -> list[dict[str, Any]]:
+        if self.fail is not None:
+            raise self.fail
+        return list(self.objects.get(plural, []))
 
     def set_unschedulable(self, node: str, unschedulable: bool) -> None:
         self._call("set_unschedulable", node, unschedulable)
@@ -73,4 +89,4 @@ class OfflineActions:
     def _refuse(self, *_: Any, **__: Any) -> None:
         raise ClusterUnavailable("the controller runs with --no-kubernetes; cluster actions are unavailable")
 
-    annotate = patch_spec = set_unschedulable = set_node_health = _refuse
+    annotate = patch_spec = patch_status = list_objects = set_unschedulable = set_node_health = _refuse

@@ -37,6 +37,7 @@ from flotilla.controller.metrics import ControllerMetrics
 from flotilla.controller.mirror import REPLAN_REQUEST, DecisionRecord, parse_time
 from flotilla.controller.store import OUTLOOKS, Store
 from flotilla.health.samples import Sample
+from flotilla.serving.replan import ObservedWindow
 
 TERMINAL = ("Succeeded", "Failed", "Rejected")
 HISTORY_IN_DETAIL = 20
@@ -66,6 +67,8 @@ class Controller:
     cors_origins: Sequence[str] = ()
     # Called with a node's name when an admin returns it to service (the health detectors forget it).
     on_return_to_service: Callable[[str], None] | None = None
+    # Takes a ServingDeployment's (namespace/name) observed window; None when re-planning is off.
+    serving_stats: Callable[[str, ObservedWindow], None] | None = None
 
 
 class ApiError(Exception):
@@ -111,6 +114,24 @@ class SampleIn(Strict):
 class IngestBody(Strict):
     node: StrictStr = Field(min_length=1, max_length=253)
     samples: list[SampleIn]
+
+
+Number = StrictInt | StrictFloat
+
+
+class ServingStatsBody(Strict):
+    """One window of a ServingDeployment's serving statistics (from its pods or a router)."""
+
+    windowSeconds: Number = Field(gt=0, le=3600, description="length of the window the figures cover")
+    requestsPerSecond: Number = Field(ge=0)
+    meanPromptTokens: Number = Field(gt=0)
+    meanOutputTokens: Number = Field(gt=0)
+    p90PromptTokens: Number | None = Field(None, gt=0)
+    p90OutputTokens: Number | None = Field(None, gt=0)
+    ttftP90Ms: Number | None = Field(None, ge=0)
+    tpotP90Ms: Number | None = Field(None, ge=0)
+    attainment: Number | None = Field(None, ge=0, le=1, description="fraction within both TTFT and TPOT")
+    requests: StrictInt = Field(0, ge=0, description="requests the latency figures come from")
 
 
 # ---------- middleware ----------
@@ -533,6 +554,20 @@ def create_app(ctl: Controller) -> FastAPI:
                 raise ApiError(422, f"samples[{i}]: {e}") from None
         ctl.ingestor.ingest("http", samples)
         return {"accepted": len(samples)}
+
+    @app.post("/v1/serving/{namespace}/{name}/stats", tags=["serving"], status_code=202,
+              summary="Serving statistics of one window (request rate, lengths, TTFT/TPOT), for the re-planner")
+    def serving_stats(_: Agent, namespace: str, name: str, body: ServingStatsBody) -> dict[str, Any]:
+        serving_or_404(namespace, name)
+        if ctl.serving_stats is None:
+            raise ApiError(409, "re-planning is off in this controller (--no-replan or --no-kubernetes)")
+        ctl.serving_stats(f"{namespace}/{name}", ObservedWindow(
+            time=store.clock(), requests_per_second=float(body.requestsPerSecond),
+            mean_prompt_tokens=float(body.meanPromptTokens), mean_output_tokens=float(body.meanOutputTokens),
+            p90_prompt_tokens=body.p90PromptTokens, p90_output_tokens=body.p90OutputTokens,
+            ttft_p90_ms=body.ttftP90Ms, tpot_p90_ms=body.tpotP90Ms, attainment=body.attainment,
+            requests=body.requests))
+        return {"accepted": True}
 
     app.add_middleware(RequestTimer, metrics=ctl.metrics)
     app.add_middleware(BodyLimit, default=ctl.body_limit, per_path={"/v1/ingest": ctl.ingest_limit})

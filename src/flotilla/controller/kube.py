@@ -68,6 +68,19 @@ class KubeActions:
     def patch_spec(self, plural: str, namespace: str, name: str, patch: dict[str, Any]) -> None:
         self._patch_custom(plural, namespace, name, {"spec": patch})
 
+    def patch_status(self, plural: str, namespace: str, name: str, status: dict[str, Any]) -> None:
+        try:
+            self.custom.patch_namespaced_custom_object_status(GROUP, VERSION, namespace, plural, name,
+                                                              {"status": status})
+        except ApiException as e:
+            raise _wrap(e, f"{plural}/{namespace}/{name}") from None
+
+    def list_objects(self, plural: str) -> list[dict[str, Any]]:
+        try:
+            return self.custom.list_cluster_custom_object(GROUP, VERSION, plural)["items"]
+        except ApiException as e:
+            raise _wrap(e, plural) from None
+
     def set_unschedulable(self, node: str, unschedulable: bool) -> None:
         try:
             self.core.patch_node(node, {"spec": {"unschedulable": unschedulable}})

@@ -19,7 +19,9 @@ from flotilla.controller.db import create_engine, upgrade
 from flotilla.controller.health import HealthResponder
 from flotilla.controller.ingest import Ingestor, RedisConsumer, Retention, SampleSink, SampleStoreSink
 from flotilla.controller.metrics import ControllerMetrics
+from flotilla.controller.replan import ServingReplanner
 from flotilla.controller.store import Store
+from flotilla.serving.replan import ReplanPolicy
 
 if TYPE_CHECKING:
     from flotilla.controller.kube import Sync
@@ -47,6 +49,8 @@ class Settings:
     cors_origins: Sequence[str] = ()
     policy: Policy = field(default_factory=Policy)
     health: bool = True  # run the fault and straggler detectors on ingested samples
+    replan: bool = True  # re-plan auto-mode ServingDeployments from pushed statistics (needs Kubernetes)
+    replan_policy: ReplanPolicy = field(default_factory=ReplanPolicy)
     straggler_action: str = "report"  # report | evict
 
 
@@ -74,6 +78,8 @@ class ControllerService:
             if settings.tokenreview_admins is not None:
                 reviewer = kube.token_reviewer(api_client, set(settings.tokenreview_admins))
             self.sync = kube.Sync(api_client, self.store, self.metrics)
+        self.replanner = (ServingReplanner(actions, self.store, self.metrics, settings.replan_policy)
+                          if settings.replan and settings.kubernetes else None)
         self.health = (HealthResponder(self.store, actions, self.metrics, straggler_action=settings.straggler_action)
                        if settings.health else None)
         if self.health is not None:
@@ -83,7 +89,8 @@ class ControllerService:
             store=self.store, actions=actions, auth=TokenAuthenticator(settings.tokens_file, reviewer),
             metrics=self.metrics, ingestor=self.ingestor, policy=settings.policy, body_limit=settings.body_limit,
             ingest_limit=settings.ingest_limit, cors_origins=settings.cors_origins,
-            on_return_to_service=self.health.release if self.health is not None else None)
+            on_return_to_service=self.health.release if self.health is not None else None,
+            serving_stats=self.replanner.observe if self.replanner is not None else None)
         self.app = create_app(self.controller)
         self.consumer = (RedisConsumer(settings.redis_url, self.ingestor, f"{socket.gethostname()}-{os.getpid()}")
                          if settings.redis_url else None)
@@ -108,6 +115,8 @@ class ControllerService:
             self.sync.start()
         if self.health is not None:
             threading.Thread(target=self.health.run, name="health-tick", daemon=True).start()
+        if self.replanner is not None:
+            threading.Thread(target=self.replanner.run, name="serving-replan", daemon=True).start()
 
     def stop(self) -> None:
         self._stop.set()
@@ -117,6 +126,8 @@ class ControllerService:
             self.sync.stop()
         if self.health is not None:
             self.health.stop()
+        if self.replanner is not None:
+            self.replanner.stop()
 
     def serve(self) -> None:
         self.start()

@@ -11,9 +11,8 @@ from flotilla.operator.actions import Action, ApplyDeployment, PatchStatus, Post
 from flotilla.operator.training import set_condition
 from flotilla.operator.timeutil import rfc3339
 from flotilla.resources import names, phases
-from flotilla.serving.planner import Plan, PlanRequest, plan
-from flotilla.serving.profile import resolve_profile
-from flotilla.serving.workload import SLO, Workload
+from flotilla.serving.planner import Plan, plan
+from flotilla.serving.spec import plan_request
 
 Body = Mapping[str, Any]
 PLURAL = "servingdeployments"
@@ -51,16 +50,7 @@ def _pinned(spec: Body, role: str) -> int | None:
 def initial_plan(spec: Body) -> Plan:
     """The PD planner's plan for the spec's workload estimate (auto mode, before any observation).
     Raises ValueError (ProfileError included) with the field named."""
-    workload, slo = spec["workload"], spec["slo"]
-    return plan(PlanRequest(
-        workload=Workload.from_means(float(workload["requestsPerSecond"]), float(workload["inputTokens"]),
-                                     float(workload["outputTokens"])),
-        slo=SLO(float(slo["ttftMs"]), float(slo["tpotMs"]), float(slo.get("attainment", 0.9))),
-        profile=resolve_profile(spec["profile"]),
-        min_gpus=int(spec.get("minGPUs", 0)), max_gpus=int(spec["maxGPUs"]),
-        # Deployments run prefill and decode apart; a colocated plan has no pool to run in yet.
-        allow_colocated=False,
-        prefill_gpus=_pinned(spec, names.ROLE_PREFILL), decode_gpus=_pinned(spec, names.ROLE_DECODE)))
+    return plan(plan_request(spec))
 
 
 def target(body: Body) -> Target:
