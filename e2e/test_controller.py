@@ -140,9 +140,14 @@ def test_a_gpu_fault_moves_the_job_off_the_node_through_a_checkpoint(operator, c
         for a in agents:
             a.stop()
         sim.stop()
-        r = controller.post(f"/v1/nodes/{faulty}/return-to-service", json={"reason": "e2e: replaced the GPU"})
-        assert r.status_code == 200, r.text
+        # Stopped agents fall silent, which the controller rightly reads as lost heartbeats: every node
+        # that had an agent goes back to service explicitly (this also forgets its heartbeat).
+        for n in nodes:
+            r = controller.post(f"/v1/nodes/{n}/return-to-service", json={"reason": "e2e: agents stopped"})
+            assert r.status_code == 200, r.text
     assert wait_for("node back in service", lambda: node_health(faulty) == ("True", []), timeout=30)
+    for n in nodes:
+        wait_for(f"{n} untainted", lambda: not node_health(n)[1], timeout=30)
 
 
 def test_draining_a_node_through_the_api_moves_its_job_through_a_checkpoint(operator, controller, namespace,

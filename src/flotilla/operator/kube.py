@@ -58,7 +58,10 @@ class Kube:
             try:
                 return await asyncio.to_thread(self._call, action)
             except ApiException as e:
-                log.warning("%s failed: %s %s", type(action).__name__, e.status, _api_message(e))
+                message = _api_message(e)
+                # Objects in a namespace being deleted: expected while it goes, not worth a warning.
+                level = logging.DEBUG if e.status == 403 and "being terminated" in message else logging.WARNING
+                log.log(level, "%s failed: %s %s", type(action).__name__, e.status, message)
             except Exception:  # a network fault must not kill the reconcile loop
                 log.exception("%s failed", type(action).__name__)
             return None
