@@ -55,15 +55,25 @@ def _tables(sizes: tuple[int, ...], rates: tuple[float, ...]) -> tuple[np.ndarra
 
 
 class CapacityProfile:
-    """Free (not yet promised) GPUs as a step function of time from `now`."""
+    """Free (not yet promised) GPUs as a step function of time from `now`.
 
-    def __init__(self, now: float, capacity: int) -> None:
+    `claimed` takes GPUs out of `capacity` from each given time on (see ClusterSnapshot.claimed).
+    """
+
+    def __init__(self, now: float, capacity: int, claimed: tuple[tuple[float, int], ...] = ()) -> None:
+        steps = sorted(claimed)
+        later = [(t, g) for t, g in steps if t > now]
         # Segment k covers [bounds[k], bounds[k+1]); arrays have spare room at the end.
-        self._bounds = np.full(64, np.inf)
+        room = max(64, 2 * len(later) + 8)
+        self._bounds = np.full(room, np.inf)
+        self._free = np.zeros(room)
         self._bounds[0] = now
-        self._free = np.zeros(64)
-        self._free[0] = capacity
-        self._segments = 1
+        self._free[0] = capacity - next((g for t, g in reversed(steps) if t <= now), 0)
+        for k, (t, g) in enumerate(later, start=1):
+            self._bounds[k] = t
+            self._free[k] = capacity - g
+        self._free = np.maximum(self._free, 0)
+        self._segments = 1 + len(later)
 
     @property
     def bounds(self) -> np.ndarray:
