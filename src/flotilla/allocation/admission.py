@@ -35,7 +35,6 @@ class Shortfall:
     deadline: float  # the deadline it was judged against (its own, less one restore)
 
     def describe(self) -> str:
-        late = math.ceil(self.best_finish - self.deadline)
         if self.gpus_needed is None:
             need = "more than its maxGPUs"
         else:
@@ -43,6 +42,7 @@ class Shortfall:
         if self.best_finish == float("inf"):
             more = "no GPUs it can use are ever free of other guarantees"
         else:
+            late = math.ceil(self.best_finish - self.deadline)
             more = (f"with what is not promised to others it would finish {late} s too late "
                     f"(deadline less one restore)")
         return f"needs {need}; {more}"
@@ -94,7 +94,7 @@ class CapacityProfile:
         lens = np.minimum(bounds[1 : k + 1], until) - starts
         r = rates0[idx]
         # An unused segment that never ends must add 0, not 0 * inf.
-        work = np.cumsum(np.where(r > 0, r * lens, 0.0))
+        work = np.cumsum(r * np.where(r > 0, lens, 0.0))
         remaining = job.remaining_steps
         if not len(work) or work[-1] < remaining - 1e-9:
             return None
