@@ -27,7 +27,7 @@ from flotilla.sim.unified_scenarios import build  # noqa: E402
 
 # scenario -> mean serving rate (req/s): the diurnal day peaks near 48 of 64 GPUs, the burst near 34.
 RATES = {"diurnal": 250.0, "burst": 150.0}
-TRAINING_LOAD = 1.0
+TRAINING_LOAD = 1.3
 QUICK = {"seeds": (1, 2, 3), "duration_s": 12 * 3600.0, "training_jobs": 400}
 FULL = {"seeds": tuple(range(1, 9)), "duration_s": 24 * 3600.0, "training_jobs": 800}
 
