@@ -82,8 +82,10 @@ def decide(snapshot: PoolSnapshot, policy: PoolPolicy = PoolPolicy()) -> PoolDec
     claimed = _claims(servings, now, policy)
     training = ClusterSnapshot(now, training_nodes, snapshot.jobs, claimed)
     decision = _ALLOCATOR.decide(training)
-    # An admitted job keeps at least the share it needs with serving as it is now, even when
-    # serving's forecast has since outgrown what admission counted on.
+    # An admitted job keeps the larger of two shares: the one it needs now with serving at its target now
+    # and at its forecast later, and the one it needs were serving to stay as it is. The second keeps
+    # its guarantee when serving outgrows what admission counted on, or when the first would let it
+    # fall behind now and count on catching up later.
     plain = _ALLOCATOR.decide(replace(training, claimed=()))
     protected = {key: max(d.guaranteed_gpus, plain.jobs[key].guaranteed_gpus) if d.verdict is Verdict.ADMITTED else 0
                  for key, d in decision.jobs.items()}
