@@ -1,9 +1,12 @@
-"""The unified-pool simulator: a hand-checked loan, the static partitions, scenarios, errors."""
+"""The unified-pool simulator: a hand-checked loan, the static partitions, scenarios, errors, the command."""
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
+from flotilla import cli
 from flotilla.allocation import ScalingCurve
 from flotilla.sim.training_trace import TraceJob
 from flotilla.sim.unified import POLICIES, Scenario, ServingLoad, simulate
@@ -69,3 +72,12 @@ def test_bad_arguments_name_the_field():
         build("weekly", seed=1)
     with pytest.raises(ValueError, match="training_jobs"):
         build("diurnal", seed=1, training_jobs=5)
+
+
+def test_command_prints_one_result_per_policy(capsys):
+    code = cli.main(["simulate-unified", "--scenario", "diurnal", "--gpus", "32", "--hours", "1", "--rate", "100",
+                     "--training-jobs", "100", "--json"])
+    lines = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+    assert code == 0 and [r["policy"] for r in lines] == list(POLICIES)
+    assert cli.main(["simulate-unified", "--scenario", "burst", "--hours", "0"]) == 2
+    assert "--hours: must be > 0" in capsys.readouterr().out
