@@ -6,7 +6,8 @@ from dataclasses import replace
 
 import pytest
 
-from flotilla.allocation import JobState, NodeState, ScalingCurve, Verdict
+from flotilla.allocation import ClusterSnapshot, JobState, NodeState, ScalingCurve, Verdict
+from flotilla.allocation.elastic import DeadlineElastic
 from flotilla.pool import PoolDecision, PoolPolicy, PoolSnapshot, ServingState, decide
 
 LINEAR = ScalingCurve.of({1: 1.0, 16: 16.0})
@@ -175,3 +176,14 @@ def test_policy_errors_name_the_field(values, message):
 def test_policy_from_mapping():
     assert PoolPolicy.from_mapping({"holdDownSeconds": 60, "borrowGuaranteed": True}) == PoolPolicy(
         hold_down_seconds=60, borrow_guaranteed=True)
+
+
+@pytest.mark.parametrize("claimed, verdict", [
+    ((), Verdict.REJECTED),  # 8 GPUs x 1000 s = 8000 steps < 11000
+    (((500.0, -8),), Verdict.ADMITTED),  # 8 more GPUs from 500 s: 4000 + 16 x 500 = 12000 steps
+    (((0.0, 4), (500.0, -8)), Verdict.REJECTED),  # 4 x 500 + 16 x 500 = 10000 steps
+])
+def test_elastic_admission_counts_claims_over_time(claimed, verdict):
+    new = replace(job("new", 11000, 1000.0, {}, restore=0.0, verdict=None), max_gpus=16)
+    decision = DeadlineElastic().decide(ClusterSnapshot(0.0, (NodeState("n0", 8),), (new,), claimed))
+    assert decision.jobs["default/new"].verdict is verdict
