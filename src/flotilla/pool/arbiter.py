@@ -8,8 +8,8 @@
    `hold_down_seconds` (`below_since` carries that clock from one decision to the next).
    GPUs on unschedulable nodes are lost and must be found again.
 2. Serving growth takes idle GPUs first.
-3. Training: the elastic allocator (allocation.elastic) runs on what serving holds
-   not, with serving's forecast over time as a claim in the admission profile
+3. Training: the elastic allocator (allocation.elastic) runs on the GPUs serving does
+   not hold, with serving's forecast over time as a claim in the admission profile
    (ClusterSnapshot.claimed): a job is admitted, and its minimum satisfactory share
    sized, so that it meets its deadline even when serving reaches its forecast (plus
    the policy's headroom). Leftovers go to training by marginal gain, as before.
@@ -173,7 +173,6 @@ class _Shrink:
     freed: dict[str, int]
     cost: float  # GPU-seconds the job loses: restore plus redoing the work since its last checkpoint
     stranded: int  # freed GPUs that do not make a whole serving instance
-    gain: int  # GPUs of serving need it meets
 
 
 def _borrow(s: _Serving, jobs: dict[str, JobState], placements: dict[str, dict[str, int]],
@@ -218,7 +217,7 @@ def _shrink_option(job: JobState, placement: dict[str, int], floor: int, s: _Ser
         return None
     lost_seconds = job.steps_since_checkpoint / job.curve.rate(current)
     return _Shrink(job.key, size, kept, freed, (job.restore_seconds + lost_seconds) * current,
-                   sum(freed.values()) - gain, gain)
+                   sum(freed.values()) - gain)
 
 
 def _ref(kind: str, key: str, seen_from: str) -> str:
