@@ -25,6 +25,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "detect": ("flotilla.commands.detect", "Run the health detectors offline over a JSONL metrics dump"),
     "simulate": ("flotilla.commands.simulate", "Simulate training policies on a job trace, or generate a synthetic trace"),
     "controller": ("flotilla.commands.controller", "Run the controller: REST admin API, metrics, ingest and decision history"),
+    "simulate-unified": ("flotilla.commands.simulate_unified", "Simulate training and serving on one pool against static partitions"),
 }
 
 

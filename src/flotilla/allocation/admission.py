@@ -35,7 +35,6 @@ class Shortfall:
     deadline: float  # the deadline it was judged against (its own, less one restore)
 
     def describe(self) -> str:
-        late = math.ceil(self.best_finish - self.deadline)
         if self.gpus_needed is None:
             need = "more than its maxGPUs"
         else:
@@ -43,6 +42,7 @@ class Shortfall:
         if self.best_finish == float("inf"):
             more = "no GPUs it can use are ever free of other guarantees"
         else:
+            late = math.ceil(self.best_finish - self.deadline)
             more = (f"with what is not promised to others it would finish {late} s too late "
                     f"(deadline less one restore)")
         return f"needs {need}; {more}"
@@ -55,15 +55,25 @@ def _tables(sizes: tuple[int, ...], rates: tuple[float, ...]) -> tuple[np.ndarra
 
 
 class CapacityProfile:
-    """Free (not yet promised) GPUs as a step function of time from `now`."""
+    """Free (not yet promised) GPUs as a step function of time from `now`.
 
-    def __init__(self, now: float, capacity: int) -> None:
+    `claimed` takes GPUs out of `capacity` from each given time on (see ClusterSnapshot.claimed).
+    """
+
+    def __init__(self, now: float, capacity: int, claimed: tuple[tuple[float, int], ...] = ()) -> None:
+        steps = sorted(claimed)
+        later = [(t, g) for t, g in steps if t > now]
         # Segment k covers [bounds[k], bounds[k+1]); arrays have spare room at the end.
-        self._bounds = np.full(64, np.inf)
+        room = max(64, 2 * len(later) + 8)
+        self._bounds = np.full(room, np.inf)
+        self._free = np.zeros(room)
         self._bounds[0] = now
-        self._free = np.zeros(64)
-        self._free[0] = capacity
-        self._segments = 1
+        self._free[0] = capacity - next((g for t, g in reversed(steps) if t <= now), 0)
+        for k, (t, g) in enumerate(later, start=1):
+            self._bounds[k] = t
+            self._free[k] = capacity - g
+        self._free = np.maximum(self._free, 0)
+        self._segments = 1 + len(later)
 
     @property
     def bounds(self) -> np.ndarray:
@@ -84,7 +94,7 @@ class CapacityProfile:
         lens = np.minimum(bounds[1 : k + 1], until) - starts
         r = rates0[idx]
         # An unused segment that never ends must add 0, not 0 * inf.
-        work = np.cumsum(np.where(r > 0, r * lens, 0.0))
+        work = np.cumsum(r * np.where(r > 0, lens, 0.0))
         remaining = job.remaining_steps
         if not len(work) or work[-1] < remaining - 1e-9:
             return None

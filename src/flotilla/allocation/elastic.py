@@ -25,7 +25,7 @@ import heapq
 from dataclasses import dataclass
 
 from flotilla.allocation.admission import CapacityProfile, Reservation
-from flotilla.allocation.placement import free_gpus, place
+from flotilla.allocation.placement import free_gpus, place, shrink_in_place
 from flotilla.allocation.sizes import fit_size, job_sizes
 from flotilla.allocation.snapshot import ClusterSnapshot, Decision, JobDecision, JobState, Verdict
 
@@ -76,7 +76,7 @@ class DeadlineElastic:
             else:
                 candidates.append(job)
 
-        ledger = _Ledger.of(now, capacity, admitted, held)
+        ledger = _Ledger.of(now, capacity, admitted, held, snapshot.claimed)
         for job in admitted:
             if job.key in ledger.got:
                 plans[job.key] = _Plan(job, Verdict.ADMITTED, "admitted")
@@ -143,7 +143,7 @@ class DeadlineElastic:
             if p.current and p.target == p.current:
                 kept[p.job.key] = dict(p.job.placement)
             elif p.current and 0 < p.target < p.current:
-                kept[p.job.key] = _shrink_in_place(p.job, p.target)
+                kept[p.job.key] = shrink_in_place(p.job.placement, p.target, p.job.gpus_per_worker)
         free = free_gpus(snapshot.nodes, kept.values())
         placements = dict(kept)
         unplaced: dict[str, str] = {}
@@ -185,25 +185,27 @@ class _Ledger:
 
     CHECKPOINT_EVERY = 16
 
-    def __init__(self, now: float, capacity: int, held: dict[str, int]) -> None:
-        self.now, self.capacity, self.held = now, capacity, held
+    def __init__(self, now: float, capacity: int, held: dict[str, int],
+                 claimed: tuple[tuple[float, int], ...] = ()) -> None:
+        self.now, self.capacity, self.held, self.claimed = now, capacity, held, claimed
         self.order: list[JobState] = []
         self.got: dict[str, Reservation] = {}
         self.checkpoints: list[CapacityProfile] = []  # [k]: the profile before order[k * CHECKPOINT_EVERY]
-        self.profile = CapacityProfile(now, capacity)
+        self.profile = CapacityProfile(now, capacity, claimed)
 
     @classmethod
-    def of(cls, now: float, capacity: int, jobs: list[JobState], held: dict[str, int]) -> "_Ledger":
-        ledger = cls(now, capacity, held)
+    def of(cls, now: float, capacity: int, jobs: list[JobState], held: dict[str, int],
+           claimed: tuple[tuple[float, int], ...] = ()) -> "_Ledger":
+        ledger = cls(now, capacity, held, claimed)
         ledger.order = sorted(jobs, key=_edf)
-        ledger._run(0, CapacityProfile(now, capacity))
+        ledger._run(0, CapacityProfile(now, capacity, claimed))
         return ledger
 
     def with_job(self, job: JobState) -> "_Ledger":
         """A new ledger with `job` added in deadline order (this one is unchanged)."""
         position = bisect.bisect_left([_edf(j) for j in self.order], _edf(job))
         k = position // self.CHECKPOINT_EVERY
-        other = _Ledger(self.now, self.capacity, self.held)
+        other = _Ledger(self.now, self.capacity, self.held, self.claimed)
         other.order = self.order[:position] + [job] + self.order[position:]
         other.checkpoints = self.checkpoints[:k]
         start = k * self.CHECKPOINT_EVERY
@@ -270,19 +272,6 @@ def _worth_growing(job: JobState, current: int, size: int) -> bool:
     stay = remaining / job.curve.rate(current)
     move = 2 * job.restore_seconds + (remaining + job.steps_since_checkpoint) / job.curve.rate(size)
     return move < stay
-
-
-def _shrink_in_place(job: JobState, gpus: int) -> dict[str, int]:
-    """Give back GPUs in whole workers from the nodes where the job holds the fewest."""
-    placement = dict(job.placement)
-    extra = job.gpus - gpus
-    for node in sorted(placement, key=lambda n: (placement[n], n)):
-        give = min(extra, placement[node]) // job.gpus_per_worker * job.gpus_per_worker
-        placement[node] -= give
-        extra -= give
-        if not extra:
-            break
-    return {n: g for n, g in placement.items() if g}
 
 
 def _reason(p: _Plan, gpus: int, unplaced: str | None) -> str:

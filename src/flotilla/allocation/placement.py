@@ -58,3 +58,16 @@ def place(gpus: int, unit: int, free: Mapping[str, int], nodes: Iterable[NodeSta
         if not left:
             return placement
     return None
+
+
+def shrink_in_place(placement: Mapping[str, int], gpus: int, unit: int) -> dict[str, int]:
+    """Keep `gpus` of a placement, giving back whole `unit`-GPU workers from the nodes where it holds the fewest."""
+    kept = dict(placement)
+    extra = sum(kept.values()) - gpus
+    for node in sorted(kept, key=lambda n: (kept[n], n)):
+        if extra <= 0:
+            break
+        give = min(extra, kept[node]) // unit * unit
+        kept[node] -= give
+        extra -= give
+    return {n: g for n, g in kept.items() if g}

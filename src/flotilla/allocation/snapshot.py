@@ -85,6 +85,9 @@ class ClusterSnapshot:
     now: float
     nodes: tuple[NodeState, ...]
     jobs: tuple[JobState, ...]
+    # Others' claims on `usable_gpus` over time, as (from time, GPUs) steps (0 before the first):
+    # GPUs that serving is forecast to take (negative: to give back). Admission keeps them free.
+    claimed: tuple[tuple[float, int], ...] = ()
 
     @property
     def usable_gpus(self) -> int:

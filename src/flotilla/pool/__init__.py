@@ -1,1 +1,15 @@
-"""Pure: the arbiter that shares one GPU pool between training and serving."""
+"""One GPU pool shared by deadline training and SLO serving (pure): the arbiter and its types."""
+
+from flotilla.pool.arbiter import decide
+from flotilla.pool.types import (
+    Loan,
+    PoolDecision,
+    PoolPolicy,
+    PoolSnapshot,
+    ServingDecision,
+    ServingState,
+    Transition,
+)
+
+__all__ = ["decide", "Loan", "PoolDecision", "PoolPolicy", "PoolSnapshot", "ServingDecision", "ServingState",
+           "Transition"]

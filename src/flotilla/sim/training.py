@@ -36,7 +36,9 @@ def make_nodes(gpus: int) -> tuple[NodeState, ...]:
 
 
 @dataclass
-class _Job:
+class SimJob:
+    """A trace job as it runs: progress, placement, restore pauses."""
+
     trace: TraceJob
     done: float = 0.0
     placement: dict[str, int] = field(default_factory=dict)
@@ -68,7 +70,7 @@ class _Job:
 
 def initial_state(job: TraceJob) -> JobState:
     """The allocator's view of a trace job that has just arrived."""
-    return _Job(job).state()
+    return SimJob(job).state()
 
 
 @dataclass(frozen=True)
@@ -101,8 +103,8 @@ def simulate(trace: Sequence[TraceJob], gpus: int, policy: Allocator, progress: 
     arrivals = sorted(trace, key=lambda j: (j.submit, j.job_id))
     if not arrivals:
         raise ValueError("the trace has no jobs")
-    jobs = {j.job_id: _Job(j) for j in arrivals}
-    active: dict[str, _Job] = {}
+    jobs = {j.job_id: SimJob(j) for j in arrivals}
+    active: dict[str, SimJob] = {}
     bar = _ProgressBar(progress, policy.name, len(arrivals))
     next_arrival = 0
     now = arrivals[0].submit
@@ -121,7 +123,7 @@ def simulate(trace: Sequence[TraceJob], gpus: int, policy: Allocator, progress: 
             decision = policy.decide(snapshot)
             decision_s.append(time.perf_counter() - started)
             for key, job in list(active.items()):
-                _apply(job, decision.for_job(key), now)
+                apply_decision(job, decision.for_job(key), now)
                 if job.verdict is Verdict.REJECTED:
                     del active[key]
                     completed += 1
@@ -166,7 +168,7 @@ def simulate(trace: Sequence[TraceJob], gpus: int, policy: Allocator, progress: 
     )
 
 
-def _apply(job: _Job, decision: JobDecision | None, now: float) -> None:
+def apply_decision(job: SimJob, decision: JobDecision | None, now: float) -> None:
     if decision is None:
         return
     if decision.verdict is not Verdict.PENDING:
