@@ -4,13 +4,15 @@ from __future__ import annotations
 
 import json
 import os
+import secrets
 import shutil
 import signal
 import subprocess
 import sys
 import time
+from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Iterator
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -99,6 +101,36 @@ class FlotillaProcess:
 
     def alive(self) -> bool:
         return self.proc is not None and self.proc.poll() is None
+
+
+@contextmanager
+def controller_api(log_dir: Path, state: Path, *extra: str) -> Iterator[Any]:
+    """`flotilla controller` on a free port (SQLite in `state`), yielding an admin API client."""
+    import httpx
+
+    from flotilla.testing.services import free_port
+
+    admin = secrets.token_hex(16)
+    (state / "tokens").write_text(f"{admin},admin,e2e\n")
+    port = free_port()
+    proc = FlotillaProcess(log_dir / f"controller-{state.name}.log", "controller", "--db-url",
+                           f"sqlite:///{state}/c.db", "--tokens-file", str(state / "tokens"), "--port", str(port),
+                           *extra).start()
+    api = httpx.Client(base_url=f"http://127.0.0.1:{port}", headers={"Authorization": f"Bearer {admin}"},
+                       timeout=10)
+
+    def ready() -> bool:
+        try:
+            return api.get("/readyz").status_code == 200
+        except httpx.TransportError:
+            return False
+
+    try:
+        wait_for("controller ready", ready, timeout=60)
+        yield api
+    finally:
+        api.close()
+        proc.stop()
 
 
 def OperatorProcess(log_path: Path, *extra: str) -> FlotillaProcess:

@@ -10,7 +10,6 @@
 from __future__ import annotations
 
 import json
-import secrets
 
 import httpx
 import pytest
@@ -19,16 +18,16 @@ from e2e.kube import (
     FlotillaProcess,
     SimulatedWorkersProcess,
     apply,
+    controller_api,
     get,
     items,
     kubectl,
     wait_for,
     wait_for_gpus_free_outside,
 )
-from flotilla.testing.services import free_port, redis_server
+from flotilla.testing.services import redis_server
 
 OPERATOR_ARGS = ("--policy", "elastic-deadline")
-ADMIN = secrets.token_hex(16)
 
 
 @pytest.fixture(scope="module")
@@ -39,27 +38,8 @@ def redis_url():
 
 @pytest.fixture(scope="module")
 def controller(redis_url, log_dir, tmp_path_factory):
-    state = tmp_path_factory.mktemp("controller")
-    (state / "tokens").write_text(f"{ADMIN},admin,e2e\n")
-    port = free_port()
-    proc = FlotillaProcess(log_dir / "controller.log", "controller", "--db-url", f"sqlite:///{state}/c.db",
-                           "--redis-url", redis_url, "--tokens-file", str(state / "tokens"),
-                           "--port", str(port)).start()
-    api = httpx.Client(base_url=f"http://127.0.0.1:{port}", headers={"Authorization": f"Bearer {ADMIN}"},
-                       timeout=10)
-
-    def ready():
-        try:
-            return api.get("/readyz").status_code == 200
-        except httpx.TransportError:
-            return False
-
-    try:
-        wait_for("controller ready", ready, timeout=60)
+    with controller_api(log_dir, tmp_path_factory.mktemp("controller"), "--redis-url", redis_url) as api:
         yield api
-    finally:
-        api.close()
-        proc.stop()
 
 
 def job_manifest(name: str) -> str:

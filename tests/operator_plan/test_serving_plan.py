@@ -1,5 +1,5 @@
 from flotilla.operator import serving
-from flotilla.operator.actions import ApplyDeployment, PatchStatus
+from flotilla.operator.actions import ApplyDeployment, PatchStatus, PostEvent
 from tests.operator_plan.builders import T0
 
 
@@ -91,3 +91,42 @@ def test_a_changed_gpu_limit_on_a_deployment_is_put_back():
     deps["prefill"]["spec"]["template"]["spec"]["containers"][0]["resources"]["limits"]["nvidia.com/gpu"] = "8"
     actions = serving.plan_serving(sd(status={"lastPlan": {"time": "t", "reason": "r"}}), deps, T0)
     assert [a.manifest["metadata"]["name"] for a in actions if isinstance(a, ApplyDeployment)] == ["chat-prefill"]
+
+
+def _dep(replicas, gpus, ready=None, planned=None):
+    d = {"metadata": {"name": "x", "annotations": {}},
+         "spec": {"replicas": replicas, "template": {"spec": {"containers": [
+             {"resources": {"limits": {"nvidia.com/gpu": str(gpus)}}}]}}},
+         "status": {"replicas": replicas, "readyReplicas": replicas if ready is None else ready}}
+    if planned is not None:
+        d["metadata"]["annotations"]["flotilla.dev/planned-replicas"] = str(planned)
+    return d
+
+
+def test_a_new_plan_shrinks_first_and_grows_only_within_max_gpus():
+    # 3 prefill + 1 decode (2 GPUs each) -> 1 prefill + 3 decode on maxGPUs=8: growing decode
+    # before prefill has shrunk would hold 12 GPUs.
+    status = {"lastPlan": {"time": "t", "reason": "r"}, "ratio": "3:1", "gpus": 8}
+    body = sd(p=1, d=3, max_gpus=8, status=status)
+    deps = {"prefill": _dep(3, 2, planned=3), "decode": _dep(1, 2, planned=1)}
+    actions = serving.plan_serving(body, deps, T0)
+    applied = {a.manifest["metadata"]["name"]: a.manifest["spec"]["replicas"]
+               for a in actions if isinstance(a, ApplyDeployment)}
+    assert applied == {"chat-prefill": 1}
+    assert [a.reason for a in actions if isinstance(a, PostEvent)] == ["Scaled"]
+    # Once prefill is down to 1 instance, decode may grow.
+    deps["prefill"] = _dep(1, 2, planned=1)
+    status = {**status, "ratio": "1:3"}
+    again = serving.plan_serving(sd(p=1, d=3, max_gpus=8, status=status), deps, T0)
+    assert [(a.manifest["metadata"]["name"], a.manifest["spec"]["replicas"])
+            for a in again if isinstance(a, ApplyDeployment)] == [("chat-decode", 3)]
+    assert not [a for a in again if isinstance(a, PostEvent) and a.reason == "ReplicasReverted"]
+
+
+def test_a_hand_edit_is_put_back_with_a_warning_that_says_who_owns_the_count():
+    status = {"lastPlan": {"time": "t", "reason": "r"}, "ratio": "1:2", "gpus": 6}
+    deps = {"prefill": _dep(1, 2, planned=1), "decode": _dep(5, 2, planned=2)}
+    actions = serving.plan_serving(sd(status=status), deps, T0)
+    assert [a.manifest["spec"]["replicas"] for a in actions if isinstance(a, ApplyDeployment)] == [2]
+    [warning] = [a for a in actions if isinstance(a, PostEvent) and a.reason == "ReplicasReverted"]
+    assert warning.type == "Warning" and "by hand to 5" in warning.message and "spec.planner" in warning.message

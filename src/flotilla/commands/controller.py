@@ -38,6 +38,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="do not re-plan auto-mode ServingDeployments from pushed serving statistics")
     parser.add_argument("--scale-down-after", type=float, default=300.0, metavar="SECONDS",
                         help="a serving plan must hold this long before a smaller one replaces it (default 300)")
+    parser.add_argument("--peak-memory", type=float, default=1800.0, metavar="SECONDS",
+                        help="a smaller serving plan must fit the highest rate seen this long (default 1800)")
     parser.add_argument("--stragglers", choices=("report", "evict"), default="report",
                         help="report a straggler only, or also taint its node and move its jobs (default: report)")
 
@@ -51,7 +53,8 @@ def run(args: argparse.Namespace) -> int:
                         kubernetes=not args.no_kubernetes, sample_retention_s=args.sample_retention,
                         ingest_limit=args.ingest_limit, cors_origins=tuple(args.cors_origin),
                         health=not args.no_health, straggler_action=args.stragglers, replan=not args.no_replan,
-                        replan_policy=ReplanPolicy(scale_down_delay_s=args.scale_down_after))
+                        replan_policy=ReplanPolicy(scale_down_delay_s=args.scale_down_after,
+                                                   peak_memory_s=args.peak_memory))
     if args.db_url:
         settings.db_url = args.db_url
     if args.tokens_file:

@@ -95,6 +95,7 @@ def deployment(body: Body, role: str, replicas: int, gpus_per_instance: int) -> 
             "name": deployment_name(meta["name"], role),
             "namespace": meta["namespace"],
             "labels": {**selector, names.LABEL_MANAGED_BY: names.MANAGED_BY},
+            "annotations": {names.ANNOTATION_PLANNED_REPLICAS: str(replicas)},
             "ownerReferences": [{"apiVersion": API_VERSION, "kind": "ServingDeployment", "name": meta["name"],
                                  "uid": meta["uid"], "controller": True, "blockOwnerDeletion": True}],
         },
@@ -125,10 +126,7 @@ def plan_serving(body: Body, deployments: Mapping[str, Body], now: float) -> lis
     if want.gpus > int(spec["maxGPUs"]):
         return refuse("OverBudget", f"the plan needs {want.gpus} GPUs, more than spec.maxGPUs={spec['maxGPUs']}")
 
-    for role in ROLES:
-        dep = deployments.get(role)
-        if dep is None or _drifted(dep, want.replicas[role], want.gpus_per_instance[role]):
-            actions.append(ApplyDeployment(deployment(body, role, want.replicas[role], want.gpus_per_instance[role])))
+    actions.extend(_deployment_changes(body, deployments, want, status))
     ready = {r: int(((deployments.get(r) or {}).get("status") or {}).get("readyReplicas") or 0) for r in ROLES}
     all_ready = all(ready[r] >= want.replicas[r] for r in ROLES)
     phase = phases.READY if all_ready else phases.PROGRESSING
@@ -171,6 +169,62 @@ def plan_serving(body: Body, deployments: Mapping[str, Body], now: float) -> lis
     if patch:
         actions.insert(0, PatchStatus(PLURAL, meta["namespace"], meta["name"], patch))
     return actions
+
+
+def _deployment_gpus(dep: Body | None) -> tuple[int, int]:
+    """(instances that exist or are wanted, GPUs per instance) of a Deployment as it is now."""
+    if dep is None:
+        return 0, 0
+    spec, status = dep.get("spec") or {}, dep.get("status") or {}
+    containers = ((spec.get("template") or {}).get("spec") or {}).get("containers") or [{}]
+    limit = ((containers[0].get("resources") or {}).get("limits") or {}).get(names.GPU_RESOURCE, 0)
+    return max(int(spec.get("replicas") or 0), int(status.get("replicas") or 0)), int(str(limit))
+
+
+def _deployment_changes(body: Body, deployments: Mapping[str, Body], want: Target,
+                        status: Mapping[str, Any]) -> list[Action]:
+    """Deployment updates that move toward the plan without ever holding more than maxGPUs:
+    shrinking roles at once; a growing role only once the pods that exist now (a shrinking
+    role's old pods hold their GPUs until they are gone), plus its growth, fit."""
+    budget = int(body["spec"]["maxGPUs"])
+    held = {r: _deployment_gpus(deployments.get(r)) for r in ROLES}
+    in_use = sum(n * g for n, g in held.values())
+    changes: list[Action] = []
+    growing = []
+    for role in ROLES:
+        dep = deployments.get(role)
+        if dep is not None and not _drifted(dep, want.replicas[role], want.gpus_per_instance[role]):
+            continue
+        after = want.replicas[role] * want.gpus_per_instance[role]
+        if after > held[role][0] * held[role][1]:
+            growing.append(role)
+            continue
+        changes.append(ApplyDeployment(deployment(body, role, want.replicas[role], want.gpus_per_instance[role])))
+    for role in growing:
+        after = want.replicas[role] * want.gpus_per_instance[role]
+        now_role = held[role][0] * held[role][1]
+        if in_use - now_role + after <= budget:
+            in_use += after - now_role
+            changes.append(ApplyDeployment(deployment(body, role, want.replicas[role], want.gpus_per_instance[role])))
+    owner = ("spec.planner" if (body["spec"].get("planner") or {}).get("mode") == "fixed"
+             else "the planner (auto mode)")
+    for role in ROLES:
+        dep = deployments.get(role)
+        if dep is not None and _edited_by_hand(dep):
+            changes.append(PostEvent(involved(body), "Warning", names.Reason.REPLICAS_REVERTED,
+                                     f"{dep['metadata']['name']} was scaled by hand to {dep['spec'].get('replicas')}; "
+                                     f"putting back {want.replicas[role]}: {owner} owns the replica count"))
+    replanned = status.get("lastPlan") and status.get("ratio") not in (None, want.ratio)
+    if replanned and changes:
+        changes.append(PostEvent(involved(body), "Normal", names.Reason.SCALED,
+                                 f"prefill:decode {status.get('ratio')} -> {want.ratio} on {want.gpus} GPUs: "
+                                 f"{want.reason}"))
+    return changes
+
+
+def _edited_by_hand(dep: Body) -> bool:
+    planned = ((dep.get("metadata") or {}).get("annotations") or {}).get(names.ANNOTATION_PLANNED_REPLICAS)
+    return planned is not None and str((dep.get("spec") or {}).get("replicas")) != planned
 
 
 def _drifted(dep: Body, replicas: int, gpus_per_instance: int) -> bool:

@@ -21,6 +21,9 @@ ANNOTATION_CHECKPOINT_ACK = f"{GROUP}/checkpoint-ack"  # JSON {"generation", "st
 # JSON {"steps", "stepsPerSecond", "time", "generation", "checkpointStep"}, written by rank 0.
 ANNOTATION_PROGRESS = f"{GROUP}/progress"
 
+# On a serving Deployment: the replicas the operator set; a different spec.replicas is a hand edit.
+ANNOTATION_PLANNED_REPLICAS = f"{GROUP}/planned-replicas"
+
 # Node health.
 NODE_CONDITION_HEALTHY = "FlotillaGPUHealthy"
 TAINT_UNHEALTHY = f"{GROUP}/unhealthy"
@@ -54,6 +57,7 @@ class Reason:
     ON_TRACK = "OnTrack"
     DEPLOYMENTS_SYNCED = "DeploymentsSynced"
     SCALED = "Scaled"
+    REPLICAS_REVERTED = "ReplicasReverted"
     AVAILABLE = "Available"
     PROGRESSING = "Progressing"
     SLO_AT_RISK = "SLOAtRisk"

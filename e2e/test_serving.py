@@ -1,0 +1,96 @@
+"""SLO-driven serving on a real API server: the controller re-plans from pushed statistics, the operator follows."""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+
+import pytest
+
+from e2e.kube import apply, controller_api, get, items, wait_for
+
+INTERVAL = 5
+SCALE_DOWN_AFTER = 15
+
+
+@pytest.fixture(scope="module")
+def controller(log_dir, tmp_path_factory):
+    with controller_api(log_dir, tmp_path_factory.mktemp("serving-controller"),
+                        "--scale-down-after", str(SCALE_DOWN_AFTER), "--peak-memory", str(SCALE_DOWN_AFTER)) as api:
+        yield api
+
+
+class LoadDriver:
+    """Pushes one statistics window per second at the current rate, like a router would."""
+
+    def __init__(self, api, path: str):
+        self.api, self.path, self.rate = api, path, 6.0
+        self._stop = threading.Event()
+        self.thread = threading.Thread(target=self._run, daemon=True)
+
+    def _run(self):
+        while not self._stop.wait(1.0):
+            body = {"windowSeconds": 10, "requestsPerSecond": self.rate, "meanPromptTokens": 512,
+                    "meanOutputTokens": 128, "ttftP90Ms": 150, "tpotP90Ms": 40, "attainment": 0.99,
+                    "requests": int(self.rate * 10)}
+            self.api.post(self.path, json=body)
+
+    def __enter__(self):
+        self.thread.start()
+        return self
+
+    def __exit__(self, *exc):
+        self._stop.set()
+        self.thread.join()
+
+
+def test_the_pd_ratio_follows_the_load_up_fast_and_down_slowly_without_flapping(operator, controller, namespace):
+    body = {"apiVersion": "flotilla.dev/v1alpha1", "kind": "ServingDeployment", "metadata": {"name": "chat"},
+            "spec": {"slo": {"ttftMs": 400, "tpotMs": 100, "attainment": 0.9},
+                     "workload": {"requestsPerSecond": 6, "inputTokens": 512, "outputTokens": 128},
+                     "profile": {"name": "opt-13b-a100"}, "maxGPUs": 16,
+                     "planner": {"mode": "auto", "intervalSeconds": INTERVAL},
+                     "prefill": {"template": {"spec": {"containers": [{"name": "p", "image": "vllm/vllm-openai"}]}}},
+                     "decode": {"template": {"spec": {"containers": [{"name": "d", "image": "vllm/vllm-openai"}]}}}}}
+    assert apply(json.dumps(body), namespace).returncode == 0
+
+    def status():
+        return (get("servingdeployment", "chat", namespace) or {}).get("status", {})
+
+    first = wait_for("chat Ready", lambda: (s := status()).get("phase") == "Ready" and s, timeout=60)
+    wait_for("the controller mirrors chat", lambda: controller.get(f"/v1/serving/{namespace}/chat").status_code == 200)
+    seen_gpus = []
+    with LoadDriver(controller, f"/v1/serving/{namespace}/chat/stats") as load:
+        time.sleep(2 * INTERVAL)  # steady load: the plan holds
+        assert status().get("ratio") == first["ratio"]
+        assert status()["observed"]["requestsPerSecond"] == 6.0
+
+        load.rate = 18.0  # the load triples
+        tripled_at = time.monotonic()
+        up = wait_for("a bigger plan", lambda: (s := status()).get("gpus", 0) > first["gpus"] and s,
+                      timeout=2 * INTERVAL + 5)
+        assert time.monotonic() - tripled_at <= 2 * INTERVAL + 5
+        assert up["predictedGoodput"] >= 18.0 and up["lastPlan"]["reason"] != first["lastPlan"]["reason"]
+        ready_up = wait_for("bigger plan Ready", lambda: (s := status()).get("phase") == "Ready" and s, timeout=60)
+        deps = {d["metadata"]["labels"]["flotilla.dev/role"]: d for d in items("deployments", namespace)}
+        assert deps["prefill"]["spec"]["replicas"] == ready_up["prefillReplicas"]
+        assert deps["decode"]["spec"]["replicas"] == ready_up["decodeReplicas"]
+        scaled = [e for e in items("events", namespace) if e["reason"] == "Scaled" and "->" in e["message"]]
+        assert scaled and f"-> {ready_up['ratio']}" in scaled[0]["message"]
+
+        load.rate = 6.0  # back down: the plan must hold through the scale-down delay, then shrink once
+        fell_at = time.monotonic()
+        while time.monotonic() - fell_at < SCALE_DOWN_AFTER - 3:
+            seen_gpus.append(status().get("gpus"))
+            time.sleep(1)
+        assert set(seen_gpus) == {ready_up["gpus"]}, "scaled down before the scale-down delay"
+        down = wait_for("scaled back down", lambda: (s := status()).get("gpus", 99) < ready_up["gpus"] and s,
+                        timeout=SCALE_DOWN_AFTER + 3 * INTERVAL)
+        assert down["gpus"] <= 16
+        time.sleep(2 * INTERVAL)  # and stays there
+        assert status()["gpus"] == down["gpus"]
+    plans = controller.get("/v1/decisions", params={"kind": "plan", "object": f"{namespace}/chat"}).json()["items"]
+    made = [p for p in plans if p["actor"] == "controller"]  # the others are the same changes as observed
+    assert len(made) == 2, [p["reason"] for p in made]  # one up, one down: no flapping
+    assert made[0]["reason"].startswith("scale down") and made[0]["inputs"]["observed"]["requests_per_second"] == 6.0
