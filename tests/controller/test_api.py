@@ -29,6 +29,7 @@ ROUTES = [
     ("GET", "/v1/decisions", "read"),
     ("POST", "/v1/ingest", "ingest"),
     ("POST", "/v1/serving/default/s1/stats", "ingest"),
+    ("POST", "/v1/serving/default/s1/stats/prometheus", "ingest"),
 ]
 
 

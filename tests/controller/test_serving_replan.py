@@ -86,3 +86,20 @@ def test_the_stats_route_feeds_the_replanner(client, controller, store, setup, c
     bad = client.post("/v1/serving/default/chat/stats", json={**body, "attainment": 1.5}, headers=auth(ADMIN))
     assert bad.status_code == 422 and "attainment" in bad.text
     assert client.post("/v1/serving/default/nope/stats", json=body, headers=auth(ADMIN)).status_code == 404
+
+
+def test_the_prometheus_route_feeds_the_replanner_from_the_second_scrape(client, controller, store, setup, clock):
+    from test_vllm import exposition
+
+    replanner, _, _ = setup
+    controller.serving_stats = replanner.observe
+    store.upsert_serving(parse_serving_deployment(serving("chat")))
+    path, headers = "/v1/serving/default/chat/stats/prometheus", {**auth(AGENT), "Content-Type": "text/plain"}
+    r = client.post(path, content=exposition(100, 50_000, 20_000, [(0.1, 50), ("+Inf", 100)]), headers=headers)
+    assert r.status_code == 202 and r.json() == {"accepted": True, "window": False}
+    clock.now += 10
+    r = client.post(path, content=exposition(150, 70_000, 27_500, [(0.1, 90), ("+Inf", 150)]), headers=headers)
+    assert r.json() == {"accepted": True, "window": True}
+    assert replanner._windows["default/chat"].requests_per_second == pytest.approx(5.0)
+    bad = client.post(path, content="not { prometheus", headers=headers)
+    assert bad.status_code == 422 and "Prometheus" in bad.text

@@ -13,6 +13,7 @@ request, a cordoned node) does not act again.
 
 import hashlib
 import json
+import threading
 import time
 from dataclasses import dataclass, field
 from datetime import datetime
@@ -28,7 +29,7 @@ from pydantic import AwareDatetime, BaseModel, ConfigDict, Field, StrictBool, St
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from flotilla.controller import checkpoints, views
+from flotilla.controller import checkpoints, views, vllm
 from flotilla.controller.actions import ClusterActionError, ClusterActions, ClusterUnavailable, ObjectNotFound
 from flotilla.controller.auth import Identity, TokenAuthenticator
 from flotilla.controller.db import current_revision, head_revision
@@ -568,6 +569,28 @@ def create_app(ctl: Controller) -> FastAPI:
             ttft_p90_ms=body.ttftP90Ms, tpot_p90_ms=body.tpotP90Ms, attainment=body.attainment,
             requests=body.requests))
         return {"accepted": True}
+
+    scrapes: dict[str, vllm.Scrape] = {}
+    scrapes_lock = threading.Lock()
+
+    @app.post("/v1/serving/{namespace}/{name}/stats/prometheus", tags=["serving"], status_code=202,
+              summary="vLLM's Prometheus metrics (text exposition format), scraped by a router or sidecar; "
+                      "two scrapes make one statistics window")
+    async def serving_stats_prometheus(_: Agent, namespace: str, name: str, request: Request) -> dict[str, Any]:
+        serving_or_404(namespace, name)
+        if ctl.serving_stats is None:
+            raise ApiError(409, "re-planning is off in this controller (--no-replan or --no-kubernetes)")
+        try:
+            scrape = vllm.parse((await request.body()).decode("utf-8"), store.clock())
+        except (ValueError, UnicodeDecodeError) as e:
+            raise ApiError(422, f"body: not Prometheus text exposition format: {e}") from None
+        key = f"{namespace}/{name}"
+        with scrapes_lock:
+            previous, scrapes[key] = scrapes.get(key), scrape
+        found = vllm.window(previous, scrape) if previous is not None else None
+        if found is not None:
+            ctl.serving_stats(key, found)
+        return {"accepted": True, "window": found is not None}
 
     app.add_middleware(RequestTimer, metrics=ctl.metrics)
     app.add_middleware(BodyLimit, default=ctl.body_limit, per_path={"/v1/ingest": ctl.ingest_limit})
