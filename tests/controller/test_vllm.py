@@ -19,7 +19,7 @@ def exposition(requests, prompt_sum, output_sum, ttft_buckets, n=None):
              f"vllm:request_generation_tokens_sum {output_sum}", f"vllm:request_generation_tokens_count {n}",
              "# TYPE vllm:time_to_first_token_seconds histogram"]
     lines += [f'vllm:time_to_first_token_seconds_bucket{{le="{le}"}} {c}' for le, c in ttft_buckets]
-    lines += [f"vllm:time_to_first_token_seconds_sum 1", f"vllm:time_to_first_token_seconds_count {n}"]
+    lines += ["vllm:time_to_first_token_seconds_sum 1", f"vllm:time_to_first_token_seconds_count {n}"]
     return "\n".join(lines) + "\n"
 
 
