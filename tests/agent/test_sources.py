@@ -80,3 +80,5 @@ def test_agent_runs_for_its_duration_and_closes_the_transport():
     agent = Agent([HeartbeatSource("n1")], BufferedPublisher(transport))
     agent.run(0.05, threading.Event(), duration=0.2)
     assert 2 <= len(transport.batches) <= 6 and transport.closed
+    beats = [s.value for batch in transport.batches for s in batch if s.metric == "heartbeat"]
+    assert beats[-1] == 0.0 and set(beats[:-1]) == {1.0}  # a clean stop says goodbye

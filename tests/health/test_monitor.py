@@ -55,6 +55,13 @@ def test_lost_heartbeat_confirms_after_the_timeout_and_clears_when_heartbeats_re
     assert run(m, range(20, 25), skip={"n4"}) == []   # silence is not reported again until it beats
 
 
+def test_an_agent_that_says_goodbye_is_not_a_lost_heartbeat():
+    m = HealthMonitor()
+    run(m, range(5))
+    assert m.observe([Sample(5.0, "n4", "heartbeat", 0.0)], 5.0) == []   # the agent stops on purpose
+    assert [d for d in run(m, range(5, 12), skip={"n4"}) if d.node == "n4"] == []
+
+
 def test_one_bad_gpu_makes_its_machine_the_outlier_and_release_returns_it():
     m = HealthMonitor(MonitorConfig(window=2, continuity=2))
     run(m, range(3))

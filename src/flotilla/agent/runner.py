@@ -15,7 +15,9 @@ log = logging.getLogger(__name__)
 
 
 class HeartbeatSource:
-    """One `heartbeat` sample per collect: the controller treats its absence as a fault."""
+    """One `heartbeat` sample (1) per collect: the controller treats its absence as a fault.
+    An agent that stops on purpose says goodbye with a last heartbeat of 0, so that its
+    silence is not taken for a lost node."""
 
     name = "heartbeat"
 
@@ -57,5 +59,8 @@ class Agent:
             stop.wait(max(0.0, next_tick - time.monotonic()))
         for source in self.sources:
             source.close()
+        for source in self.sources:
+            if isinstance(source, HeartbeatSource):
+                self.publisher.add([Sample(time.time(), source.node, "heartbeat", 0.0)])
         self.publisher.flush()
         self.publisher.transport.close()

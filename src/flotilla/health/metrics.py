@@ -55,7 +55,7 @@ METRICS: tuple[Metric, ...] = (
     Metric("xid", "code", True, "hard", "an XID event (one sample per event; value = XID code)"),
     # machine
     Metric("gpu_count", "GPUs", False, "hard", "GPUs that answer NVML"),
-    Metric("heartbeat", "1", False, "hard", "the agent is alive (one per interval)"),
+    Metric("heartbeat", "1", False, "hard", "the agent is alive (1, once per interval); 0 = it stops on purpose"),
     Metric("cpu_util", "%", False, "compared", "host CPU utilisation", bad="high", floor=5.0, transient=True),
     Metric("mem_available", "MiB", False, "info", "host memory available"),
     Metric("net_rx", "MB/s", False, "compared", "network receive throughput (all NICs but lo)", bad="low",

@@ -142,7 +142,10 @@ class HealthMonitor:
     def _hard(self, s: Sample) -> HealthDecision | None:
         node, value = s.node, s.value
         if s.metric == "heartbeat":
-            self._heartbeat[node] = max(s.ts, self._heartbeat.get(node, s.ts))
+            if value == 0:  # the agent stopped on purpose: its silence from now on is no fault
+                self._heartbeat.pop(node, None)
+            else:
+                self._heartbeat[node] = max(s.ts, self._heartbeat.get(node, s.ts))
             return None
         if s.metric == "xid":
             code = int(value)
