@@ -24,11 +24,21 @@ def status_patch(actions) -> dict:
 
 def test_job_state_reads_spec_status_and_progress_annotation():
     body = trainingjob(status={"phase": "Running", "placement": [{"node": "n0", "gpus": 2}]},
-                       annotations={"flotilla.dev/progress": '{"steps": 250, "stepsPerSecond": 2.0}'})
+                       annotations={"flotilla.dev/progress": '{"steps": 250, "stepsPerSecond": 1.7}'})
     s = training.job_state(body)
     assert s.key == "ns/job" and s.deadline == T0 + 3600 and s.done_steps == 250 and s.remaining_steps == 750
     assert s.placement == {"n0": 2} and s.verdict is Verdict.ADMITTED
     assert s.curve.rate(2) == 1.0 + 2.0 * (2 - 1) / 3
+
+
+def test_a_measured_rate_off_the_curve_calibrates_it_and_one_near_it_does_not():
+    def state(rate):
+        return training.job_state(trainingjob(
+            status={"phase": "Running", "placement": [{"node": "n0", "gpus": 4}]},
+            annotations={"flotilla.dev/progress": json.dumps({"steps": 10, "stepsPerSecond": rate})}))
+    assert state(3.2).curve.rate(4) == 3.0          # within 20 % of the curve's 3.0 steps/s: kept
+    slow = state(1.5).curve                           # half as fast as declared: every point halves
+    assert slow.rate(4) == 1.5 and slow.rate(1) == 0.5
 
 
 def test_a_new_placement_is_recorded_before_its_pods_are_created():

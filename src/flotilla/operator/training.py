@@ -13,7 +13,7 @@ import copy
 from typing import Any, Iterable, Mapping
 
 from flotilla import API_VERSION
-from flotilla.allocation import ClusterSnapshot, JobDecision, JobState, NodeState, ScalingCurve, Verdict
+from flotilla.allocation import ClusterSnapshot, JobDecision, JobState, NodeState, ScalingCurve, Verdict, throughput
 from flotilla.operator.actions import (
     Action,
     CreatePod,
@@ -74,6 +74,12 @@ def job_state(body: Body) -> JobState:
     if verdict is Verdict.ADMITTED and spec.get("bestEffort") and _condition(status, names.COND_ADMITTED,
                                                                               "reason") == "BestEffort":
         verdict = Verdict.BEST_EFFORT
+    curve = ScalingCurve.of([(int(p["gpus"]), float(p["stepsPerSecond"])) for p in spec["throughput"]])
+    placement = placement_of(body)
+    measured, gpus = float(progress.get("stepsPerSecond") or 0.0), sum(placement.values())
+    if measured > 0 and gpus and throughput.departs(curve, gpus, measured):
+        # The job runs off its declared curve: plan with the curve that matches what it does.
+        curve = throughput.calibrated(curve, gpus, measured)
     return JobState(
         key=key_of(body),
         submit_time=to_unix(body["metadata"]["creationTimestamp"]),
@@ -83,10 +89,10 @@ def job_state(body: Body) -> JobState:
         min_gpus=int(el["minGPUs"]),
         max_gpus=int(el["maxGPUs"]),
         gpus_per_worker=int(el.get("gpusPerWorker", 1)),
-        curve=ScalingCurve.of([(int(p["gpus"]), float(p["stepsPerSecond"])) for p in spec["throughput"]]),
+        curve=curve,
         restore_seconds=float((spec.get("checkpoint") or {}).get("restoreSeconds", 30.0)),
         best_effort=bool(spec.get("bestEffort", False)),
-        placement=placement_of(body),
+        placement=placement,
         verdict=verdict,
         checkpoint_interval_steps=int((spec.get("checkpoint") or {}).get("intervalSteps", 0)),
         last_checkpoint_step=int((status.get("checkpoint") or {}).get("step", 0)),
