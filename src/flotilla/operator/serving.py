@@ -111,11 +111,15 @@ def plan_serving(body: Body, deployments: Mapping[str, Body], now: float) -> lis
     if status.get("observedGeneration") != meta.get("generation"):
         patch["observedGeneration"] = meta.get("generation")
 
+    def condition(type_: str, state: str, reason: str, message: str) -> None:
+        base = {"conditions": patch.get("conditions", status.get("conditions"))}
+        patch["conditions"] = set_condition(base, {"type": type_, "status": state, "reason": reason,
+                                                   "message": message}, now)
+
     def refuse(reason: str, why: str) -> list[Action]:
         if status.get("message") != why:
-            patch.update(phase=phases.FAILED, message=why,
-                         conditions=set_condition(status, {"type": names.COND_READY, "status": "False",
-                                                           "reason": reason, "message": why}, now))
+            patch.update(phase=phases.FAILED, message=why)
+            condition(names.COND_READY, "False", reason, why)
             actions.append(PostEvent(involved(body), "Warning", reason, why))
         return [PatchStatus(PLURAL, meta["namespace"], meta["name"], patch), *actions] if patch else []
 
@@ -146,23 +150,18 @@ def plan_serving(body: Body, deployments: Mapping[str, Body], now: float) -> lis
     if want.predicted_goodput is not None:
         desired["predictedGoodput"] = round(float(want.predicted_goodput), 3)
     patch.update({k: v for k, v in desired.items() if status.get(k) != v})
-    conditions = status
     if not status.get("lastPlan"):
         patch["lastPlan"] = {"time": rfc3339(now), "reason": want.reason}
         actions.append(PostEvent(involved(body), "Normal", names.Reason.SCALED,
                                  f"prefill:decode {want.ratio} on {want.gpus} GPUs: {want.reason}"))
         if want.slo_at_risk:
-            patch["conditions"] = set_condition(conditions, {"type": names.COND_SLO_AT_RISK, "status": "True",
-                                                             "reason": names.Reason.SLO_AT_RISK,
-                                                             "message": want.reason}, now)
-            conditions = {"conditions": patch["conditions"]}
+            condition(names.COND_SLO_AT_RISK, "True", names.Reason.SLO_AT_RISK, want.reason)
             actions.append(PostEvent(involved(body), "Warning", names.Reason.SLO_AT_RISK, want.reason))
     if status.get("phase") != phase:
-        cond = ({"type": names.COND_READY, "status": "True", "reason": names.Reason.AVAILABLE,
-                 "message": "all instances ready"} if all_ready else
-                {"type": names.COND_READY, "status": "False", "reason": names.Reason.PROGRESSING,
-                 "message": desired["message"]})
-        patch["conditions"] = set_condition(conditions, cond, now)
+        if all_ready:
+            condition(names.COND_READY, "True", names.Reason.AVAILABLE, "all instances ready")
+        else:
+            condition(names.COND_READY, "False", names.Reason.PROGRESSING, desired["message"])
         if all_ready:
             actions.append(PostEvent(involved(body), "Normal", names.Reason.AVAILABLE,
                                      f"{want.ratio} prefill:decode instances ready"))
