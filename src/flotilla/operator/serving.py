@@ -160,11 +160,10 @@ def plan_serving(body: Body, deployments: Mapping[str, Body], now: float) -> lis
     if status.get("phase") != phase:
         if all_ready:
             condition(names.COND_READY, "True", names.Reason.AVAILABLE, "all instances ready")
-        else:
-            condition(names.COND_READY, "False", names.Reason.PROGRESSING, desired["message"])
-        if all_ready:
             actions.append(PostEvent(involved(body), "Normal", names.Reason.AVAILABLE,
                                      f"{want.ratio} prefill:decode instances ready"))
+        else:
+            condition(names.COND_READY, "False", names.Reason.PROGRESSING, desired["message"])
     if patch:
         actions.insert(0, PatchStatus(PLURAL, meta["namespace"], meta["name"], patch))
     return actions
