@@ -70,14 +70,14 @@ class Broken:
 
 def test_agent_tick_labels_unlabelled_samples_and_survives_a_broken_source():
     transport = ListTransport()
-    agent = Agent([Broken(), HeartbeatSource("n1")], BufferedPublisher(transport), job=lambda: "team/llm")
+    agent = Agent("n1", [Broken(), HeartbeatSource("n1")], BufferedPublisher(transport), job=lambda: "team/llm")
     agent.tick(3.0)
     assert transport.batches == [[Sample(3.0, "n1", "heartbeat", 1.0, "team/llm")]]
 
 
 def test_agent_runs_for_its_duration_and_closes_the_transport():
     transport = ListTransport()
-    agent = Agent([HeartbeatSource("n1")], BufferedPublisher(transport))
+    agent = Agent("n1", [HeartbeatSource("n1")], BufferedPublisher(transport))
     agent.run(0.05, threading.Event(), duration=0.2)
     assert 2 <= len(transport.batches) <= 6 and transport.closed
     beats = [s.value for batch in transport.batches for s in batch if s.metric == "heartbeat"]

@@ -15,9 +15,7 @@ log = logging.getLogger(__name__)
 
 
 class HeartbeatSource:
-    """One `heartbeat` sample (1) per collect: the controller treats its absence as a fault.
-    An agent that stops on purpose says goodbye with a last heartbeat of 0, so that its
-    silence is not taken for a lost node."""
+    """One `heartbeat` sample (1) per collect: the controller treats its absence as a fault."""
 
     name = "heartbeat"
 
@@ -32,9 +30,12 @@ class HeartbeatSource:
 
 
 class Agent:
-    def __init__(self, sources: Sequence[MetricSource], publisher: BufferedPublisher,
+    """Samples its sources every interval and publishes them. An agent that stops on purpose says
+    goodbye with a last heartbeat of 0 for its node, so its silence is not taken for a lost node."""
+
+    def __init__(self, node: str, sources: Sequence[MetricSource], publisher: BufferedPublisher,
                  job: Callable[[], str | None] = lambda: None) -> None:
-        self.sources, self.publisher, self.job = list(sources), publisher, job
+        self.node, self.sources, self.publisher, self.job = node, list(sources), publisher, job
 
     def tick(self, now: float) -> list[Sample]:
         samples: list[Sample] = []
@@ -59,8 +60,6 @@ class Agent:
             stop.wait(max(0.0, next_tick - time.monotonic()))
         for source in self.sources:
             source.close()
-        for source in self.sources:
-            if isinstance(source, HeartbeatSource):
-                self.publisher.add([Sample(time.time(), source.node, "heartbeat", 0.0)])
+        self.publisher.add([Sample(time.time(), self.node, "heartbeat", 0.0, self.job())])
         self.publisher.flush()
         self.publisher.transport.close()

@@ -87,7 +87,7 @@ def run(args: argparse.Namespace) -> int:
     transport: Transport = (RedisTransport(args.redis_url, args.stream, args.maxlen) if args.redis_url
                             else HttpTransport(args.controller_url, args.node, args.token_file))
     publisher = BufferedPublisher(transport, args.buffer, args.batch)
-    agent = Agent(sources, publisher, lambda: (intake.job if intake and intake.job else args.job))
+    agent = Agent(args.node, sources, publisher, lambda: (intake.job if intake and intake.job else args.job))
     stop = threading.Event()
     previous = {sig: signal.signal(sig, lambda *_: stop.set()) for sig in (signal.SIGTERM, signal.SIGINT)}
     log.info("agent for node %s: sources %s, publishing to %s every %.1fs", args.node,
