@@ -29,8 +29,11 @@ import json
 import sys
 import time
 from dataclasses import replace
+from pathlib import Path
 
 import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))  # run from a checkout
 
 from flotilla.agent.simulated import FAULTS, HARD_FAULTS, Fault, Fleet, random_schedule
 from flotilla.health.decision import HealthDecision

@@ -17,7 +17,11 @@ import argparse
 import json
 import math
 import statistics
+import sys
 import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))  # run from a checkout
 
 from flotilla.serving.planner import PlanRequest, plan
 from flotilla.serving.shipped_profiles import OPT_13B_A100
