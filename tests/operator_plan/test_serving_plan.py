@@ -130,3 +130,21 @@ def test_a_hand_edit_is_put_back_with_a_warning_that_says_who_owns_the_count():
     assert [a.manifest["spec"]["replicas"] for a in actions if isinstance(a, ApplyDeployment)] == [2]
     [warning] = [a for a in actions if isinstance(a, PostEvent) and a.reason == "ReplicasReverted"]
     assert warning.type == "Warning" and "by hand to 5" in warning.message and "spec.planner" in warning.message
+
+
+def test_slo_at_risk_follows_the_observed_rate_against_the_plans_goodput():
+    base = {"lastPlan": {"time": "t", "reason": "r"}, "ratio": "1:2", "gpus": 6, "predictedGoodput": 8.0,
+            "prefillReplicas": 1, "decodeReplicas": 2}
+    body = sd(mode="auto", status={**base, "observed": {"requestsPerSecond": 12.0}})
+    body["spec"]["planner"] = {"mode": "auto"}
+    actions = serving.plan_serving(body, {}, T0)
+    st = next(a for a in actions if isinstance(a, PatchStatus)).status
+    [risk] = [c for c in st["conditions"] if c["type"] == "SLOAtRisk"]
+    assert risk["status"] == "True" and "12.00 req/s observed" in risk["message"]
+    assert [a.type for a in actions if isinstance(a, PostEvent) and a.reason == "SLOAtRisk"] == ["Warning"]
+    # The load falls under what the plan serves: the condition goes False, without a new Warning.
+    body["status"] = {**base, "observed": {"requestsPerSecond": 5.0}, "conditions": st["conditions"]}
+    again = serving.plan_serving(body, {}, T0)
+    st = next(a for a in again if isinstance(a, PatchStatus)).status
+    assert [c["status"] for c in st["conditions"] if c["type"] == "SLOAtRisk"] == ["False"]
+    assert not [a for a in again if isinstance(a, PostEvent) and a.reason == "SLOAtRisk"]

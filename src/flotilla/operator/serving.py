@@ -154,9 +154,14 @@ def plan_serving(body: Body, deployments: Mapping[str, Body], now: float) -> lis
         patch["lastPlan"] = {"time": rfc3339(now), "reason": want.reason}
         actions.append(PostEvent(involved(body), "Normal", names.Reason.SCALED,
                                  f"prefill:decode {want.ratio} on {want.gpus} GPUs: {want.reason}"))
-        if want.slo_at_risk:
-            condition(names.COND_SLO_AT_RISK, "True", names.Reason.SLO_AT_RISK, want.reason)
-            actions.append(PostEvent(involved(body), "Warning", names.Reason.SLO_AT_RISK, want.reason))
+    at_risk, why = _slo_at_risk(want, status)
+    was = next((c.get("status") for c in status.get("conditions") or [] if c.get("type") == names.COND_SLO_AT_RISK),
+               None)
+    if was != ("True" if at_risk else "False") and (at_risk or was is not None):
+        condition(names.COND_SLO_AT_RISK, "True" if at_risk else "False",
+                  names.Reason.SLO_AT_RISK if at_risk else names.Reason.SLO_MET, why)
+        if at_risk:
+            actions.append(PostEvent(involved(body), "Warning", names.Reason.SLO_AT_RISK, why))
     if status.get("phase") != phase:
         if all_ready:
             condition(names.COND_READY, "True", names.Reason.AVAILABLE, "all instances ready")
@@ -167,6 +172,19 @@ def plan_serving(body: Body, deployments: Mapping[str, Body], now: float) -> lis
     if patch:
         actions.insert(0, PatchStatus(PLURAL, meta["namespace"], meta["name"], patch))
     return actions
+
+
+def _slo_at_risk(want: Target, status: Mapping[str, Any]) -> tuple[bool, str]:
+    """At risk when the plan cannot serve the rate it was made for within maxGPUs: the planner says so
+    for the first plan; afterwards, the observed rate exceeds the plan's predicted goodput."""
+    observed = float((status.get("observed") or {}).get("requestsPerSecond") or 0.0)
+    goodput = float(want.predicted_goodput or 0.0)
+    if observed and goodput and observed > goodput:
+        return True, (f"the plan within maxGPUs serves {goodput:.2f} req/s within the SLO; "
+                      f"{observed:.2f} req/s observed")
+    if want.slo_at_risk and not observed:
+        return True, want.reason
+    return False, f"the plan serves {goodput:.2f} req/s within the SLO" if goodput else "no risk seen"
 
 
 def _deployment_gpus(dep: Body | None) -> tuple[int, int]:

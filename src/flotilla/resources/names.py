@@ -61,3 +61,4 @@ class Reason:
     AVAILABLE = "Available"
     PROGRESSING = "Progressing"
     SLO_AT_RISK = "SLOAtRisk"
+    SLO_MET = "SLOMet"
