@@ -109,14 +109,16 @@ def test_deleting_a_job_removes_its_pods(operator, namespace):
     wait_for("doomed's pods gone", lambda: not items("pods", namespace, "flotilla.dev/job=doomed"), timeout=60)
 
 
-def test_job_succeeds_when_rank0_exits_zero_and_fails_when_a_worker_fails(operator, namespace):
+def test_job_succeeds_when_rank0_exits_zero_and_a_failing_worker_restarts_then_fails(operator, namespace):
     assert apply(job_manifest("quick", exit_after="3s"), namespace).returncode == 0
+    # Every generation of this job's workers crashes 3 s after it starts.
     assert apply(job_manifest("broken", exit_after="3s", exit_code="1"), namespace).returncode == 0
     wait_for("quick Succeeded", lambda: phase("quick", namespace) == "Succeeded", timeout=60)
-    wait_for("broken Failed", lambda: phase("broken", namespace) == "Failed", timeout=60)
+    wait_for("broken Failed", lambda: phase("broken", namespace) == "Failed", timeout=90)
     broken = get("trainingjob", "broken", namespace)["status"]
-    assert "failed" in broken["message"]
-    assert "WorkerFailed" in events_for(namespace, "broken")
+    assert broken["restarts"] == 3 and broken["reshards"] == 3  # restarted from its checkpoint 3 times
+    assert "failed after 3 restarts" in broken["message"]
+    assert events_for(namespace, "broken").count("WorkerFailed") == 4
     assert "Succeeded" in events_for(namespace, "quick")
 
 

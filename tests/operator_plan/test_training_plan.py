@@ -90,7 +90,7 @@ def test_all_workers_running_makes_the_job_running_once():
     assert not [a for a in again if isinstance(a, PostEvent)]
 
 
-def test_rank0_success_finishes_the_job_and_a_failed_worker_fails_it():
+def test_rank0_success_finishes_the_job():
     running = {"phase": "Running", "placement": [{"node": "n0", "gpus": 2}], "startedAt": "2026-01-01T00:00:10Z"}
     decision = JobDecision("ns/job", Verdict.ADMITTED, {"n0": 2}, "running")
     done = training.plan_job(trainingjob(status=running),
@@ -98,13 +98,30 @@ def test_rank0_success_finishes_the_job_and_a_failed_worker_fails_it():
                              decision, NOW, "fifo-gang")
     st = status_patch(done)
     assert st["phase"] == "Succeeded" and st["deadlineMet"] is True and st["gpus"] == 0
-    failed = training.plan_job(trainingjob(status=running),
-                               [pod("job-g0-w0", "job", 0, "Running"), pod("job-g0-w1", "job", 0, "Failed")],
-                               decision, NOW, "fifo-gang")
-    st = status_patch(failed)
-    assert st["phase"] == "Failed" and "job-g0-w1" in st["message"]
-    assert [a.name for a in failed if isinstance(a, DeletePod)] == ["job-g0-w0"]
     assert training.plan_job(trainingjob(status={**running, "phase": "Succeeded"}), [], decision, NOW, "x") == []
+
+
+def test_a_failed_worker_restarts_the_set_from_the_last_checkpoint_until_the_limit():
+    running = {"phase": "Running", "placement": [{"node": "n0", "gpus": 2}], "startedAt": "2026-01-01T00:00:10Z",
+               "checkpoint": {"step": 300, "generation": 0},
+               "progress": {"steps": 380, "stepsPerSecond": 1.0, "updatedAt": "2026-01-01T00:00:50Z"}}
+    decision = JobDecision("ns/job", Verdict.ADMITTED, {"n0": 2}, "running")
+    pods = [pod("job-g0-w0", "job", 0, "Running"), pod("job-g0-w1", "job", 0, "Failed")]
+    actions = training.plan_job(trainingjob(status=running), pods, decision, NOW, "fifo-gang", max_restarts=2)
+    st = status_patch(actions)
+    assert st["phase"] == "Resharding" and st["restarts"] == 1 and st["reshards"] == 1
+    assert st["progress"]["steps"] == 300  # back to the last completed checkpoint
+    assert sorted(a.name for a in actions if isinstance(a, DeletePod)) == ["job-g0-w0", "job-g0-w1"]
+    assert [a.manifest["metadata"]["name"] for a in actions if isinstance(a, CreatePod)] == ["job-g1-w0", "job-g1-w1"]
+    events = {a.reason: a.message for a in actions if isinstance(a, PostEvent)}
+    assert "restart 1 of 2" in events["WorkerFailed"] and "80 steps lost" in events["Resharding"]
+
+    exhausted = training.plan_job(trainingjob(status={**running, "restarts": 2}), pods, decision, NOW, "fifo-gang",
+                                  max_restarts=2)
+    st = status_patch(exhausted)
+    assert st["phase"] == "Failed" and "after 2 restarts" in st["message"]
+    assert [a.name for a in exhausted if isinstance(a, DeletePod)] == ["job-g0-w0"]
+    assert not [a for a in exhausted if isinstance(a, CreatePod)]
 
 
 def _running(**extra):

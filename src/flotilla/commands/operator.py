@@ -25,6 +25,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="reconcile everything at least this often (default: %(default)s)")
     parser.add_argument("--concurrency", type=int, default=16,
                         help="API calls in flight at once when applying a decision (default: %(default)s)")
+    parser.add_argument("--max-restarts", type=int, default=3,
+                        help="restarts from the last checkpoint after a worker fails, before the job fails (default 3)")
     parser.add_argument("--namespace", action="append", default=[],
                         help="watch only this namespace (repeatable); default: all namespaces")
     parser.add_argument("--liveness", default="http://0.0.0.0:8081/healthz",
@@ -45,7 +47,7 @@ def run(args: argparse.Namespace) -> int:
     from flotilla.operator import handlers
 
     handlers.configure(handlers.Settings(allocator=policies.get(args.policy), resync_seconds=args.resync,
-                                         concurrency=args.concurrency))
+                                         concurrency=args.concurrency, max_restarts=args.max_restarts))
     logging.getLogger("kopf.objects").setLevel(logging.WARNING)
 
     def operator(liveness: str | None):

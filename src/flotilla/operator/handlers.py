@@ -61,8 +61,7 @@ class Settings:
     resync_seconds: float = 10.0
     debounce_seconds: float = 0.2
     concurrency: int = 16
-    qps: float = 50.0
-    burst: int = 100
+    max_restarts: int = 3
 
 
 view = View()
@@ -147,7 +146,7 @@ async def _reconcile_once(kube: Kube) -> None:
     assert settings is not None
     started = time.perf_counter()
     actions = reconcile(time.time(), settings.allocator, view.jobs, view.nodes, view.pods, view.servings,
-                        view.deployments)
+                        view.deployments, settings.max_restarts)
     if not actions:
         return
     done = await kube.apply(actions)

@@ -43,7 +43,7 @@ def training_snapshot(now: float, jobs: Mapping[str, Body], nodes: Mapping[str, 
 
 def reconcile(now: float, allocator: Allocator, jobs: Mapping[str, Body], nodes: Mapping[str, Body],
               pods: Mapping[str, Body], servings: Mapping[str, Body],
-              deployments: Mapping[str, Body]) -> list[Action]:
+              deployments: Mapping[str, Body], max_restarts: int = 3) -> list[Action]:
     decision = allocator.decide(training_snapshot(now, jobs, nodes, pods))
     pods_of: dict[str, list[Body]] = defaultdict(list)
     for pod in pods.values():
@@ -52,7 +52,8 @@ def reconcile(now: float, allocator: Allocator, jobs: Mapping[str, Body], nodes:
             pods_of[f"{pod['metadata']['namespace']}/{labels[names.LABEL_JOB]}"].append(pod)
     actions: list[Action] = []
     for key, body in jobs.items():
-        actions.extend(training.plan_job(body, pods_of.get(key, []), decision.for_job(key), now, allocator.name))
+        actions.extend(training.plan_job(body, pods_of.get(key, []), decision.for_job(key), now, allocator.name,
+                                         max_restarts=max_restarts))
     for key, body in servings.items():
         ns = body["metadata"]["namespace"]
         deps = {role: deployments[d] for role in serving.ROLES

@@ -269,12 +269,14 @@ class _Plan:
 
 
 def plan_job(body: Body, pods: Iterable[Body], decision: JobDecision | None, now: float,
-             policy: str, ack_timeout: float = 120.0) -> list[Action]:
+             policy: str, ack_timeout: float = 120.0, max_restarts: int = 3) -> list[Action]:
     """Actions that bring one TrainingJob's pods and status in line with the decision.
 
     A running job changes placement only through the resharding protocol: ask rank 0
     for a checkpoint (annotation), wait for its acknowledgement (or `ack_timeout`, or
     a request marked `restart`), then replace the worker set with a new generation.
+    A failed worker pod restarts the worker set from the last completed checkpoint, up to
+    `max_restarts` times; then the job fails.
     """
     if is_final(body):
         return []
@@ -327,7 +329,7 @@ def plan_job(body: Body, pods: Iterable[Body], decision: JobDecision | None, now
         if _ready_to_switch(plan, reason, ack_timeout):
             _switch(plan, state, by_gen, want, generation + 1, reason)
             return plan.done()
-    return _keep_running(plan, state, by_gen, current, generation)
+    return _keep_running(plan, state, by_gen, current, generation, max_restarts)
 
 
 def _note_external_request(plan: _Plan) -> None:
@@ -409,7 +411,7 @@ def _switch(plan: _Plan, state: JobState, by_gen: Mapping[int, list[Body]], want
 
 
 def _keep_running(plan: _Plan, state: JobState, by_gen: Mapping[int, list[Body]], current: Mapping[str, int],
-                  generation: int) -> list[Action]:
+                  generation: int, max_restarts: int) -> list[Action]:
     """On the recorded placement: keep the pod set whole and derive the phase from it."""
     status, name = plan.status, plan.name
     plan.actions.extend(DeletePod(plan.ns, p["metadata"]["name"]) for g, ps in by_gen.items() if g != generation
@@ -420,7 +422,14 @@ def _keep_running(plan: _Plan, state: JobState, by_gen: Mapping[int, list[Body]]
     pod_phase = {n: (p.get("status") or {}).get("phase", "Pending") for n, p in mine.items()}
     failed = sorted(n for n, ph in pod_phase.items() if ph == "Failed")
     if failed:
-        why = f"worker pod {failed[0]} failed"
+        restarts = int(status.get("restarts", 0))
+        if restarts < max_restarts:
+            why = f"worker pod {failed[0]} failed; restart {restarts + 1} of {max_restarts} from the last checkpoint"
+            plan.patch["restarts"] = restarts + 1
+            plan.event("Warning", names.Reason.WORKER_FAILED, why)
+            _switch(plan, state, by_gen, current, generation + 1, why)
+            return plan.done()
+        why = f"worker pod {failed[0]} failed after {restarts} restarts"
         plan.patch.update(phase=phases.FAILED, message=why)
         plan.condition(names.COND_READY, "False", names.Reason.WORKER_FAILED, why)
         plan.event("Warning", names.Reason.WORKER_FAILED, why)

@@ -148,6 +148,7 @@ def _training_job_schema() -> Schema:
             }),
             "reshards": integer(minimum=0),
             "startedAt": string("When all workers first ran.", fmt="date-time"),
+            "restarts": integer("Times the worker set restarted from a checkpoint after a worker failed.", minimum=0),
             "workers": integer("Worker pods the current placement needs.", minimum=0),
             "message": string("What is happening, in one line.", max_length=1024),
             "policy": string("Allocation policy that decided the placement.", max_length=64),
