@@ -155,22 +155,20 @@ class Cluster:
 class Process:
     """A `flotilla` subcommand as a child process of the bench, its log in a file."""
 
-    def __init__(self, log_path: Path, kubeconfig: Path, *args: str):
+    def __init__(self, log_path: Path, kubeconfig: Path, *args: str, profile: Path | None = None):
         env = {**os.environ, "KUBECONFIG": str(kubeconfig), "PYTHONUNBUFFERED": "1",
                "PYTHONPATH": str(ROOT / "src") + os.pathsep + os.environ.get("PYTHONPATH", "")}
         self.log_path = log_path
         self._log = open(log_path, "w")
-        self.proc = subprocess.Popen([sys.executable, "-m", "flotilla.cli", *args], stdout=self._log,
+        profiler = ["-m", "cProfile", "-o", str(profile)] if profile else []
+        self.proc = subprocess.Popen([sys.executable, *profiler, "-m", "flotilla.cli", *args], stdout=self._log,
                                      stderr=subprocess.STDOUT, env=env, cwd=ROOT)
 
     def usage(self) -> dict[str, float]:
         """CPU seconds and peak RSS so far, from /proc (Linux)."""
-        fields = Path(f"/proc/{self.proc.pid}/stat").read_text().rsplit(")", 1)[1].split()
-        ticks = os.sysconf("SC_CLK_TCK")
-        cpu = (int(fields[11]) + int(fields[12])) / ticks
         hwm = next(int(line.split()[1]) for line in Path(f"/proc/{self.proc.pid}/status").read_text().splitlines()
                    if line.startswith("VmHWM:"))
-        return {"cpu_s": round(cpu, 2), "peak_rss_mb": round(hwm / 1024, 1)}
+        return {"cpu_s": round(cpu_seconds(self.proc.pid), 2), "peak_rss_mb": round(hwm / 1024, 1)}
 
     def stop(self) -> None:
         if self.proc.poll() is None:
@@ -181,6 +179,26 @@ class Process:
                 self.proc.kill()
                 self.proc.wait()
         self._log.close()
+
+
+def cpu_seconds(pid: int) -> float:
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def component_cpu(state: Path) -> dict[str, float]:
+    """CPU seconds so far of each control-plane process e2e/cluster.sh started (its PID files)."""
+    out = {}
+    for pidfile in sorted((state / "run").glob("*.pid")):
+        try:
+            out[pidfile.stem] = cpu_seconds(int(pidfile.read_text()))
+        except (OSError, ValueError):
+            continue
+    return out
+
+
+def cpu_during(state: Path, before: dict[str, float]) -> dict[str, float]:
+    return {name: round(t - before.get(name, 0.0), 1) for name, t in component_cpu(state).items()}
 
 
 # --- submitting and waiting ----------------------------------------------------------------------------
@@ -312,7 +330,7 @@ def operator_passes(log_path: Path) -> list[dict[str, float]]:
 
 def run_direct(core: Any, namespace: str, jobs: list[Job], args: argparse.Namespace) -> dict[str, Any]:
     log(f"direct: {sum(j.workers for j in jobs)} pods of {len(jobs)} jobs in {args.waves} waves")
-    started = time.time()
+    started, cpu = time.time(), component_cpu(args.state)
 
     def submit(job: Job) -> None:
         for pod in direct_pods(job):
@@ -326,6 +344,7 @@ def run_direct(core: Any, namespace: str, jobs: list[Job], args: argparse.Namesp
         return counts.get("Succeeded", 0) + counts.get("Failed", 0) >= total, str(counts)
 
     wait_until("the direct pods to finish", finished, args.timeout)
+    cpu = cpu_during(args.state, cpu)
     pods = pod_times(core, namespace)
     end = max((p.finished or time.time()) for p in pods)
     return {
@@ -333,6 +352,7 @@ def run_direct(core: Any, namespace: str, jobs: list[Job], args: argparse.Namesp
         "wall_s": round(end - started, 1),
         "pod_create_to_running_s": percentiles(pod_latency(pods)),
         "job_create_to_running_s": percentiles(job_latency_direct(pods)),
+        "control_plane_cpu_s": cpu,
         "gpus_in_use": gpus_in_use(pods, started, end),
     }
 
@@ -343,13 +363,14 @@ def run_flotilla(api: Any, namespace: str, jobs: list[Job], cluster: Cluster, ou
 
     core, custom = client.CoreV1Api(api), client.CustomObjectsApi(api)
     operator = Process(out / "operator.log", cluster.kubeconfig, "operator", "--liveness", "", "--policy",
-                       args.policy, "--concurrency", str(args.operator_concurrency))
+                       args.policy, "--concurrency", str(args.operator_concurrency),
+                       profile=out / "operator.prof" if args.profile_operator else None)
     workers = Process(out / "simworkers.log", cluster.kubeconfig, "simworkers", "--namespace", namespace,
                       "--speed", str(args.speed), "--interval", "0.5")
     try:
         time.sleep(3)  # the operator lists what exists before the first job arrives
         log(f"flotilla: {len(jobs)} TrainingJobs in {args.waves} waves, policy {args.policy}")
-        started = time.time()
+        started, cpu = time.time(), component_cpu(args.state)
         submit_in_waves(jobs, args.waves, args.wave_gap,
                         lambda j: custom.create_namespaced_custom_object(GROUP, VERSION, namespace, "trainingjobs",
                                                                          trainingjob(j, args.speed)),
@@ -365,6 +386,7 @@ def run_flotilla(api: Any, namespace: str, jobs: list[Job], cluster: Cluster, ou
 
         wait_until("the TrainingJobs to finish", finished, args.timeout)
         usage = operator.usage()
+        cpu = {**cpu_during(args.state, cpu), "simworkers": round(cpu_seconds(workers.proc.pid), 1)}
     finally:
         operator.stop()
         workers.stop()
@@ -396,6 +418,7 @@ def run_flotilla(api: Any, namespace: str, jobs: list[Job], cluster: Cluster, ou
         "apply_ms": percentiles([p["apply_ms"] for p in busy]),
         "passes": len(passes),
         "operator": {**usage, "api_requests": requests, "api_requests_per_job": round(requests / len(jobs), 2)},
+        "control_plane_cpu_s": cpu,
         "admitted_over_time": [round(t - first, 1) for t in admitted],
         "gpus_in_use": gpus_in_use(pods, first, end),
     }
@@ -437,6 +460,8 @@ def main() -> int:
     parser.add_argument("--operator-concurrency", type=int, default=16, help="operator's API calls in flight")
     parser.add_argument("--client-concurrency", type=int, default=16, help="the bench's creates in flight")
     parser.add_argument("--seed", type=int, default=1)
+    parser.add_argument("--profile-operator", action="store_true",
+                        help="run the operator under cProfile (its event-loop thread) into OUT/operator.prof")
     parser.add_argument("--timeout", type=float, default=3600.0, help="seconds to wait for each phase")
     parser.add_argument("--state", type=Path, default=ROOT / ".flotilla" / "scale" / "cluster",
                         help="the cluster's state dir (its kubeconfig goes next to it)")
@@ -450,8 +475,9 @@ def main() -> int:
         parser.error("--nodes must be >= 2, --jobs and --waves >= 1")
 
     args.out.mkdir(parents=True, exist_ok=True)
+    args.state = args.state.resolve()
     jobs = workload(args.jobs, args.seed)
-    cluster = Cluster(args.state.resolve(), args.port_base, args.nodes)
+    cluster = Cluster(args.state, args.port_base, args.nodes)
     cluster.up()
     run_id = time.strftime("%H%M%S")
     try:
@@ -492,6 +518,8 @@ def main() -> int:
               f"job submit->Running {r['job_create_to_running_s']}")
     print(f"flotilla: {flo['phases']}, admitted {flo['admit_per_s']} jobs/s (all in {flo['admission_wall_s']} s), "
           f"re-plan {flo['replan_ms']} ms (max {flo['replan_ms_max']}), operator {flo['operator']}")
+    for phase in ("direct", "flotilla"):
+        print(f"CPU seconds during {phase}: {report[phase]['control_plane_cpu_s']}")
     print(f"report: {args.out / 'scale.json'}, plot: {args.out / 'scale.png'}")
     print(json.dumps({"nodes": nodes, "jobs": len(jobs), "admit_per_s": flo["admit_per_s"],
                       "p99_create_to_running_s": p99, "p99_vs_direct": report["p99_vs_direct"],
