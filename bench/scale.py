@@ -30,7 +30,6 @@ import os
 import random
 import re
 import signal
-import statistics
 import subprocess
 import sys
 import time
@@ -201,6 +200,31 @@ def cpu_during(state: Path, before: dict[str, float]) -> dict[str, float]:
     return {name: round(t - before.get(name, 0.0), 1) for name, t in component_cpu(state).items()}
 
 
+METRIC = re.compile(r'^apiserver_request_(total|duration_seconds_sum)\{([^}]*)\} ([0-9.e+-]+)$', re.M)
+
+
+def api_server_requests(api: Any) -> dict[str, list[float]]:
+    """The API server's own request counters: {"VERB resource[/subresource]": [count, seconds]}."""
+    auth = {s["key"]: s["value"] for s in api.configuration.auth_settings().values()}
+    response = api.call_api("GET", api.configuration.host + "/metrics", header_params=auth)
+    response.read()
+    out: dict[str, list[float]] = {}
+    for kind, labels, value in METRIC.findall(response.data.decode()):
+        fields = dict(re.findall(r'(\w+)="([^"]*)"', labels))
+        key = f"{fields.get('verb')} {fields.get('resource')}" + (
+            f"/{fields['subresource']}" if fields.get("subresource") else "")
+        out.setdefault(key, [0.0, 0.0])[0 if kind == "total" else 1] += float(value)
+    return out
+
+
+def requests_during(api: Any, before: dict[str, list[float]], top: int = 10) -> dict[str, dict[str, float]]:
+    """The `top` request kinds by API-server time since `before` (not watches: they last as long as they are open)."""
+    diff = {k: (v[0] - before.get(k, [0, 0])[0], v[1] - before.get(k, [0, 0])[1])
+            for k, v in api_server_requests(api).items() if not k.startswith("WATCH")}
+    ranked = sorted(((k, n, t) for k, (n, t) in diff.items() if n > 0), key=lambda x: -x[2])[:top]
+    return {k: {"count": int(n), "seconds": round(t, 1)} for k, n, t in ranked}
+
+
 # --- submitting and waiting ----------------------------------------------------------------------------
 
 def log(message: str) -> None:
@@ -328,9 +352,12 @@ def operator_passes(log_path: Path) -> list[dict[str, float]]:
 
 # --- the two phases -------------------------------------------------------------------------------------
 
-def run_direct(core: Any, namespace: str, jobs: list[Job], args: argparse.Namespace) -> dict[str, Any]:
+def run_direct(api: Any, namespace: str, jobs: list[Job], args: argparse.Namespace) -> dict[str, Any]:
+    from kubernetes import client
+
+    core = client.CoreV1Api(api)
     log(f"direct: {sum(j.workers for j in jobs)} pods of {len(jobs)} jobs in {args.waves} waves")
-    started, cpu = time.time(), component_cpu(args.state)
+    started, cpu, requests = time.time(), component_cpu(args.state), api_server_requests(api)
 
     def submit(job: Job) -> None:
         for pod in direct_pods(job):
@@ -344,7 +371,7 @@ def run_direct(core: Any, namespace: str, jobs: list[Job], args: argparse.Namesp
         return counts.get("Succeeded", 0) + counts.get("Failed", 0) >= total, str(counts)
 
     wait_until("the direct pods to finish", finished, args.timeout)
-    cpu = cpu_during(args.state, cpu)
+    cpu, requests = cpu_during(args.state, cpu), requests_during(api, requests)
     pods = pod_times(core, namespace)
     end = max((p.finished or time.time()) for p in pods)
     return {
@@ -353,6 +380,7 @@ def run_direct(core: Any, namespace: str, jobs: list[Job], args: argparse.Namesp
         "pod_create_to_running_s": percentiles(pod_latency(pods)),
         "job_create_to_running_s": percentiles(job_latency_direct(pods)),
         "control_plane_cpu_s": cpu,
+        "api_server_requests": requests,
         "gpus_in_use": gpus_in_use(pods, started, end),
     }
 
@@ -366,11 +394,11 @@ def run_flotilla(api: Any, namespace: str, jobs: list[Job], cluster: Cluster, ou
                        args.policy, "--concurrency", str(args.operator_concurrency),
                        profile=out / "operator.prof" if args.profile_operator else None)
     workers = Process(out / "simworkers.log", cluster.kubeconfig, "simworkers", "--namespace", namespace,
-                      "--speed", str(args.speed), "--interval", "0.5")
+                      "--speed", str(args.speed), "--interval", str(args.sim_interval))
     try:
         time.sleep(3)  # the operator lists what exists before the first job arrives
         log(f"flotilla: {len(jobs)} TrainingJobs in {args.waves} waves, policy {args.policy}")
-        started, cpu = time.time(), component_cpu(args.state)
+        cpu, api_requests = component_cpu(args.state), api_server_requests(api)
         submit_in_waves(jobs, args.waves, args.wave_gap,
                         lambda j: custom.create_namespaced_custom_object(GROUP, VERSION, namespace, "trainingjobs",
                                                                          trainingjob(j, args.speed)),
@@ -387,6 +415,7 @@ def run_flotilla(api: Any, namespace: str, jobs: list[Job], cluster: Cluster, ou
         wait_until("the TrainingJobs to finish", finished, args.timeout)
         usage = operator.usage()
         cpu = {**cpu_during(args.state, cpu), "simworkers": round(cpu_seconds(workers.proc.pid), 1)}
+        api_requests = requests_during(api, api_requests)
     finally:
         operator.stop()
         workers.stop()
@@ -419,6 +448,7 @@ def run_flotilla(api: Any, namespace: str, jobs: list[Job], cluster: Cluster, ou
         "passes": len(passes),
         "operator": {**usage, "api_requests": requests, "api_requests_per_job": round(requests / len(jobs), 2)},
         "control_plane_cpu_s": cpu,
+        "api_server_requests": api_requests,
         "admitted_over_time": [round(t - first, 1) for t in admitted],
         "gpus_in_use": gpus_in_use(pods, first, end),
     }
@@ -455,6 +485,8 @@ def main() -> int:
     parser.add_argument("--waves", type=int, default=30, help="submit the jobs in this many waves")
     parser.add_argument("--wave-gap", type=float, default=10.0, help="seconds from one wave to the next")
     parser.add_argument("--speed", type=float, default=10.0, help="simulated workers run this many times faster")
+    parser.add_argument("--sim-interval", type=float, default=1.0,
+                        help="seconds between the simulated workers' passes (each lists every job and pod)")
     parser.add_argument("--policy", default=policies.DEFAULT, choices=policies.names(),
                         help="the operator's allocation policy (default: %(default)s)")
     parser.add_argument("--operator-concurrency", type=int, default=16, help="operator's API calls in flight")
@@ -494,7 +526,7 @@ def main() -> int:
                                   "wave_gap_s": args.wave_gap, "speed": args.speed, "policy": args.policy,
                                   "gpus_requested": sum(j.gpus for j in jobs),
                                   "worker_pods": sum(j.workers for j in jobs)}
-        report["direct"] = run_direct(core, spaces["direct"], jobs, args)
+        report["direct"] = run_direct(api, spaces["direct"], jobs, args)
         log(f"direct: done in {report['direct']['wall_s']} s")
         report["flotilla"] = run_flotilla(api, spaces["flotilla"], jobs, cluster, args.out, args)
         log(f"flotilla: done in {report['flotilla']['wall_s']} s")
@@ -520,6 +552,7 @@ def main() -> int:
           f"re-plan {flo['replan_ms']} ms (max {flo['replan_ms_max']}), operator {flo['operator']}")
     for phase in ("direct", "flotilla"):
         print(f"CPU seconds during {phase}: {report[phase]['control_plane_cpu_s']}")
+        print(f"API server's busiest requests during {phase}: {report[phase]['api_server_requests']}")
     print(f"report: {args.out / 'scale.json'}, plot: {args.out / 'scale.png'}")
     print(json.dumps({"nodes": nodes, "jobs": len(jobs), "admit_per_s": flo["admit_per_s"],
                       "p99_create_to_running_s": p99, "p99_vs_direct": report["p99_vs_direct"],
