@@ -126,6 +126,7 @@ class Cluster:
                     "FLOTILLA_GPUS_PER_NODE": str(GPUS_PER_NODE)}
         self.nodes = nodes
         self.started = False
+        self.kubectl: list[str] = []  # the command with its kubeconfig, once up() ran
 
     def _sh(self, *args: str, check: bool = True) -> subprocess.CompletedProcess:
         return subprocess.run([str(ROOT / "e2e" / "cluster.sh"), *args], env=self.env, capture_output=True,
@@ -140,10 +141,10 @@ class Cluster:
             self._sh("up")
             self.started = True
         kubectl = Path(self._sh("bin").stdout.strip().splitlines()[-1]) / "kubectl"
-        base = [str(kubectl), "--kubeconfig", str(self.kubeconfig)]
-        subprocess.run([*base, "apply", "--server-side", "--force-conflicts", "-f", str(ROOT / "crds")],
+        self.kubectl = [str(kubectl), "--kubeconfig", str(self.kubeconfig)]
+        subprocess.run([*self.kubectl, "apply", "--server-side", "--force-conflicts", "-f", str(ROOT / "crds")],
                        check=True, capture_output=True)
-        subprocess.run([*base, "wait", "--for", "condition=established", "--timeout=60s",
+        subprocess.run([*self.kubectl, "wait", "--for", "condition=established", "--timeout=60s",
                         "crd/trainingjobs.flotilla.dev", "crd/servingdeployments.flotilla.dev"],
                        check=True, capture_output=True)
 
@@ -512,13 +513,13 @@ def main() -> int:
     cluster = Cluster(args.state, args.port_base, args.nodes)
     cluster.up()
     run_id = time.strftime("%H%M%S")
+    spaces = {phase: f"scale-{phase}-{run_id}" for phase in ("direct", "flotilla")}
     try:
         from kubernetes import client, config
 
         api = config.new_client_from_config(str(cluster.kubeconfig))
         api.configuration.connection_pool_maxsize = max(args.client_concurrency, 4)
         core = client.CoreV1Api(api)
-        spaces = {phase: f"scale-{phase}-{run_id}" for phase in ("direct", "flotilla")}
         for ns in spaces.values():
             core.create_namespace({"metadata": {"name": ns}})
         nodes = len(core.list_node(label_selector="type=kwok").items)
@@ -530,11 +531,13 @@ def main() -> int:
         log(f"direct: done in {report['direct']['wall_s']} s")
         report["flotilla"] = run_flotilla(api, spaces["flotilla"], jobs, cluster, args.out, args)
         log(f"flotilla: done in {report['flotilla']['wall_s']} s")
-        for ns in spaces.values():
-            core.delete_namespace(ns)
     finally:
         if cluster.started and not args.keep_cluster:
             cluster.down()
+        else:  # a cluster that stays must not keep this run's pods holding GPUs
+            for ns in spaces.values():
+                subprocess.run([*cluster.kubectl, "delete", "namespace", ns, "--ignore-not-found", "--wait=false"],
+                               capture_output=True)
 
     flo, direct = report["flotilla"], report["direct"]
     # Submission to Running: a Flotilla pod is created only once its job is placed, so the pods' own
