@@ -129,8 +129,11 @@ class Cluster:
         self.kubectl: list[str] = []  # the command with its kubeconfig, once up() ran
 
     def _sh(self, *args: str, check: bool = True) -> subprocess.CompletedProcess:
-        return subprocess.run([str(ROOT / "e2e" / "cluster.sh"), *args], env=self.env, capture_output=True,
-                              text=True, check=check)
+        result = subprocess.run([str(ROOT / "e2e" / "cluster.sh"), *args], env=self.env, capture_output=True,
+                                text=True)
+        if check and result.returncode != 0:
+            raise SystemExit(f"e2e/cluster.sh {' '.join(args)} failed:\n{result.stderr[-2000:]}")
+        return result
 
     def up(self) -> None:
         if self._sh("status", check=False).returncode == 0:
@@ -138,8 +141,8 @@ class Cluster:
             self._sh("nodes", str(self.nodes))
         else:
             log(f"starting a cluster in {self.state} with {self.nodes} nodes")
+            self.started = True  # from here on, down() cleans up whatever part of it came up
             self._sh("up")
-            self.started = True
         kubectl = Path(self._sh("bin").stdout.strip().splitlines()[-1]) / "kubectl"
         self.kubectl = [str(kubectl), "--kubeconfig", str(self.kubeconfig)]
         subprocess.run([*self.kubectl, "apply", "--server-side", "--force-conflicts", "-f", str(ROOT / "crds")],
@@ -511,10 +514,10 @@ def main() -> int:
     args.state = args.state.resolve()
     jobs = workload(args.jobs, args.seed)
     cluster = Cluster(args.state, args.port_base, args.nodes)
-    cluster.up()
     run_id = time.strftime("%H%M%S")
     spaces = {phase: f"scale-{phase}-{run_id}" for phase in ("direct", "flotilla")}
     try:
+        cluster.up()
         from kubernetes import client, config
 
         api = config.new_client_from_config(str(cluster.kubeconfig))
@@ -534,7 +537,7 @@ def main() -> int:
     finally:
         if cluster.started and not args.keep_cluster:
             cluster.down()
-        else:  # a cluster that stays must not keep this run's pods holding GPUs
+        elif cluster.kubectl:  # a cluster that stays must not keep this run's pods holding GPUs
             for ns in spaces.values():
                 subprocess.run([*cluster.kubectl, "delete", "namespace", ns, "--ignore-not-found", "--wait=false"],
                                capture_output=True)
