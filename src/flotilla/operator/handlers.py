@@ -147,12 +147,14 @@ async def _reconcile_once(kube: Kube) -> None:
     started = time.perf_counter()
     actions = reconcile(time.time(), settings.allocator, view.jobs, view.nodes, view.pods, view.servings,
                         view.deployments, settings.max_restarts)
-    if not actions:
-        return
-    done = await kube.apply(actions)
+    planned = time.perf_counter()
+    done = await kube.apply(actions) if actions else []
     for action, result in done:
         if isinstance(action, (PatchStatus, PatchAnnotations)) and isinstance(result, dict):
             store = view.jobs if action.plural == "trainingjobs" else view.servings
             store[f"{action.namespace}/{action.name}"] = result
-    log.debug("reconciled: %d actions (%d applied) in %.1f ms", len(actions), len(done),
-              (time.perf_counter() - started) * 1e3)
+    # One line per pass (INFO when it acted), parsed by bench/scale.py: re-plan time and API requests so far.
+    log.log(logging.INFO if actions else logging.DEBUG,
+            "reconcile pass: jobs=%d plan_ms=%.1f actions=%d applied=%d apply_ms=%.1f api_requests=%d",
+            len(view.jobs), (planned - started) * 1e3, len(actions), len(done),
+            (time.perf_counter() - planned) * 1e3, kube.requests)

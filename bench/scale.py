@@ -1,0 +1,570 @@
+"""Benchmark: Flotilla at cluster scale on the local control plane, against the stock path in the same run.
+
+  python bench/scale.py [--quick] [--nodes N] [--jobs M] [--keep-cluster]
+
+Brings up (or reuses) the local control plane of e2e/cluster.sh with N KWOK nodes x 8 GPUs, then runs
+two phases on the same cluster, one after the other, with the same client and the same job mix:
+
+* direct: each job's worker pods are created as bare pods (no Flotilla) and placed by kube-scheduler;
+  KWOK ends each pod after the job's duration (annotation flotilla.dev/sim-exit-after);
+* flotilla: the operator (`flotilla operator`, a separate process) admits the TrainingJobs, places and
+  creates their pods; `flotilla simworkers --speed S` plays rank 0 so that jobs finish and GPUs turn over.
+
+Every latency comes from the API server's objects: creationTimestamp, the TrainingJob's Admitted
+condition and status.startedAt, the pods' containerStatuses startedAt/finishedAt (1 s resolution).
+The operator's re-plan time and API request count come from its per-pass log line; its CPU seconds
+and peak RSS from /proc. Writes a JSON report and a PNG plot into --out and prints, as its last line:
+{"nodes": n, "jobs": m, "admit_per_s": a, "p99_create_to_running_s": p, "p99_vs_direct": r,
+ "operator_rss_mb": s}
+where p is the p99, over jobs, of submission to Running (the TrainingJob's creationTimestamp to its
+status.startedAt, i.e. all workers Running) and r is p over the same figure on the direct path (a
+job's first pod created to its last pod started). The worker pods' own create-to-Running is in the
+report for both paths.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import re
+import signal
+import subprocess
+import sys
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from datetime import datetime
+from pathlib import Path
+from typing import Any, Callable
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "src"))
+
+from flotilla import GROUP, VERSION  # noqa: E402
+from flotilla.allocation import policies  # noqa: E402
+from flotilla.resources import names  # noqa: E402
+
+GPUS_PER_NODE = 8
+BENCH_LABEL = "flotilla.dev/bench"
+STEPS_PER_GPU_SECOND = 10.0
+FINAL = ("Succeeded", "Failed", "Rejected")
+
+
+@dataclass(frozen=True)
+class Job:
+    name: str
+    gpus: int
+    gpus_per_worker: int
+    seconds: float  # how long the job runs once all its workers run
+
+    @property
+    def workers(self) -> int:
+        return self.gpus // self.gpus_per_worker
+
+
+def workload(count: int, seed: int) -> list[Job]:
+    """Most jobs small and short, some large (a whole node, two nodes), as on a shared cluster."""
+    rng = random.Random(seed)
+    jobs = []
+    for i in range(count):
+        r = rng.random()
+        if r < 0.70:
+            gpus, per, seconds = 1, 1, rng.uniform(3, 8)
+        elif r < 0.90:
+            gpus, per, seconds = 4, 4, rng.uniform(4, 10)
+        elif r < 0.97:
+            gpus, per, seconds = 8, 8, rng.uniform(5, 12)
+        else:
+            gpus, per, seconds = 16, 8, rng.uniform(5, 12)
+        jobs.append(Job(f"job-{i:05d}", gpus, per, round(seconds, 1)))
+    return jobs
+
+
+def trainingjob(job: Job, speed: float) -> dict[str, Any]:
+    rate = STEPS_PER_GPU_SECOND * job.gpus
+    return {
+        "apiVersion": f"{GROUP}/{VERSION}", "kind": "TrainingJob",
+        "metadata": {"name": job.name, "labels": {BENCH_LABEL: "scale"}},
+        "spec": {
+            "deadlineSeconds": 3600,
+            "totalSteps": int(rate * job.seconds * speed),
+            "elasticity": {"minGPUs": job.gpus, "maxGPUs": job.gpus, "gpusPerWorker": job.gpus_per_worker},
+            "throughput": [{"gpus": job.gpus, "stepsPerSecond": rate}],
+            "checkpoint": {"intervalSteps": 1_000_000, "restoreSeconds": 5},
+            "template": {"spec": {"containers": [{"name": "worker", "image": "flotilla/bench-worker:0"}]}},
+        },
+    }
+
+
+def direct_pods(job: Job) -> list[dict[str, Any]]:
+    """The pods Flotilla would create for `job`, minus the placement: kube-scheduler places them."""
+    return [{
+        "apiVersion": "v1", "kind": "Pod",
+        "metadata": {"name": f"{job.name}-w{rank}",
+                     "labels": {BENCH_LABEL: "scale", names.LABEL_JOB: job.name, names.LABEL_ROLE: names.ROLE_WORKER},
+                     "annotations": {"flotilla.dev/sim-exit-code": "0",
+                                     "flotilla.dev/sim-exit-after": f"{int(job.seconds * 1000)}ms"}},
+        "spec": {"restartPolicy": "Never",
+                 "tolerations": [{"key": names.GPU_RESOURCE, "operator": "Exists", "effect": "NoSchedule"}],
+                 "containers": [{"name": "worker", "image": "flotilla/bench-worker:0",
+                                 "resources": {"limits": {names.GPU_RESOURCE: str(job.gpus_per_worker)}}}]},
+    } for rank in range(job.workers)]
+
+
+# --- the cluster ---------------------------------------------------------------------------------------
+
+class Cluster:
+    """e2e/cluster.sh with a state dir, kubeconfig and port base of the bench's own."""
+
+    def __init__(self, state: Path, port_base: int, nodes: int):
+        self.state = state
+        self.kubeconfig = state.parent / "kubeconfig"
+        self.env = {**os.environ, "FLOTILLA_STATE": str(state), "FLOTILLA_KUBECONFIG": str(self.kubeconfig),
+                    "FLOTILLA_PORT_BASE": str(port_base), "FLOTILLA_NODES": str(nodes),
+                    "FLOTILLA_GPUS_PER_NODE": str(GPUS_PER_NODE)}
+        self.nodes = nodes
+        self.started = False
+        self.kubectl: list[str] = []  # the command with its kubeconfig, once up() ran
+
+    def _sh(self, *args: str, check: bool = True) -> subprocess.CompletedProcess:
+        result = subprocess.run([str(ROOT / "e2e" / "cluster.sh"), *args], env=self.env, capture_output=True,
+                                text=True)
+        if check and result.returncode != 0:
+            raise SystemExit(f"e2e/cluster.sh {' '.join(args)} failed:\n{result.stderr[-2000:]}")
+        return result
+
+    def up(self) -> None:
+        if self._sh("status", check=False).returncode == 0:
+            log(f"reusing the cluster in {self.state}")
+            self._sh("nodes", str(self.nodes))
+        else:
+            log(f"starting a cluster in {self.state} with {self.nodes} nodes")
+            self.started = True  # from here on, down() cleans up whatever part of it came up
+            self._sh("up")
+        kubectl = Path(self._sh("bin").stdout.strip().splitlines()[-1]) / "kubectl"
+        self.kubectl = [str(kubectl), "--kubeconfig", str(self.kubeconfig)]
+        subprocess.run([*self.kubectl, "apply", "--server-side", "--force-conflicts", "-f", str(ROOT / "crds")],
+                       check=True, capture_output=True)
+        subprocess.run([*self.kubectl, "wait", "--for", "condition=established", "--timeout=60s",
+                        "crd/trainingjobs.flotilla.dev", "crd/servingdeployments.flotilla.dev"],
+                       check=True, capture_output=True)
+
+    def down(self) -> None:
+        self._sh("down", check=False)
+
+
+class Process:
+    """A `flotilla` subcommand as a child process of the bench, its log in a file."""
+
+    def __init__(self, log_path: Path, kubeconfig: Path, *args: str, profile: Path | None = None):
+        env = {**os.environ, "KUBECONFIG": str(kubeconfig), "PYTHONUNBUFFERED": "1",
+               "PYTHONPATH": str(ROOT / "src") + os.pathsep + os.environ.get("PYTHONPATH", "")}
+        self.log_path = log_path
+        self._log = open(log_path, "w")
+        profiler = ["-m", "cProfile", "-o", str(profile)] if profile else []
+        self.proc = subprocess.Popen([sys.executable, *profiler, "-m", "flotilla.cli", *args], stdout=self._log,
+                                     stderr=subprocess.STDOUT, env=env, cwd=ROOT)
+
+    def usage(self) -> dict[str, float]:
+        """CPU seconds and peak RSS so far, from /proc (Linux)."""
+        hwm = next(int(line.split()[1]) for line in Path(f"/proc/{self.proc.pid}/status").read_text().splitlines()
+                   if line.startswith("VmHWM:"))
+        return {"cpu_s": round(cpu_seconds(self.proc.pid), 2), "peak_rss_mb": round(hwm / 1024, 1)}
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(timeout=20)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        self._log.close()
+
+
+def cpu_seconds(pid: int) -> float:
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def component_cpu(state: Path) -> dict[str, float]:
+    """CPU seconds so far of each control-plane process e2e/cluster.sh started (its PID files)."""
+    out = {}
+    for pidfile in sorted((state / "run").glob("*.pid")):
+        try:
+            out[pidfile.stem] = cpu_seconds(int(pidfile.read_text()))
+        except (OSError, ValueError):
+            continue
+    return out
+
+
+def cpu_during(state: Path, before: dict[str, float]) -> dict[str, float]:
+    return {name: round(t - before.get(name, 0.0), 1) for name, t in component_cpu(state).items()}
+
+
+METRIC = re.compile(r'^apiserver_request_(total|duration_seconds_sum)\{([^}]*)\} ([0-9.e+-]+)$', re.M)
+
+
+def api_server_requests(api: Any) -> dict[str, list[float]]:
+    """The API server's own request counters: {"VERB resource[/subresource]": [count, seconds]}."""
+    auth = {s["key"]: s["value"] for s in api.configuration.auth_settings().values()}
+    response = api.call_api("GET", api.configuration.host + "/metrics", header_params=auth)
+    response.read()
+    out: dict[str, list[float]] = {}
+    for kind, labels, value in METRIC.findall(response.data.decode()):
+        fields = dict(re.findall(r'(\w+)="([^"]*)"', labels))
+        key = f"{fields.get('verb')} {fields.get('resource')}" + (
+            f"/{fields['subresource']}" if fields.get("subresource") else "")
+        out.setdefault(key, [0.0, 0.0])[0 if kind == "total" else 1] += float(value)
+    return out
+
+
+def requests_during(api: Any, before: dict[str, list[float]], top: int = 10) -> dict[str, dict[str, float]]:
+    """The `top` request kinds by API-server time since `before` (not watches: they last as long as they are open)."""
+    diff = {k: (v[0] - before.get(k, [0, 0])[0], v[1] - before.get(k, [0, 0])[1])
+            for k, v in api_server_requests(api).items() if not k.startswith("WATCH")}
+    ranked = sorted(((k, n, t) for k, (n, t) in diff.items() if n > 0), key=lambda x: -x[2])[:top]
+    return {k: {"count": int(n), "seconds": round(t, 1)} for k, n, t in ranked}
+
+
+# --- submitting and waiting ----------------------------------------------------------------------------
+
+def log(message: str) -> None:
+    print(f"[scale {time.strftime('%H:%M:%S')}] {message}", flush=True)
+
+
+def submit_in_waves(jobs: list[Job], waves: int, gap: float, submit: Callable[[Job], None],
+                    concurrency: int) -> None:
+    size = -(-len(jobs) // waves)
+    with ThreadPoolExecutor(concurrency) as pool:
+        for w in range(waves):
+            started = time.monotonic()
+            list(pool.map(submit, jobs[w * size:(w + 1) * size]))
+            if w < waves - 1:
+                time.sleep(max(0.0, gap - (time.monotonic() - started)))
+
+
+def wait_until(what: str, done: Callable[[], tuple[bool, str]], timeout: float, interval: float = 2.0) -> None:
+    deadline = time.monotonic() + timeout
+    while True:
+        ok, progress = done()
+        if ok:
+            return
+        if time.monotonic() > deadline:
+            raise SystemExit(f"timed out after {timeout:.0f}s waiting for {what}: {progress}")
+        time.sleep(interval)
+
+
+def pod_phases(core: Any, namespace: str) -> dict[str, int]:
+    counts: dict[str, int] = {}
+    for p in core.list_namespaced_pod(namespace, label_selector=f"{names.LABEL_ROLE}={names.ROLE_WORKER}").items:
+        counts[p.status.phase] = counts.get(p.status.phase, 0) + 1
+    return counts
+
+
+# --- reading the API server's timestamps ----------------------------------------------------------------
+
+def ts(value: Any) -> float | None:
+    if value is None:
+        return None
+    if isinstance(value, datetime):
+        return value.timestamp()
+    return datetime.fromisoformat(str(value).replace("Z", "+00:00")).timestamp()
+
+
+@dataclass(frozen=True)
+class PodTimes:
+    job: str
+    gpus: int
+    created: float
+    started: float | None
+    finished: float | None
+
+
+def pod_times(core: Any, namespace: str) -> list[PodTimes]:
+    out = []
+    for p in core.list_namespaced_pod(namespace, label_selector=f"{names.LABEL_ROLE}={names.ROLE_WORKER}").items:
+        state = (p.status.container_statuses or [None])[0]
+        started = finished = None
+        if state is not None and state.state is not None:
+            if state.state.running is not None:
+                started = ts(state.state.running.started_at)
+            elif state.state.terminated is not None:
+                started, finished = ts(state.state.terminated.started_at), ts(state.state.terminated.finished_at)
+        gpus = int((p.spec.containers[0].resources.limits or {}).get(names.GPU_RESOURCE, "0"))
+        out.append(PodTimes(p.metadata.labels[names.LABEL_JOB], gpus, ts(p.metadata.creation_timestamp),
+                            started or ts(p.status.start_time), finished))
+    return out
+
+
+def condition_time(status: dict[str, Any], type_: str, value: str = "True") -> float | None:
+    for c in status.get("conditions") or []:
+        if c.get("type") == type_ and c.get("status") == value:
+            return ts(c.get("lastTransitionTime"))
+    return None
+
+
+def percentiles(values: list[float]) -> dict[str, float | None]:
+    if not values:
+        return {"p50": None, "p90": None, "p99": None, "count": 0}
+    v = sorted(values)
+    pick = lambda q: round(v[min(len(v) - 1, int(q * len(v)))], 2)  # noqa: E731
+    return {"p50": pick(0.50), "p90": pick(0.90), "p99": pick(0.99), "count": len(v)}
+
+
+def pod_latency(pods: list[PodTimes]) -> list[float]:
+    return [p.started - p.created for p in pods if p.started is not None]
+
+
+def job_latency_direct(pods: list[PodTimes]) -> list[float]:
+    """Submission to all of a job's workers running: the job's first pod create to its last pod start."""
+    by_job: dict[str, list[PodTimes]] = {}
+    for p in pods:
+        by_job.setdefault(p.job, []).append(p)
+    return [max(p.started for p in ps) - min(p.created for p in ps) for ps in by_job.values()
+            if all(p.started is not None for p in ps)]
+
+
+def gpus_in_use(pods: list[PodTimes], origin: float, end: float) -> list[tuple[float, int]]:
+    """(seconds since origin, GPUs held by running pods) at every start and finish."""
+    steps: list[tuple[float, int]] = []
+    for p in pods:
+        if p.started is not None:
+            steps.append((p.started - origin, p.gpus))
+            steps.append(((p.finished or end) - origin, -p.gpus))
+    out, held = [], 0
+    for t, d in sorted(steps):
+        held += d
+        out.append((round(t, 1), held))
+    return out
+
+
+PASS_LINE = re.compile(r"reconcile pass: jobs=(\d+) plan_ms=([\d.]+) actions=(\d+) applied=(\d+) "
+                       r"apply_ms=([\d.]+) api_requests=(\d+)")
+
+
+def operator_passes(log_path: Path) -> list[dict[str, float]]:
+    out = []
+    for m in PASS_LINE.finditer(log_path.read_text()):
+        jobs, plan_ms, actions, applied, apply_ms, requests = m.groups()
+        out.append({"jobs": int(jobs), "plan_ms": float(plan_ms), "actions": int(actions),
+                    "apply_ms": float(apply_ms), "api_requests": int(requests)})
+    return out
+
+
+# --- the two phases -------------------------------------------------------------------------------------
+
+def run_direct(api: Any, namespace: str, jobs: list[Job], args: argparse.Namespace) -> dict[str, Any]:
+    from kubernetes import client
+
+    core = client.CoreV1Api(api)
+    log(f"direct: {sum(j.workers for j in jobs)} pods of {len(jobs)} jobs in {args.waves} waves")
+    started, cpu, requests = time.time(), component_cpu(args.state), api_server_requests(api)
+
+    def submit(job: Job) -> None:
+        for pod in direct_pods(job):
+            core.create_namespaced_pod(namespace, pod)
+
+    submit_in_waves(jobs, args.waves, args.wave_gap, submit, args.client_concurrency)
+    total = sum(j.workers for j in jobs)
+
+    def finished() -> tuple[bool, str]:
+        counts = pod_phases(core, namespace)
+        return counts.get("Succeeded", 0) + counts.get("Failed", 0) >= total, str(counts)
+
+    wait_until("the direct pods to finish", finished, args.timeout)
+    cpu, requests = cpu_during(args.state, cpu), requests_during(api, requests)
+    pods = pod_times(core, namespace)
+    end = max((p.finished or time.time()) for p in pods)
+    return {
+        "pods": len(pods),
+        "wall_s": round(end - started, 1),
+        "pod_create_to_running_s": percentiles(pod_latency(pods)),
+        "job_create_to_running_s": percentiles(job_latency_direct(pods)),
+        "control_plane_cpu_s": cpu,
+        "api_server_requests": requests,
+        "gpus_in_use": gpus_in_use(pods, started, end),
+    }
+
+
+def run_flotilla(api: Any, namespace: str, jobs: list[Job], cluster: Cluster, out: Path,
+                 args: argparse.Namespace) -> dict[str, Any]:
+    from kubernetes import client
+
+    core, custom = client.CoreV1Api(api), client.CustomObjectsApi(api)
+    operator = Process(out / "operator.log", cluster.kubeconfig, "operator", "--liveness", "", "--policy",
+                       args.policy, "--concurrency", str(args.operator_concurrency),
+                       profile=out / "operator.prof" if args.profile_operator else None)
+    workers = Process(out / "simworkers.log", cluster.kubeconfig, "simworkers", "--namespace", namespace,
+                      "--speed", str(args.speed), "--interval", str(args.sim_interval))
+    try:
+        time.sleep(3)  # the operator lists what exists before the first job arrives
+        log(f"flotilla: {len(jobs)} TrainingJobs in {args.waves} waves, policy {args.policy}")
+        cpu, api_requests = component_cpu(args.state), api_server_requests(api)
+        submit_in_waves(jobs, args.waves, args.wave_gap,
+                        lambda j: custom.create_namespaced_custom_object(GROUP, VERSION, namespace, "trainingjobs",
+                                                                         trainingjob(j, args.speed)),
+                        args.client_concurrency)
+
+        def finished() -> tuple[bool, str]:
+            items = custom.list_namespaced_custom_object(GROUP, VERSION, namespace, "trainingjobs")["items"]
+            counts: dict[str, int] = {}
+            for j in items:
+                phase = (j.get("status") or {}).get("phase", "New")
+                counts[phase] = counts.get(phase, 0) + 1
+            return sum(counts.get(p, 0) for p in FINAL) >= len(jobs), str(counts)
+
+        wait_until("the TrainingJobs to finish", finished, args.timeout)
+        usage = operator.usage()
+        cpu = {**cpu_during(args.state, cpu), "simworkers": round(cpu_seconds(workers.proc.pid), 1)}
+        api_requests = requests_during(api, api_requests)
+    finally:
+        operator.stop()
+        workers.stop()
+    items = custom.list_namespaced_custom_object(GROUP, VERSION, namespace, "trainingjobs")["items"]
+    pods = pod_times(core, namespace)
+    created = [ts(j["metadata"]["creationTimestamp"]) for j in items]
+    admitted = sorted(t for j in items if (t := condition_time(j.get("status") or {}, names.COND_ADMITTED)))
+    ended = [t for j in items if (t := condition_time(j.get("status") or {}, names.COND_READY, "False"))]
+    job_running = [ts(j["status"]["startedAt"]) - ts(j["metadata"]["creationTimestamp"]) for j in items
+                   if (j.get("status") or {}).get("startedAt")]
+    first, end = min(created), max(ended or [time.time()])
+    passes = operator_passes(out / "operator.log")
+    busy = [p for p in passes if p["actions"]]
+    requests = passes[-1]["api_requests"] if passes else 0
+    phases: dict[str, int] = {}
+    for j in items:
+        phases[j["status"]["phase"]] = phases.get(j["status"]["phase"], 0) + 1
+    return {
+        "jobs": len(items),
+        "phases": phases,
+        "pods": len(pods),
+        "admission_wall_s": round(admitted[-1] - first, 1) if admitted else None,
+        "admit_per_s": round(len(admitted) / max(1.0, admitted[-1] - first), 2) if admitted else 0.0,
+        "wall_s": round(end - first, 1),
+        "pod_create_to_running_s": percentiles(pod_latency(pods)),
+        "job_create_to_running_s": percentiles(job_running),
+        "replan_ms": percentiles([p["plan_ms"] for p in passes if p["jobs"]]),
+        "replan_ms_max": max((p["plan_ms"] for p in passes), default=None),
+        "apply_ms": percentiles([p["apply_ms"] for p in busy]),
+        "passes": len(passes),
+        "operator": {**usage, "api_requests": requests, "api_requests_per_job": round(requests / len(jobs), 2)},
+        "control_plane_cpu_s": cpu,
+        "api_server_requests": api_requests,
+        "admitted_over_time": [round(t - first, 1) for t in admitted],
+        "gpus_in_use": gpus_in_use(pods, first, end),
+    }
+
+
+def plot(report: dict[str, Any], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, (top, bottom) = plt.subplots(2, 1, figsize=(9, 6), sharex=True)
+    admitted = report["flotilla"]["admitted_over_time"]
+    top.step(admitted, range(1, len(admitted) + 1), where="post", label="TrainingJobs admitted (Flotilla)")
+    top.set_ylabel("jobs")
+    top.legend(loc="lower right")
+    for phase, style in (("flotilla", "-"), ("direct", "--")):
+        series = report[phase]["gpus_in_use"]
+        bottom.step([t for t, _ in series], [g for _, g in series], style, where="post", label=phase)
+    bottom.axhline(report["nodes"] * GPUS_PER_NODE, color="grey", linewidth=0.8, label="cluster GPUs")
+    bottom.set_ylabel("GPUs in use")
+    bottom.set_xlabel("seconds since the first submission")
+    bottom.legend(loc="upper right")
+    fig.suptitle(f"{report['jobs']} jobs on {report['nodes']} nodes x {GPUS_PER_NODE} GPUs")
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--quick", action="store_true", help="100 nodes, 500 jobs (about 2 minutes)")
+    parser.add_argument("--nodes", type=int, default=1000)
+    parser.add_argument("--jobs", type=int, default=15000)
+    parser.add_argument("--waves", type=int, default=30, help="submit the jobs in this many waves")
+    parser.add_argument("--wave-gap", type=float, default=10.0, help="seconds from one wave to the next")
+    parser.add_argument("--speed", type=float, default=10.0, help="simulated workers run this many times faster")
+    parser.add_argument("--sim-interval", type=float, default=1.0,
+                        help="seconds between the simulated workers' passes (each lists every job and pod)")
+    parser.add_argument("--policy", default=policies.DEFAULT, choices=policies.names(),
+                        help="the operator's allocation policy (default: %(default)s)")
+    parser.add_argument("--operator-concurrency", type=int, default=16, help="operator's API calls in flight")
+    parser.add_argument("--client-concurrency", type=int, default=16, help="the bench's creates in flight")
+    parser.add_argument("--seed", type=int, default=1)
+    parser.add_argument("--profile-operator", action="store_true",
+                        help="run the operator under cProfile (its event-loop thread) into OUT/operator.prof")
+    parser.add_argument("--timeout", type=float, default=3600.0, help="seconds to wait for each phase")
+    parser.add_argument("--state", type=Path, default=ROOT / ".flotilla" / "scale" / "cluster",
+                        help="the cluster's state dir (its kubeconfig goes next to it)")
+    parser.add_argument("--port-base", type=int, default=19440, help="FLOTILLA_PORT_BASE of the cluster")
+    parser.add_argument("--keep-cluster", action="store_true", help="leave a cluster this run started running")
+    parser.add_argument("--out", type=Path, default=ROOT / ".flotilla" / "scale" / "report")
+    args = parser.parse_args()
+    if args.quick:
+        args.nodes, args.jobs, args.waves, args.wave_gap, args.timeout = 100, 500, 5, 5.0, 150.0
+    if args.nodes < 2 or args.jobs < 1 or args.waves < 1:
+        parser.error("--nodes must be >= 2, --jobs and --waves >= 1")
+
+    args.out.mkdir(parents=True, exist_ok=True)
+    args.state = args.state.resolve()
+    jobs = workload(args.jobs, args.seed)
+    cluster = Cluster(args.state, args.port_base, args.nodes)
+    run_id = time.strftime("%H%M%S")
+    spaces = {phase: f"scale-{phase}-{run_id}" for phase in ("direct", "flotilla")}
+    try:
+        cluster.up()
+        from kubernetes import client, config
+
+        api = config.new_client_from_config(str(cluster.kubeconfig))
+        api.configuration.connection_pool_maxsize = max(args.client_concurrency, 4)
+        core = client.CoreV1Api(api)
+        for ns in spaces.values():
+            core.create_namespace({"metadata": {"name": ns}})
+        nodes = len(core.list_node(label_selector="type=kwok").items)
+        report: dict[str, Any] = {"nodes": nodes, "jobs": len(jobs), "waves": args.waves,
+                                  "wave_gap_s": args.wave_gap, "speed": args.speed, "policy": args.policy,
+                                  "gpus_requested": sum(j.gpus for j in jobs),
+                                  "worker_pods": sum(j.workers for j in jobs)}
+        report["direct"] = run_direct(api, spaces["direct"], jobs, args)
+        log(f"direct: done in {report['direct']['wall_s']} s")
+        report["flotilla"] = run_flotilla(api, spaces["flotilla"], jobs, cluster, args.out, args)
+        log(f"flotilla: done in {report['flotilla']['wall_s']} s")
+    finally:
+        if cluster.started and not args.keep_cluster:
+            cluster.down()
+        elif cluster.kubectl:  # a cluster that stays must not keep this run's pods holding GPUs
+            for ns in spaces.values():
+                subprocess.run([*cluster.kubectl, "delete", "namespace", ns, "--ignore-not-found", "--wait=false"],
+                               capture_output=True)
+
+    flo, direct = report["flotilla"], report["direct"]
+    # Submission to Running: a Flotilla pod is created only once its job is placed, so the pods' own
+    # create-to-Running (in the report too) leaves out the time the job waits for the operator.
+    p99, p99_direct = flo["job_create_to_running_s"]["p99"], direct["job_create_to_running_s"]["p99"]
+    # Timestamps have 1 s resolution: a 0 s p99 on the direct path counts as 1 s in the ratio.
+    report["p99_vs_direct"] = round(p99 / max(p99_direct, 1.0), 2) if p99 is not None else None
+    (args.out / "scale.json").write_text(json.dumps(report, indent=1))
+    plot(report, args.out / "scale.png")
+    for phase in ("direct", "flotilla"):
+        r = report[phase]
+        print(f"{phase:9s} wall {r['wall_s']:7.1f} s  pod create->Running {r['pod_create_to_running_s']}  "
+              f"job submit->Running {r['job_create_to_running_s']}")
+    print(f"flotilla: {flo['phases']}, admitted {flo['admit_per_s']} jobs/s (all in {flo['admission_wall_s']} s), "
+          f"re-plan {flo['replan_ms']} ms (max {flo['replan_ms_max']}), operator {flo['operator']}")
+    for phase in ("direct", "flotilla"):
+        print(f"CPU seconds during {phase}: {report[phase]['control_plane_cpu_s']}")
+        print(f"API server's busiest requests during {phase}: {report[phase]['api_server_requests']}")
+    print(f"report: {args.out / 'scale.json'}, plot: {args.out / 'scale.png'}")
+    print(json.dumps({"nodes": nodes, "jobs": len(jobs), "admit_per_s": flo["admit_per_s"],
+                      "p99_create_to_running_s": p99, "p99_vs_direct": report["p99_vs_direct"],
+                      "operator_rss_mb": flo["operator"]["peak_rss_mb"]}))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
