@@ -63,9 +63,13 @@ def status(name: str, ns: str) -> dict:
 def start_running_job(name: str, namespace: str, log_dir) -> tuple[FlotillaProcess, dict]:
     wait_for_gpus_free_outside(namespace)
     sim = SimulatedWorkersProcess(log_dir / f"simworkers-{namespace}.log", namespace).start()
-    assert apply(job_manifest(name), namespace).returncode == 0
-    first = wait_for(f"{name} running with progress", lambda: (s := status(name, namespace)).get("phase") == "Running"
-                     and s.get("progress", {}).get("steps", 0) >= 60 and s, timeout=60)
+    try:
+        assert apply(job_manifest(name), namespace).returncode == 0
+        first = wait_for(f"{name} running with progress", lambda: (s := status(name, namespace))
+                         .get("phase") == "Running" and s.get("progress", {}).get("steps", 0) >= 60 and s, timeout=60)
+    except BaseException:
+        sim.stop()
+        raise
     return sim, first
 
 
