@@ -28,6 +28,9 @@ from flotilla.worker import JobClient
 from flotilla.worker import sharded
 
 ROWS, WIDTH = 64, 16
+# Ranks here have no collectives to keep them in step: none may run more than WINDOW steps ahead of
+# rank 0 (which publishes its step), so a stop step WINDOW + 2 ahead of rank 0 is ahead of every rank.
+WINDOW = 20
 
 
 class Job(Protocol):  # what the worker uses of flotilla.worker.JobClient
@@ -39,6 +42,19 @@ class Job(Protocol):  # what the worker uses of flotilla.worker.JobClient
                         force: bool = False) -> bool: ...
     def pending_checkpoint(self, force: bool = False): ...
     def acknowledge(self, request, step: int) -> None: ...
+
+
+def _read_int(path: Path) -> int | None:
+    try:
+        return int(path.read_text())
+    except (FileNotFoundError, ValueError):
+        return None
+
+
+def _publish(path: Path, value: int) -> None:
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(str(value))
+    tmp.replace(path)
 
 
 def _latest(root: Path) -> Path | None:
@@ -76,17 +92,22 @@ def train(job: Job, root: Path, total_steps: int, steps_per_second: float, inter
         step, shards = 0, sharded.split({"params": np.zeros((ROWS, WIDTH))}, job.world_size, job.rank)
     last_ckpt = step if latest is not None else None
     started, start_step = time.monotonic(), step
-    stop_at_file = root / "stop-at"
-    # Ranks are not in lock-step here (no collectives): leave a couple of seconds of steps as margin.
-    margin = 2 + int(2 * steps_per_second)
+    stop_at_file, lead_file = root / "stop-at", root / "rank0-step"
     pending = None
     while step < total_steps:
+        if job.rank == 0:
+            _publish(lead_file, step)
+        else:
+            while (lead := _read_int(lead_file)) is not None and step >= lead + WINDOW:
+                time.sleep(0.001)  # as a collective would: wait for rank 0
         shards["params"] += 1.0
         step += 1
         if steps_per_second > 0:
             time.sleep(max(0.0, (step - start_step) / steps_per_second - (time.monotonic() - started)))
         stop_at = int(stop_at_file.read_text()) if stop_at_file.exists() else None
         if (interval and step % interval == 0) or step == stop_at:
+            if job.rank == 0:
+                _publish(lead_file, step)  # let the others reach this step while rank 0 waits for them
             if _write(root, shards, job, step, barrier_timeout) and job.rank == 0:
                 last_ckpt = step
         if job.rank == 0:
@@ -95,7 +116,7 @@ def train(job: Job, root: Path, total_steps: int, steps_per_second: float, inter
             if pending is None:
                 pending = job.pending_checkpoint()
                 if pending is not None:
-                    stop_at_file.write_text(str(step + margin))  # a step every rank has yet to reach
+                    _publish(stop_at_file, step + WINDOW + 2)  # a step every rank has yet to reach
             elif step == stop_at and last_ckpt == step:
                 stop_at_file.unlink()
                 job.acknowledge(pending, step)
@@ -103,6 +124,7 @@ def train(job: Job, root: Path, total_steps: int, steps_per_second: float, inter
             time.sleep(wait_replaced)  # the operator replaces this worker set now
             return step
     if job.rank == 0:
+        _publish(lead_file, step)
         job.report_progress(step, 0.0, last_ckpt, force=True)
     return step
 
