@@ -12,8 +12,12 @@ import argparse
 import asyncio
 import logging
 import os
+from pathlib import Path
+
+import yaml
 
 from flotilla.allocation import policies
+from flotilla.pool import PoolPolicy
 
 HELP = "Run the operator: reconcile TrainingJobs, ServingDeployments and Nodes"
 
@@ -21,6 +25,11 @@ HELP = "Run the operator: reconcile TrainingJobs, ServingDeployments and Nodes"
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--policy", default=policies.DEFAULT, choices=policies.names(),
                         help="allocation policy for TrainingJobs (default: %(default)s; the others are baselines)")
+    parser.add_argument("--pool-policy", metavar="FILE",
+                        help="the unified GPU pool's policy: a YAML mapping of forecastHeadroom, holdDownSeconds, "
+                             "borrowGuaranteed (docs/unified.md); default: the documented defaults")
+    parser.add_argument("--no-pool", action="store_true",
+                        help="no unified pool: ServingDeployments never borrow training's GPUs")
     parser.add_argument("--resync", type=float, default=10.0, metavar="SECONDS",
                         help="reconcile everything at least this often (default: %(default)s)")
     parser.add_argument("--concurrency", type=int, default=16,
@@ -47,7 +56,8 @@ def run(args: argparse.Namespace) -> int:
     from flotilla.operator import handlers
 
     handlers.configure(handlers.Settings(allocator=policies.get(args.policy), resync_seconds=args.resync,
-                                         concurrency=args.concurrency, max_restarts=args.max_restarts))
+                                         concurrency=args.concurrency, max_restarts=args.max_restarts,
+                                         pool=pool_policy(args)))
     logging.getLogger("kopf.objects").setLevel(logging.WARNING)
 
     def operator(liveness: str | None):
@@ -58,6 +68,29 @@ def run(args: argparse.Namespace) -> int:
         asyncio.run(operator(args.liveness or None))
         return 0
     return asyncio.run(_elected(args, lambda: operator(None)))
+
+
+def pool_policy(args: argparse.Namespace) -> PoolPolicy | None:
+    """The unified pool's policy. It arbitrates with the deadline-aware allocator, so the baseline
+    policies run without it."""
+    if args.no_pool:
+        return None
+    if args.policy != policies.DEFAULT:
+        if args.pool_policy:
+            raise SystemExit(f"--pool-policy needs --policy {policies.DEFAULT} (the unified pool arbitrates with it)")
+        return None
+    if not args.pool_policy:
+        return PoolPolicy()
+    try:
+        values = yaml.safe_load(Path(args.pool_policy).read_text()) or {}
+    except (OSError, yaml.YAMLError) as e:
+        raise SystemExit(f"--pool-policy {args.pool_policy}: {e}") from None
+    if not isinstance(values, dict):
+        raise SystemExit(f"--pool-policy {args.pool_policy}: expected a mapping of policy keys")
+    try:
+        return PoolPolicy.from_mapping(values)
+    except ValueError as e:
+        raise SystemExit(f"--pool-policy {args.pool_policy}: {e}") from None
 
 
 async def _elected(args: argparse.Namespace, main) -> int:

@@ -23,6 +23,7 @@ from flotilla.allocation import Allocator
 from flotilla.operator.actions import PatchAnnotations, PatchStatus
 from flotilla.operator.kube import Kube
 from flotilla.operator.reconcile import reconcile
+from flotilla.pool import PoolPolicy
 from flotilla.resources import names
 
 log = logging.getLogger("flotilla.operator")
@@ -62,6 +63,7 @@ class Settings:
     debounce_seconds: float = 0.2
     concurrency: int = 16
     max_restarts: int = 3
+    pool: PoolPolicy | None = None  # the unified pool's policy; None: serving only holds what it has
 
 
 view = View()
@@ -126,7 +128,8 @@ async def _loop() -> None:
     kube = Kube(_api_client(), concurrency=settings.concurrency)
     # Let the initial lists arrive before the first decision.
     await asyncio.sleep(1.0)
-    log.info("reconcile loop started: policy=%s resync=%ss", settings.allocator.name, settings.resync_seconds)
+    log.info("reconcile loop started: policy=%s resync=%ss unified pool: %s", settings.allocator.name,
+             settings.resync_seconds, settings.pool or "off")
     while True:
         try:
             await asyncio.wait_for(view.wake.wait(), timeout=settings.resync_seconds)
@@ -146,7 +149,7 @@ async def _reconcile_once(kube: Kube) -> None:
     assert settings is not None
     started = time.perf_counter()
     actions = reconcile(time.time(), settings.allocator, view.jobs, view.nodes, view.pods, view.servings,
-                        view.deployments, settings.max_restarts)
+                        view.deployments, settings.max_restarts, settings.pool)
     planned = time.perf_counter()
     done = await kube.apply(actions) if actions else []
     for action, result in done:

@@ -9,21 +9,11 @@ from typing import Any, Mapping
 from flotilla.allocation import Allocator, ClusterSnapshot
 from flotilla.operator import serving, training
 from flotilla.operator.actions import Action
+from flotilla.operator.pool import arbitrate, holds_gpus, pod_gpus
+from flotilla.pool import PoolPolicy
 from flotilla.resources import names
 
 Body = Mapping[str, Any]
-
-
-def _pod_gpus(pod: Body) -> int:
-    total = 0
-    for c in (pod.get("spec") or {}).get("containers") or []:
-        total += int(str(((c.get("resources") or {}).get("limits") or {}).get(names.GPU_RESOURCE, "0")))
-    return total
-
-
-def _holds_gpus(pod: Body) -> bool:
-    phase = (pod.get("status") or {}).get("phase")
-    return bool((pod.get("spec") or {}).get("nodeName")) and phase not in ("Succeeded", "Failed")
 
 
 def training_snapshot(now: float, jobs: Mapping[str, Body], nodes: Mapping[str, Body],
@@ -33,8 +23,8 @@ def training_snapshot(now: float, jobs: Mapping[str, Body], nodes: Mapping[str, 
     snap = training.snapshot(now, jobs.values(), nodes.values())
     foreign: dict[str, int] = defaultdict(int)
     for pod in pods.values():
-        if pod["metadata"].get("labels", {}).get(names.LABEL_ROLE) != names.ROLE_WORKER and _holds_gpus(pod):
-            foreign[pod["spec"]["nodeName"]] += _pod_gpus(pod)
+        if pod["metadata"].get("labels", {}).get(names.LABEL_ROLE) != names.ROLE_WORKER and holds_gpus(pod):
+            foreign[pod["spec"]["nodeName"]] += pod_gpus(pod)
     if not foreign:
         return snap
     return replace(snap, nodes=tuple(replace(n, foreign_gpus=n.foreign_gpus + foreign.get(n.name, 0))
@@ -43,8 +33,17 @@ def training_snapshot(now: float, jobs: Mapping[str, Body], nodes: Mapping[str, 
 
 def reconcile(now: float, allocator: Allocator, jobs: Mapping[str, Body], nodes: Mapping[str, Body],
               pods: Mapping[str, Body], servings: Mapping[str, Body],
-              deployments: Mapping[str, Body], max_restarts: int = 3) -> list[Action]:
-    decision = allocator.decide(training_snapshot(now, jobs, nodes, pods))
+              deployments: Mapping[str, Body], max_restarts: int = 3,
+              pool: PoolPolicy | None = None) -> list[Action]:
+    """With a `pool` policy and ServingDeployments present, the unified-pool arbiter decides for both
+    (serving may borrow training's GPUs); otherwise the allocator decides for training alone and
+    serving's pods are GPUs it may not use."""
+    if pool is not None and servings:
+        shared = arbitrate(now, pool, jobs, nodes, pods, servings)
+        job_decisions, lending, grants = shared.jobs, shared.lending, shared.serving
+    else:
+        job_decisions = allocator.decide(training_snapshot(now, jobs, nodes, pods)).jobs
+        lending, grants = {}, {}
     pods_of: dict[str, list[Body]] = defaultdict(list)
     for pod in pods.values():
         labels = pod["metadata"].get("labels") or {}
@@ -52,11 +51,11 @@ def reconcile(now: float, allocator: Allocator, jobs: Mapping[str, Body], nodes:
             pods_of[f"{pod['metadata']['namespace']}/{labels[names.LABEL_JOB]}"].append(pod)
     actions: list[Action] = []
     for key, body in jobs.items():
-        actions.extend(training.plan_job(body, pods_of.get(key, []), decision.for_job(key), now, allocator.name,
-                                         max_restarts=max_restarts))
+        actions.extend(training.plan_job(body, pods_of.get(key, []), job_decisions.get(key), now, allocator.name,
+                                         max_restarts=max_restarts, lending=lending.get(key)))
     for key, body in servings.items():
         ns = body["metadata"]["namespace"]
         deps = {role: deployments[d] for role in serving.ROLES
                 if (d := f"{ns}/{serving.deployment_name(body['metadata']['name'], role)}") in deployments}
-        actions.extend(serving.plan_serving(body, deps, now))
+        actions.extend(serving.plan_serving(body, deps, now, grants.get(key)))
     return actions

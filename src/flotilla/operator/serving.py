@@ -3,12 +3,12 @@
 from __future__ import annotations
 
 import copy
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Mapping
 
 from flotilla import API_VERSION
 from flotilla.operator.actions import Action, ApplyDeployment, PatchStatus, PostEvent, involved
-from flotilla.operator.training import set_condition
+from flotilla.operator.training import ref, set_condition
 from flotilla.operator.timeutil import rfc3339
 from flotilla.resources import names, phases
 from flotilla.serving.planner import Plan, plan
@@ -103,8 +103,45 @@ def deployment(body: Body, role: str, replicas: int, gpus_per_instance: int) -> 
     }
 
 
-def plan_serving(body: Body, deployments: Mapping[str, Body], now: float) -> list[Action]:
-    """Actions for one ServingDeployment; `deployments` maps role -> its Deployment (if any)."""
+@dataclass(frozen=True)
+class ServingGrant:
+    """What the unified pool gives one ServingDeployment, and how much of it may be used now."""
+
+    gpus: int  # granted: the planner's demand, or less when short, or more through a hold-down
+    budget: int  # GPUs its Deployments may hold now: the grant, or less until training has freed them
+    demanded: int
+    reason: str
+    below_since: float | None
+    borrowed: Mapping[str, int] = field(default_factory=dict)  # job key -> GPUs it lent and has not got back
+
+    def status(self) -> dict[str, Any]:
+        """status.pool; belowSince null (deleted by the merge patch) when demand is not below holdings."""
+        return {"grantedGPUs": self.gpus, "demandedGPUs": self.demanded, "reason": self.reason[:1024],
+                "belowSince": rfc3339(self.below_since) if self.below_since is not None else None}
+
+
+def fit(want: Target, gpus: int) -> Target:
+    """The largest plan within `gpus` that keeps the prefill:decode ratio as close as it can
+    (the smaller of the two roles' fractions of the plan first, then the GPUs used)."""
+    if want.gpus <= gpus:
+        return want
+    p, d = want.replicas[names.ROLE_PREFILL], want.replicas[names.ROLE_DECODE]
+    gp, gd = want.gpus_per_instance[names.ROLE_PREFILL], want.gpus_per_instance[names.ROLE_DECODE]
+
+    def score(option: tuple[int, int]) -> tuple[float, int]:
+        i, j = option
+        return min(i / p if p else 1.0, j / d if d else 1.0), i * gp + j * gd
+
+    i, j = max(((i, min(d, (gpus - i * gp) // gd)) for i in range(p + 1) if i * gp <= gpus), key=score)
+    return Target({names.ROLE_PREFILL: i, names.ROLE_DECODE: j}, dict(want.gpus_per_instance), want.reason,
+                  want.predicted_goodput, want.slo_at_risk)
+
+
+def plan_serving(body: Body, deployments: Mapping[str, Body], now: float,
+                 grant: ServingGrant | None = None) -> list[Action]:
+    """Actions for one ServingDeployment; `deployments` maps role -> its Deployment (if any).
+    With a `grant` from the unified pool, the Deployments hold at most `grant.budget` GPUs, and are
+    not shrunk while the grant keeps more than the plan (the pool's hold-down)."""
     meta, spec, status = body["metadata"], body["spec"], body.get("status") or {}
     actions: list[Action] = []
     patch: dict[str, Any] = {}
@@ -130,7 +167,17 @@ def plan_serving(body: Body, deployments: Mapping[str, Body], now: float) -> lis
     if want.gpus > int(spec["maxGPUs"]):
         return refuse("OverBudget", f"the plan needs {want.gpus} GPUs, more than spec.maxGPUs={spec['maxGPUs']}")
 
-    actions.extend(_deployment_changes(body, deployments, want, status))
+    budget, deploy = int(spec["maxGPUs"]), want
+    if grant is not None:
+        budget, deploy = min(budget, grant.budget), fit(want, grant.budget)
+        pool = grant.status()
+        if status.get("pool") != {k: v for k, v in pool.items() if v is not None}:
+            patch["pool"] = pool
+        if {e["job"]: int(e["gpus"]) for e in status.get("borrowedFrom") or []} != dict(grant.borrowed):
+            patch["borrowedFrom"] = [{"job": k, "gpus": g} for k, g in sorted(grant.borrowed.items())]
+            actions.extend(_loan_events(body, grant.borrowed, status))
+    holding = grant is not None and grant.gpus > want.gpus
+    actions.extend(_deployment_changes(body, deployments, deploy, status, budget, shrink=not holding))
     ready = {r: int(((deployments.get(r) or {}).get("status") or {}).get("readyReplicas") or 0) for r in ROLES}
     all_ready = all(ready[r] >= want.replicas[r] for r in ROLES)
     phase = phases.READY if all_ready else phases.PROGRESSING
@@ -145,7 +192,8 @@ def plan_serving(body: Body, deployments: Mapping[str, Body], now: float) -> lis
         "gpus": want.gpus,
         "ratio": want.ratio,
         "message": f"{ready[names.ROLE_PREFILL]}/{want.replicas[names.ROLE_PREFILL]} prefill, "
-                   f"{ready[names.ROLE_DECODE]}/{want.replicas[names.ROLE_DECODE]} decode ready",
+                   f"{ready[names.ROLE_DECODE]}/{want.replicas[names.ROLE_DECODE]} decode ready"
+                   + (f"; {deploy.gpus} of {want.gpus} GPUs granted now: {grant.reason}" if deploy is not want else ""),
     }
     if want.predicted_goodput is not None:
         desired["predictedGoodput"] = round(float(want.predicted_goodput), 3)
@@ -155,6 +203,8 @@ def plan_serving(body: Body, deployments: Mapping[str, Body], now: float) -> lis
         actions.append(PostEvent(involved(body), "Normal", names.Reason.SCALED,
                                  f"prefill:decode {want.ratio} on {want.gpus} GPUs: {want.reason}"))
     at_risk, why = _slo_at_risk(want, status)
+    if grant is not None and grant.gpus < want.gpus and not at_risk:
+        at_risk, why = True, f"the pool grants {grant.gpus} of the {want.gpus} GPUs the plan needs: {grant.reason}"
     was = next((c.get("status") for c in status.get("conditions") or [] if c.get("type") == names.COND_SLO_AT_RISK),
                None)
     if was != ("True" if at_risk else "False") and (at_risk or was is not None):
@@ -198,11 +248,10 @@ def _deployment_gpus(dep: Body | None) -> tuple[int, int]:
 
 
 def _deployment_changes(body: Body, deployments: Mapping[str, Body], want: Target,
-                        status: Mapping[str, Any]) -> list[Action]:
-    """Deployment updates that move toward the plan without ever holding more than maxGPUs:
-    shrinking roles at once; a growing role only once the pods that exist now (a shrinking
-    role's old pods hold their GPUs until they are gone), plus its growth, fit."""
-    budget = int(body["spec"]["maxGPUs"])
+                        status: Mapping[str, Any], budget: int, shrink: bool = True) -> list[Action]:
+    """Deployment updates that move toward the plan without ever holding more than `budget` GPUs:
+    shrinking roles at once (unless `shrink` is off); a growing role only once the pods that exist
+    now (a shrinking role's old pods hold their GPUs until they are gone), plus its growth, fit."""
     held = {r: _deployment_gpus(deployments.get(r)) for r in ROLES}
     in_use = sum(n * g for n, g in held.values())
     changes: list[Action] = []
@@ -214,6 +263,8 @@ def _deployment_changes(body: Body, deployments: Mapping[str, Body], want: Targe
         after = want.replicas[role] * want.gpus_per_instance[role]
         if after > held[role][0] * held[role][1]:
             growing.append(role)
+            continue
+        if not shrink and dep is not None and after < held[role][0] * held[role][1]:
             continue
         changes.append(ApplyDeployment(deployment(body, role, want.replicas[role], want.gpus_per_instance[role])))
     for role in growing:
@@ -236,6 +287,23 @@ def _deployment_changes(body: Body, deployments: Mapping[str, Body], want: Targe
                                  f"prefill:decode {status.get('ratio')} -> {want.ratio} on {want.gpus} GPUs: "
                                  f"{want.reason}"))
     return changes
+
+
+def _loan_events(body: Body, borrowed: Mapping[str, int], status: Mapping[str, Any]) -> list[Action]:
+    """An Event naming each lender whose loan to this ServingDeployment changed."""
+    before = {e["job"]: int(e["gpus"]) for e in status.get("borrowedFrom") or []}
+    ns = body["metadata"]["namespace"]
+    out: list[Action] = []
+    for job in sorted(set(before) | set(borrowed)):
+        was, now = before.get(job, 0), borrowed.get(job, 0)
+        lender = ref("tj", job, ns)
+        if now > was:
+            out.append(PostEvent(involved(body), "Normal", names.Reason.BORROWED_GPUS,
+                                 f"borrowed {now - was} GPUs from {lender} ({now} in all)"))
+        elif now < was:
+            out.append(PostEvent(involved(body), "Normal", names.Reason.RETURNED_GPUS,
+                                 f"returned {was - now} GPUs to {lender}" + (f" ({now} still borrowed)" if now else "")))
+    return out
 
 
 def _edited_by_hand(dep: Body) -> bool:

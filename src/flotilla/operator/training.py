@@ -235,11 +235,17 @@ def _outlook(body: Body, state: JobState, gpus: int, now: float) -> dict[str, An
     return {"estimatedCompletion": rfc3339(eta), "deadlineMet": eta <= state.deadline}
 
 
+def lent_to(body: Body) -> dict[str, int]:
+    """ServingDeployment key -> GPUs this job lent it through the unified pool and has not got back."""
+    return {e["serving"]: int(e["gpus"]) for e in (body.get("status") or {}).get("lentTo") or [] if e.get("gpus")}
+
+
 class _Plan:
     """Accumulates one job's status patch, annotation patch, pod actions and Events."""
 
-    def __init__(self, body: Body, now: float):
+    def __init__(self, body: Body, now: float, lending: Mapping[str, int] | None = None):
         self.body, self.now = body, now
+        self.lending = dict(lending or {})  # serving key -> GPUs the pool lends it in this decision
         self.meta, self.status = body["metadata"], body.get("status") or {}
         self.ns, self.name = self.meta["namespace"], self.meta["name"]
         self.patch: dict[str, Any] = {}
@@ -269,7 +275,8 @@ class _Plan:
 
 
 def plan_job(body: Body, pods: Iterable[Body], decision: JobDecision | None, now: float,
-             policy: str, ack_timeout: float = 120.0, max_restarts: int = 3) -> list[Action]:
+             policy: str, ack_timeout: float = 120.0, max_restarts: int = 3,
+             lending: Mapping[str, int] | None = None) -> list[Action]:
     """Actions that bring one TrainingJob's pods and status in line with the decision.
 
     A running job changes placement only through the resharding protocol: ask rank 0
@@ -277,10 +284,12 @@ def plan_job(body: Body, pods: Iterable[Body], decision: JobDecision | None, now
     a request marked `restart`), then replace the worker set with a new generation.
     A failed worker pod restarts the worker set from the last completed checkpoint, up to
     `max_restarts` times; then the job fails.
+    `lending` (unified pool): the ServingDeployments the decision's shrink lends GPUs to; recorded in
+    `status.lentTo` when the job switches to the smaller worker set, and paid back as it grows again.
     """
     if is_final(body):
         return []
-    plan = _Plan(body, now)
+    plan = _Plan(body, now, lending)
     meta, status = plan.meta, plan.status
     state = job_state(body)
     if status.get("observedGeneration") != meta.get("generation"):
@@ -401,6 +410,7 @@ def _switch(plan: _Plan, state: JobState, by_gen: Mapping[int, list[Body]], want
         plan.event("Normal", names.Reason.RESHARDING,
                    f"from {sum(old.values())} to {sum(want.values())} GPUs ({_describe(want)}), resuming at step "
                    f"{resume}" + (f", {lost} steps lost" if lost else "") + f": {reason}")
+        _settle_loans(plan, sum(old.values()), sum(want.values()))
     gpus = sum(want.values())
     plan.patch.update(placement=_placement_list(want), gpus=gpus, workers=gpus // state.gpus_per_worker,
                       message=reason)
@@ -408,6 +418,38 @@ def _switch(plan: _Plan, state: JobState, by_gen: Mapping[int, list[Body]], want
     plan.actions.extend(DeletePod(plan.ns, p["metadata"]["name"]) for g, ps in by_gen.items() if g != generation
                         for p in ps if not p["metadata"].get("deletionTimestamp"))
     plan.actions.extend(CreatePod(m) for m in worker_pods(plan.body, want, generation))
+
+
+def _settle_loans(plan: _Plan, before: int, after: int) -> None:
+    """status.lentTo: a shrink made for serving adds what it lends; growing back pays loans off, oldest key first."""
+    ledger = lent_to(plan.body)
+    ns = plan.ns
+    if after < before and plan.lending:
+        left = before - after
+        for sd, g in sorted(plan.lending.items()):
+            g = min(g, left)
+            if g:
+                left -= g
+                ledger[sd] = ledger.get(sd, 0) + g
+                plan.event("Normal", names.Reason.LENT_GPUS, f"lent {g} GPUs to {ref('sd', sd, ns)} "
+                                                             f"({ledger[sd]} in all)")
+    elif after > before and ledger:
+        back = after - before
+        for sd in sorted(ledger):
+            g = min(ledger[sd], back)
+            if g:
+                back -= g
+                ledger[sd] -= g
+                plan.event("Normal", names.Reason.GOT_GPUS_BACK, f"got {g} GPUs back from {ref('sd', sd, ns)}")
+    else:
+        return
+    plan.patch["lentTo"] = [{"serving": sd, "gpus": g} for sd, g in sorted(ledger.items()) if g]
+
+
+def ref(kind: str, key: str, namespace: str) -> str:
+    """"sd/name" for an object in `namespace`, "sd/other-ns/name" otherwise."""
+    ns, _, name = key.rpartition("/")
+    return f"{kind}/{name}" if ns == namespace else f"{kind}/{key}"
 
 
 def _keep_running(plan: _Plan, state: JobState, by_gen: Mapping[int, list[Body]], current: Mapping[str, int],

@@ -62,3 +62,7 @@ class Reason:
     PROGRESSING = "Progressing"
     SLO_AT_RISK = "SLOAtRisk"
     SLO_MET = "SLOMet"
+    BORROWED_GPUS = "BorrowedGPUs"  # a ServingDeployment took GPUs a TrainingJob lent it
+    RETURNED_GPUS = "ReturnedGPUs"
+    LENT_GPUS = "LentGPUs"  # a TrainingJob shrank to lend GPUs to serving
+    GOT_GPUS_BACK = "GotGPUsBack"

@@ -1,0 +1,160 @@
+"""The unified GPU pool in the operator (pure): watched objects -> the pool arbiter -> what each object may do now.
+
+The arbiter (`flotilla.pool.decide`) says who should hold which GPUs. Carrying that out
+safely is this module's part:
+
+* training jobs shrink through the resharding protocol (`training.plan_job`), and
+  serving grows only into GPUs that are free *now*: not held by any pod (old worker
+  sets included until they are gone), not pinned by a pending worker pod, not recorded
+  for a worker set that is still being created;
+* while a ServingDeployment gives GPUs back (its pods are going away; the ReplicaSet,
+  not the arbiter, chooses which), no training job grows: the next pass places growth on
+  what is really free.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from dataclasses import dataclass, replace
+from typing import Any, Mapping
+
+from flotilla.allocation import JobDecision, NodeState
+from flotilla.operator import serving, training
+from flotilla.operator.serving import ServingGrant
+from flotilla.operator.timeutil import to_unix
+from flotilla.pool import PoolPolicy, PoolSnapshot, ServingState, decide
+from flotilla.resources import names
+
+Body = Mapping[str, Any]
+
+
+@dataclass(frozen=True)
+class PoolPlan:
+    jobs: Mapping[str, JobDecision]
+    lending: Mapping[str, Mapping[str, int]]  # job key -> serving key -> GPUs lent in this decision
+    serving: Mapping[str, ServingGrant]
+
+
+def pod_gpus(pod: Body) -> int:
+    total = 0
+    for c in (pod.get("spec") or {}).get("containers") or []:
+        total += int(str(((c.get("resources") or {}).get("limits") or {}).get(names.GPU_RESOURCE, "0")))
+    return total
+
+
+def holds_gpus(pod: Body) -> bool:
+    """Bound and not finished: its GPUs are taken (a terminating pod's too, until it is gone)."""
+    phase = (pod.get("status") or {}).get("phase")
+    return bool((pod.get("spec") or {}).get("nodeName")) and phase not in ("Succeeded", "Failed")
+
+
+def serving_key(pod: Body) -> str | None:
+    labels = pod["metadata"].get("labels") or {}
+    if labels.get(names.LABEL_ROLE) in serving.ROLES and names.LABEL_SERVING in labels:
+        return f"{pod['metadata']['namespace']}/{labels[names.LABEL_SERVING]}"
+    return None
+
+
+def _serving_state(body: Body, placement: Mapping[str, int], now: float) -> ServingState | None:
+    """The arbiter's view of a ServingDeployment; None when it has no valid plan (plan_serving refuses it)."""
+    spec, status = body["spec"], body.get("status") or {}
+    try:
+        want = serving.target(body)
+    except ValueError:
+        return None
+    unit = max(want.gpus_per_instance.values())
+    max_gpus, min_gpus = int(spec["maxGPUs"]), int(spec.get("minGPUs") or 0)
+    if unit > max_gpus or min_gpus > max_gpus:
+        return None
+    below = (status.get("pool") or {}).get("belowSince")
+    return ServingState(training.key_of(body), demand_gpus=min(want.gpus, max_gpus), min_gpus=min_gpus,
+                        max_gpus=max_gpus, gpus_per_instance=unit, placement=dict(placement),
+                        below_since=to_unix(below) if below else None)
+
+
+def arbitrate(now: float, policy: PoolPolicy, jobs: Mapping[str, Body], nodes: Mapping[str, Body],
+              pods: Mapping[str, Body], servings: Mapping[str, Body]) -> PoolPlan:
+    base = training.snapshot(now, jobs.values(), nodes.values())
+    serving_live: dict[str, dict[str, int]] = defaultdict(lambda: defaultdict(int))  # sd -> node -> GPUs
+    serving_bound: dict[str, int] = defaultdict(int)  # sd -> GPUs on nodes, terminating pods included
+    serving_pending: dict[str, int] = defaultdict(int)  # sd -> GPUs of pods not bound yet
+    foreign: dict[str, int] = defaultdict(int)
+    worker_use: dict[str, dict[str, int]] = defaultdict(lambda: defaultdict(int))  # job -> node -> GPUs of its pods
+    schedulable = {n.name for n in base.nodes if n.schedulable}
+    for pod in pods.values():
+        meta, spec = pod["metadata"], pod.get("spec") or {}
+        gpus, sd, labels = pod_gpus(pod), serving_key(pod), meta.get("labels") or {}
+        finished = (pod.get("status") or {}).get("phase") in ("Succeeded", "Failed")
+        if not gpus or finished:
+            continue
+        if labels.get(names.LABEL_ROLE) == names.ROLE_WORKER:
+            node = spec.get("nodeName") or (spec.get("nodeSelector") or {}).get("kubernetes.io/hostname")
+            if node:
+                worker_use[f"{meta['namespace']}/{labels.get(names.LABEL_JOB)}"][node] += gpus
+        elif sd is not None and sd in servings:
+            if not spec.get("nodeName"):
+                serving_pending[sd] += gpus
+                continue
+            if spec["nodeName"] in schedulable:  # on a cordoned node they are lost to the arbiter, not given back
+                serving_bound[sd] += gpus
+            if meta.get("deletionTimestamp"):
+                foreign[spec["nodeName"]] += gpus
+            else:
+                serving_live[sd][spec["nodeName"]] += gpus
+        elif holds_gpus(pod):
+            foreign[spec["nodeName"]] += gpus
+
+    states = {}
+    for key, body in sorted(servings.items()):
+        state = _serving_state(body, serving_live.get(key, {}), now)
+        if state is None:  # not in the pool: whatever it holds is not the arbiter's to give
+            for node, g in serving_live.get(key, {}).items():
+                foreign[node] += g
+        else:
+            states[key] = state
+    node_states = tuple(replace(n, foreign_gpus=n.foreign_gpus + foreign.get(n.name, 0)) for n in base.nodes)
+    decision = decide(PoolSnapshot(now, node_states, base.jobs, tuple(states.values())), policy)
+
+    giving_back = [key for key, d in decision.serving.items() if serving_bound[key] > d.gpus]
+    job_decisions = dict(decision.jobs)
+    if giving_back:
+        why = f"waiting for {', '.join('sd/' + k.rpartition('/')[2] for k in giving_back)} to give back GPUs"
+        current = {j.key: j.placement for j in base.jobs}
+        for key, d in job_decisions.items():
+            if d.gpus > sum(current.get(key, {}).values()):
+                job_decisions[key] = replace(d, placement=dict(current.get(key, {})), reason=why)
+
+    lending: dict[str, dict[str, int]] = defaultdict(dict)
+    for loan in decision.loans:
+        if loan.gpus:
+            lending[loan.job][loan.serving] = lending[loan.job].get(loan.serving, 0) + loan.gpus
+    borrowed: dict[str, dict[str, int]] = defaultdict(dict)
+    for key, body in jobs.items():
+        if not training.is_final(body):
+            for sd, g in training.lent_to(body).items():
+                borrowed[sd][key] = g
+
+    free = _free_now(node_states, jobs, worker_use)
+    allowance = sum(f for f in free.values()) - sum(serving_pending.values())
+    grants = {}
+    for key, d in sorted(decision.serving.items()):
+        unit = states[key].gpus_per_instance
+        held = serving_bound[key] + serving_pending[key]
+        room = sum(f // unit * unit for f in free.values())
+        budget = min(d.gpus, held + max(0, min(room, allowance)))
+        allowance -= max(0, budget - held)
+        grants[key] = ServingGrant(d.gpus, budget, d.demanded, d.reason, d.below_since, borrowed.get(key, {}))
+    return PoolPlan(job_decisions, lending, grants)
+
+
+def _free_now(nodes: tuple[NodeState, ...], jobs: Mapping[str, Body],
+              worker_use: Mapping[str, Mapping[str, int]]) -> dict[str, int]:
+    """GPUs free on each schedulable node right now: not foreign, and per job the larger of what its
+    recorded placement and its pods (any generation, bound or pinned) take."""
+    used: dict[str, int] = defaultdict(int)
+    for key, body in jobs.items():
+        recorded = training.placement_of(body) if not training.is_final(body) else {}
+        pods = worker_use.get(key, {})
+        for node in set(recorded) | set(pods):
+            used[node] += max(recorded.get(node, 0), pods.get(node, 0))
+    return {n.name: max(0, n.usable_gpus - used.get(n.name, 0)) for n in nodes if n.schedulable}
