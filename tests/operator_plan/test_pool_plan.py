@@ -170,7 +170,7 @@ def test_serving_gives_back_only_after_the_hold_down_and_the_job_grows_back_once
     terminating = {**workers(job_on, 1), **serving_pods("decode", ["n1", "n1"], terminating=True)}
     still = run({"ns/a": a}, terminating, {"ns/chat": chat(0, 0, sd_status)}, deployments(0, 0), now=later)
     assert not any(isinstance(x, PatchAnnotations) for x in still)
-    frozen = arbitrate(later, POLICY, {"ns/a": a}, NODES, terminating, {"ns/chat": chat(0, 0, sd_status)})
+    frozen = arbitrate(later, POLICY, {"ns/a": a}, NODES, pods, {"ns/chat": chat(0, 0, sd_status)})
     assert frozen.jobs["ns/a"].gpus == 8 and frozen.jobs["ns/a"].reason == "waiting for sd/chat to give back GPUs"
 
     # chat's pods are gone: the job is asked for a checkpoint to grow back to the whole cluster.
