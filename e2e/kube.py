@@ -9,6 +9,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import threading
 import time
 from contextlib import contextmanager
 from pathlib import Path
@@ -140,3 +141,27 @@ def OperatorProcess(log_path: Path, *extra: str) -> FlotillaProcess:
 def SimulatedWorkersProcess(log_path: Path, namespace: str, speed: float = 1.0) -> FlotillaProcess:
     return FlotillaProcess(log_path, "simworkers", "--namespace", namespace, "--speed", str(speed),
                            "--interval", "0.5")
+
+
+class LoadDriver:
+    """Pushes one statistics window per second at the current rate to the controller, like a router would."""
+
+    def __init__(self, api, path: str, rate: float = 6.0):
+        self.api, self.path, self.rate = api, path, rate
+        self._stop = threading.Event()
+        self.thread = threading.Thread(target=self._run, daemon=True)
+
+    def _run(self):
+        while not self._stop.wait(1.0):
+            body = {"windowSeconds": 10, "requestsPerSecond": self.rate, "meanPromptTokens": 512,
+                    "meanOutputTokens": 128, "ttftP90Ms": 150, "tpotP90Ms": 40, "attainment": 0.99,
+                    "requests": int(self.rate * 10)}
+            self.api.post(self.path, json=body)
+
+    def __enter__(self):
+        self.thread.start()
+        return self
+
+    def __exit__(self, *exc):
+        self._stop.set()
+        self.thread.join()

@@ -3,12 +3,11 @@
 from __future__ import annotations
 
 import json
-import threading
 import time
 
 import pytest
 
-from e2e.kube import apply, controller_api, get, items, wait_for
+from e2e.kube import LoadDriver, apply, controller_api, get, items, wait_for
 
 INTERVAL = 5
 SCALE_DOWN_AFTER = 15
@@ -19,30 +18,6 @@ def controller(log_dir, tmp_path_factory):
     with controller_api(log_dir, tmp_path_factory.mktemp("serving-controller"),
                         "--scale-down-after", str(SCALE_DOWN_AFTER), "--peak-memory", str(SCALE_DOWN_AFTER)) as api:
         yield api
-
-
-class LoadDriver:
-    """Pushes one statistics window per second at the current rate, like a router would."""
-
-    def __init__(self, api, path: str):
-        self.api, self.path, self.rate = api, path, 6.0
-        self._stop = threading.Event()
-        self.thread = threading.Thread(target=self._run, daemon=True)
-
-    def _run(self):
-        while not self._stop.wait(1.0):
-            body = {"windowSeconds": 10, "requestsPerSecond": self.rate, "meanPromptTokens": 512,
-                    "meanOutputTokens": 128, "ttftP90Ms": 150, "tpotP90Ms": 40, "attainment": 0.99,
-                    "requests": int(self.rate * 10)}
-            self.api.post(self.path, json=body)
-
-    def __enter__(self):
-        self.thread.start()
-        return self
-
-    def __exit__(self, *exc):
-        self._stop.set()
-        self.thread.join()
 
 
 def test_the_pd_ratio_follows_the_load_up_fast_and_down_slowly_without_flapping(operator, controller, namespace):

@@ -3,6 +3,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from flotilla import cli
 
 ENV = {**os.environ, "PYTHONPATH": str(Path(cli.__file__).resolve().parents[1])}
@@ -18,3 +20,37 @@ def test_help_lists_the_commands_and_no_command_exits_2():
     out = subprocess.run([sys.executable, "-m", "flotilla.cli", "--help"], capture_output=True, text=True, env=ENV)
     assert out.returncode == 0 and "operator" in out.stdout
     assert subprocess.run([sys.executable, "-m", "flotilla.cli"], capture_output=True, env=ENV).returncode == 2
+
+
+def _operator_args(*argv: str):
+    import argparse
+
+    from flotilla.commands import operator
+
+    parser = argparse.ArgumentParser()
+    operator.add_arguments(parser)
+    return operator, parser.parse_args(list(argv))
+
+
+def test_the_operator_reads_the_pool_policy_file_and_names_what_is_wrong(tmp_path):
+    from flotilla.pool import PoolPolicy
+
+    operator, args = _operator_args()
+    assert operator.pool_policy(args) == PoolPolicy()
+    good = tmp_path / "pool.yaml"
+    good.write_text("holdDownSeconds: 30\nborrowGuaranteed: true\n")
+    assert operator.pool_policy(_operator_args("--pool-policy", str(good))[1]) == PoolPolicy(
+        hold_down_seconds=30, borrow_guaranteed=True)
+    assert operator.pool_policy(_operator_args("--no-pool")[1]) is None
+    assert operator.pool_policy(_operator_args("--policy", "fifo-gang")[1]) is None
+    bad = tmp_path / "bad.yaml"
+    for text, message in [("holdDown: 30\n", r"unknown key\(s\) holdDown"),
+                          ("holdDownSeconds: soon\n", "holdDownSeconds must be a number"),
+                          ("- 1\n", "expected a mapping")]:
+        bad.write_text(text)
+        with pytest.raises(SystemExit, match=message):
+            operator.pool_policy(_operator_args("--pool-policy", str(bad))[1])
+    with pytest.raises(SystemExit, match="needs --policy elastic-deadline"):
+        operator.pool_policy(_operator_args("--policy", "fifo-gang", "--pool-policy", str(good))[1])
+    with pytest.raises(SystemExit, match="No such file"):
+        operator.pool_policy(_operator_args("--pool-policy", str(tmp_path / "missing.yaml"))[1])

@@ -29,6 +29,10 @@ OPTIONS = {
     "service-nodeport": ["--set", "controller.service.type=NodePort"],
     "operator-only": ["--set", "controller.enabled=false,agent.enabled=false"],
     "no-agent": ["--set", "agent.enabled=false"],
+    "pool-policy": ["--set", "operator.pool.holdDownSeconds=60,operator.pool.borrowGuaranteed=true,"
+                             "operator.pool.forecastHeadroom=0"],
+    "baseline-policy": ["--set", "operator.policy=fifo-gang"],
+    "no-pool": ["--set", "operator.pool.enabled=false"],
 }
 
 
@@ -82,7 +86,7 @@ def test_every_option_renders_secure_pods(render, option):
 def test_defaults(render):
     o = render()
     assert {k for k, _ in o} == {"ServiceAccount", "Secret", "PersistentVolumeClaim", "ClusterRole", "ClusterRoleBinding",
-                                  "Role", "RoleBinding", "Lease", "Service", "Deployment", "DaemonSet"}
+                                  "Role", "RoleBinding", "Lease", "Service", "Deployment", "DaemonSet", "ConfigMap"}
     # Operator: two replicas behind the chart's own Lease, a liveness probe that works while waiting.
     dep = o[("Deployment", OP)]
     assert dep["spec"]["replicas"] == 2
@@ -200,6 +204,33 @@ def test_single_operator_without_election(render):
     assert "--leader-elect" not in container(o, "Deployment", OP)["args"]
 
 
+def test_the_unified_pool_policy_reaches_the_operator_as_a_file_it_accepts(render):
+    import yaml
+
+    from flotilla.pool import PoolPolicy
+
+    def pool(o):
+        args = container(o, "Deployment", OP)["args"]
+        cm = o.get(("ConfigMap", f"{OP}-pool"))
+        return args, (PoolPolicy.from_mapping(yaml.safe_load(cm["data"]["policy.yaml"])) if cm else None)
+
+    args, policy = pool(render())
+    assert "--policy=elastic-deadline" in args and "--pool-policy=/etc/flotilla/pool/policy.yaml" in args
+    assert policy == PoolPolicy()
+    spec = render()[("Deployment", OP)]["spec"]["template"]["spec"]
+    assert {"name": "pool-policy", "configMap": {"name": f"{OP}-pool"}} in spec["volumes"]
+    assert {"name": "pool-policy", "mountPath": "/etc/flotilla/pool", "readOnly": True} in \
+        spec["containers"][0]["volumeMounts"]
+    _, policy = pool(render(*OPTIONS["pool-policy"]))
+    assert policy == PoolPolicy(forecast_headroom=0.0, hold_down_seconds=60, borrow_guaranteed=True)
+    changed = render(*OPTIONS["pool-policy"])[("Deployment", OP)]["spec"]["template"]["metadata"]["annotations"]
+    assert changed["checksum/pool-policy"] != render()[("Deployment", OP)]["spec"]["template"]["metadata"][
+        "annotations"]["checksum/pool-policy"]  # a new policy rolls the operator, which reads it at start
+    for option in ("baseline-policy", "no-pool"):
+        args, policy = pool(render(*OPTIONS[option]))
+        assert policy is None and "--no-pool" in args and not any(a.startswith("--pool-policy") for a in args)
+
+
 def test_component_options(render):
     args = container(render(*OPTIONS["watch-namespaces"]), "Deployment", OP)["args"]
     assert [a for a in args if a.startswith("--namespace=")] == ["--namespace=team-a", "--namespace=team-b"]
@@ -221,14 +252,16 @@ def test_component_options(render):
     assert render(*OPTIONS["service-nodeport"])[("Service", CTL)]["spec"]["type"] == "NodePort"
 
     o = render(*OPTIONS["operator-only"])
-    assert {name for _, name in o} == {OP, f"{OP}-leader-election"}
+    assert {name for _, name in o} == {OP, f"{OP}-leader-election", f"{OP}-pool"}
 
 
 # Bad values and the message `helm install` gives for each.
 INVALID = [
     (["--set", "operator.replica=3"], "at '/operator': additional properties 'replica' not allowed"),
     (["--set", "operator.replicas=-1"], "at '/operator/replicas': minimum: got -1, want 0"),
-    (["--set", "operator.policy=best"], "at '/operator/policy': value must be 'fifo-gang'"),
+    (["--set", "operator.policy=best"], "at '/operator/policy': value must be one of 'elastic-deadline', 'fifo-gang'"),
+    (["--set", "operator.pool.holdDownSeconds=-1"], "at '/operator/pool/holdDownSeconds'"),
+    (["--set", "operator.pool.hold=1"], "at '/operator/pool': additional properties 'hold' not allowed"),
     (["--set", "operator.leaderElection.leaseDurationSeconds=1"], "at '/operator/leaderElection/leaseDurationSeconds'"),
     (["--set", "operator.watchNamespaces={Team_A}"], "at '/operator/watchNamespaces/0'"),
     (["--set", "agent.source=gpu"], "at '/agent/source': value must be one of 'nvml', 'sim', 'auto'"),

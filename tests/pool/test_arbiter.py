@@ -108,7 +108,7 @@ def test_give_back_waits_for_the_hold_down():
     lent = chat(4, {"n0": 4, "n1": 4})
     first = decide(PoolSnapshot(100.0, nodes, (llama,), (lent,)), NO_HEADROOM)
     sd = first.serving["default/chat"]
-    assert sd.gpus == 8 and sd.below_since == 100.0 and "hold-down (0 of 300 s below)" in sd.reason
+    assert sd.gpus == 8 and sd.below_since == 100.0 and "through the hold-down (gives back 4 once demand has stayed below for 300 s)" in sd.reason
 
     # Demand comes back before the hold-down ends: the clock restarts, nothing flaps.
     back = decide(PoolSnapshot(250.0, nodes, (llama,), (replace(lent, demand_gpus=8, below_since=100.0),)),

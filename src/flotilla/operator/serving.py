@@ -178,6 +178,10 @@ def plan_serving(body: Body, deployments: Mapping[str, Body], now: float,
             actions.extend(_loan_events(body, grant.borrowed, status))
     holding = grant is not None and grant.gpus > want.gpus
     actions.extend(_deployment_changes(body, deployments, deploy, status, budget, shrink=not holding))
+    if status.get("lastPlan") and status.get("ratio") not in (None, want.ratio):
+        actions.append(PostEvent(involved(body), "Normal", names.Reason.SCALED,
+                                 f"prefill:decode {status.get('ratio')} -> {want.ratio} on {want.gpus} GPUs: "
+                                 f"{want.reason}"))
     ready = {r: int(((deployments.get(r) or {}).get("status") or {}).get("readyReplicas") or 0) for r in ROLES}
     all_ready = all(ready[r] >= want.replicas[r] for r in ROLES)
     phase = phases.READY if all_ready else phases.PROGRESSING
@@ -281,11 +285,6 @@ def _deployment_changes(body: Body, deployments: Mapping[str, Body], want: Targe
             changes.append(PostEvent(involved(body), "Warning", names.Reason.REPLICAS_REVERTED,
                                      f"{dep['metadata']['name']} was scaled by hand to {dep['spec'].get('replicas')}; "
                                      f"putting back {want.replicas[role]}: {owner} owns the replica count"))
-    replanned = status.get("lastPlan") and status.get("ratio") not in (None, want.ratio)
-    if replanned and changes:
-        changes.append(PostEvent(involved(body), "Normal", names.Reason.SCALED,
-                                 f"prefill:decode {status.get('ratio')} -> {want.ratio} on {want.gpus} GPUs: "
-                                 f"{want.reason}"))
     return changes
 
 

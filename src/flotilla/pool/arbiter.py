@@ -128,8 +128,9 @@ def _serving_target(sd: ServingState, now: float, policy: PoolPolicy, schedulabl
                          f"(hold-down {policy.hold_down_seconds:.0f} s)")
         else:
             target, below_since = holds, since
-            notes.append(f"keeps {holds} GPUs through the hold-down ({now - since:.0f} of "
-                         f"{policy.hold_down_seconds:.0f} s below)")
+            # No elapsed time here: the reason goes into status, which would then change every pass.
+            notes.append(f"keeps {holds} GPUs through the hold-down (gives back {holds - want} once demand has "
+                         f"stayed below for {policy.hold_down_seconds:.0f} s)")
     placement = shrink_in_place(held, target, unit) if target < holds else held
     return _Serving(sd, want, target, placement, below_since, notes)
 
