@@ -97,7 +97,6 @@ def test_serving_borrows_from_training_through_a_checkpoint_and_gives_back(opera
             up = wait_for("a bigger plan", lambda: (s := sd()).get("gpus", 0) > first["gpus"] and s,
                           timeout=3 * INTERVAL + 10)
             wanted = up["gpus"]
-            wait_for("llama-ft reshards", lambda: tj().get("phase") == "Resharding", timeout=30)
             shrunk = wait_for("llama-ft Running smaller",
                               lambda: (s := tj()).get("phase") == "Running" and s["gpus"] < JOB_MAX and s,
                               timeout=90)
@@ -115,6 +114,8 @@ def test_serving_borrows_from_training_through_a_checkpoint_and_gives_back(opera
                        for c in p["spec"]["containers"][:1])
             assert held == shrunk["gpus"] and held + wanted <= capacity
             assert any("sd/chat" in m for m in events("TrainingJob", "llama-ft", "LentGPUs"))
+            # Resharding may last less than a poll here (simulated workers checkpoint at once): its Events stay.
+            assert any("lent" in m and "sd/chat" in m for m in events("TrainingJob", "llama-ft", "CheckpointRequested"))
             assert any("sd/chat" in m for m in events("TrainingJob", "llama-ft", "Resharding"))
             assert any("tj/llama-ft" in m for m in events("ServingDeployment", "chat", "BorrowedGPUs"))
 
