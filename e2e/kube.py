@@ -65,9 +65,18 @@ def gpu_pods_outside(namespace: str) -> list[str]:
             and any("nvidia.com/gpu" in (c.get("resources", {}).get("limits") or {}) for c in p["spec"]["containers"])]
 
 
+def flotilla_objects_outside(namespace: str) -> list[str]:
+    """TrainingJobs and ServingDeployments in other namespaces: an earlier test's, while its namespace goes."""
+    out = json.loads(kubectl("get", "trainingjobs,servingdeployments", "-A", "-o", "json").stdout)["items"]
+    return [f"{o['kind']} {o['metadata']['namespace']}/{o['metadata']['name']}" for o in out
+            if o["metadata"]["namespace"] != namespace]
+
+
 def wait_for_gpus_free_outside(namespace: str, timeout: float = 120) -> None:
-    """For tests that need the whole cluster: wait until earlier tests' GPU pods are gone."""
-    wait_for("no GPU pods left by earlier tests", lambda: not gpu_pods_outside(namespace), timeout=timeout)
+    """For tests that need the whole cluster: wait until earlier tests' GPU pods, and the jobs and serving
+    deployments that would claim GPUs again, are gone."""
+    wait_for("no GPU pods or Flotilla objects left by earlier tests",
+             lambda: not gpu_pods_outside(namespace) and not flotilla_objects_outside(namespace), timeout=timeout)
 
 
 def apply(manifest: str, namespace: str) -> subprocess.CompletedProcess:

@@ -216,3 +216,22 @@ def test_without_a_pool_policy_serving_only_keeps_what_it_holds():
     assert not any(isinstance(a, PatchAnnotations) for a in actions)
     assert replicas(actions) == {"chat-prefill": 1, "chat-decode": 2}  # Pending pods: the GPUs are the job's
     assert "pool" not in status_patch(actions, "chat")
+
+
+def test_a_peak_seen_within_the_forecast_window_is_counted_by_admission():
+    def newcomer():
+        body = job(min_gpus=1, deadline_seconds=3600)
+        body["spec"]["totalSteps"] = 20_000  # needs 8 GPUs (5.7 steps/s) for its deadline
+        return body
+
+    def after_peak(at: float):
+        return {"lastPlan": {"time": rfc3339(T0), "reason": "fixed"}, "prefillReplicas": 1, "decodeReplicas": 0,
+                "ratio": "1:0", "gpus": 2, "pool": {"peakGPUs": 12, "peakAt": rfc3339(at), "grantedGPUs": 2}}
+
+    pods = serving_pods("prefill", ["n1"])
+    recent = arbitrate(NOW, POLICY, {"ns/a": newcomer()}, NODES, pods, {"ns/chat": chat(1, 0, after_peak(NOW - 600))})
+    assert recent.jobs["ns/a"].verdict.value == "Rejected"  # 16 - 12 forecast leaves 4 GPUs to guarantees
+    assert recent.serving["ns/chat"].peak == (12, NOW - 600) and recent.serving["ns/chat"].gpus == 2
+    old = arbitrate(NOW, POLICY, {"ns/a": newcomer()}, NODES, pods, {"ns/chat": chat(1, 0, after_peak(NOW - 3600))})
+    assert old.jobs["ns/a"].verdict.value == "Admitted" and old.jobs["ns/a"].gpus >= 8
+    assert old.serving["ns/chat"].peak == (2, NOW)  # the window has passed: the peak is the demand now

@@ -55,8 +55,13 @@ def serving_key(pod: Body) -> str | None:
     return None
 
 
-def _serving_state(body: Body, placement: Mapping[str, int], now: float) -> ServingState | None:
-    """The arbiter's view of a ServingDeployment; None when it has no valid plan (plan_serving refuses it)."""
+def _serving_state(body: Body, placement: Mapping[str, int], now: float,
+                   policy: PoolPolicy) -> tuple[ServingState, tuple[int, float]] | None:
+    """The arbiter's view of a ServingDeployment, and its recent peak demand (GPUs, since when);
+    None when it has no valid plan (plan_serving refuses it).
+
+    The forecast is the highest demand within the policy's forecast window: a peak seen in the last
+    window is planned for again (a daily peak, with a window of a day), and admission counts it."""
     spec, status = body["spec"], body.get("status") or {}
     try:
         want = serving.target(body)
@@ -66,10 +71,18 @@ def _serving_state(body: Body, placement: Mapping[str, int], now: float) -> Serv
     max_gpus, min_gpus = int(spec["maxGPUs"]), int(spec.get("minGPUs") or 0)
     if unit > max_gpus or min_gpus > max_gpus:
         return None
-    below = (status.get("pool") or {}).get("belowSince")
-    return ServingState(training.key_of(body), demand_gpus=min(want.gpus, max_gpus), min_gpus=min_gpus,
-                        max_gpus=max_gpus, gpus_per_instance=unit, placement=dict(placement),
-                        below_since=to_unix(below) if below else None)
+    demand = min(want.gpus, max_gpus)
+    recorded = status.get("pool") or {}
+    peak, peak_at = int(recorded.get("peakGPUs") or 0), recorded.get("peakAt")
+    since = to_unix(peak_at) if peak_at else now
+    if demand > peak or now - since >= policy.forecast_window_seconds:
+        peak, since = demand, now
+    below = recorded.get("belowSince")
+    state = ServingState(training.key_of(body), demand_gpus=demand, min_gpus=min_gpus, max_gpus=max_gpus,
+                         gpus_per_instance=unit, placement=dict(placement),
+                         forecast=((now, peak),) if peak > demand else (),
+                         below_since=to_unix(below) if below else None)
+    return state, (peak, since)
 
 
 def arbitrate(now: float, policy: PoolPolicy, jobs: Mapping[str, Body], nodes: Mapping[str, Body],
@@ -104,14 +117,14 @@ def arbitrate(now: float, policy: PoolPolicy, jobs: Mapping[str, Body], nodes: M
         elif holds_gpus(pod):
             foreign[spec["nodeName"]] += gpus
 
-    states = {}
+    states, peaks = {}, {}
     for key, body in sorted(servings.items()):
-        state = _serving_state(body, serving_live.get(key, {}), now)
-        if state is None:  # not in the pool: whatever it holds is not the arbiter's to give
+        seen = _serving_state(body, serving_live.get(key, {}), now, policy)
+        if seen is None:  # not in the pool: whatever it holds is not the arbiter's to give
             for node, g in serving_live.get(key, {}).items():
                 foreign[node] += g
         else:
-            states[key] = state
+            states[key], peaks[key] = seen
     node_states = tuple(replace(n, foreign_gpus=n.foreign_gpus + foreign.get(n.name, 0)) for n in base.nodes)
     decision = decide(PoolSnapshot(now, node_states, base.jobs, tuple(states.values())), policy)
 
@@ -143,7 +156,8 @@ def arbitrate(now: float, policy: PoolPolicy, jobs: Mapping[str, Body], nodes: M
         room = sum(f // unit * unit for f in free.values())
         budget = min(d.gpus, held + max(0, min(room, allowance)))
         allowance -= max(0, budget - held)
-        grants[key] = ServingGrant(d.gpus, budget, d.demanded, d.reason, d.below_since, borrowed.get(key, {}))
+        grants[key] = ServingGrant(d.gpus, budget, d.demanded, d.reason, d.below_since, peaks[key],
+                                   borrowed.get(key, {}))
     return PoolPlan(job_decisions, lending, grants)
 
 

@@ -112,11 +112,13 @@ class ServingGrant:
     demanded: int
     reason: str
     below_since: float | None
+    peak: tuple[int, float]  # the highest demand within the forecast window, and since when
     borrowed: Mapping[str, int] = field(default_factory=dict)  # job key -> GPUs it lent and has not got back
 
     def status(self) -> dict[str, Any]:
         """status.pool; belowSince null (deleted by the merge patch) when demand is not below holdings."""
         return {"grantedGPUs": self.gpus, "demandedGPUs": self.demanded, "reason": self.reason[:1024],
+                "peakGPUs": self.peak[0], "peakAt": rfc3339(self.peak[1]),
                 "belowSince": rfc3339(self.below_since) if self.below_since is not None else None}
 
 

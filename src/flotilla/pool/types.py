@@ -51,23 +51,29 @@ class PoolPolicy:
     borrow_guaranteed: whether serving may take GPUs from a training job's guaranteed share (its
         minimum satisfactory share) once every surplus is used; the job's deadline is then no longer
         guaranteed and its reason says so. Off by default: an accepted deadline is a promise.
+    forecast_window_seconds: the operator's forecast of a deployment's demand is the highest demand
+        it had in this many seconds (so a peak seen within the window is planned for again); 0: the
+        demand now. The arbiter itself takes whatever forecast it is given.
     """
 
     forecast_headroom: float = 0.1
     hold_down_seconds: float = 300.0
     borrow_guaranteed: bool = False
+    forecast_window_seconds: float = 3600.0
 
     def __post_init__(self) -> None:
         if self.forecast_headroom < 0:
             raise ValueError(f"forecastHeadroom must be >= 0, got {self.forecast_headroom}")
         if self.hold_down_seconds < 0:
             raise ValueError(f"holdDownSeconds must be >= 0, got {self.hold_down_seconds}")
+        if self.forecast_window_seconds < 0:
+            raise ValueError(f"forecastWindowSeconds must be >= 0, got {self.forecast_window_seconds}")
 
     @classmethod
     def from_mapping(cls, values: Mapping[str, object]) -> "PoolPolicy":
         """From the ConfigMap / Helm values keys (camelCase); unknown keys are an error."""
         known = {"forecastHeadroom": "forecast_headroom", "holdDownSeconds": "hold_down_seconds",
-                 "borrowGuaranteed": "borrow_guaranteed"}
+                 "borrowGuaranteed": "borrow_guaranteed", "forecastWindowSeconds": "forecast_window_seconds"}
         unknown = sorted(set(values) - set(known))
         if unknown:
             raise ValueError(f"pool policy: unknown key(s) {', '.join(unknown)}; known: {', '.join(known)}")

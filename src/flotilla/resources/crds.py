@@ -244,6 +244,9 @@ def _serving_deployment_schema() -> Schema:
                 "reason": string("Why the pool granted what it did.", max_length=1024),
                 "belowSince": string("Since when demand has been below what the deployment holds (hold-down).",
                                      fmt="date-time"),
+                "peakGPUs": integer("The highest demand within the forecast window: the forecast admission "
+                                    "counts.", minimum=0),
+                "peakAt": string("When that peak was first reached.", fmt="date-time"),
             }, "The unified GPU pool's decision for this deployment."),
             "borrowedFrom": array(obj({"job": string("namespace/name of the TrainingJob.", max_length=320),
                                        "gpus": integer(minimum=0)}, required=["job", "gpus"]),
