@@ -235,3 +235,16 @@ def test_a_peak_seen_within_the_forecast_window_is_counted_by_admission():
     old = arbitrate(NOW, POLICY, {"ns/a": newcomer()}, NODES, pods, {"ns/chat": chat(1, 0, after_peak(NOW - 3600))})
     assert old.jobs["ns/a"].verdict.value == "Admitted" and old.jobs["ns/a"].gpus >= 8
     assert old.serving["ns/chat"].peak == (2, NOW)  # the window has passed: the peak is the demand now
+
+
+def test_serving_may_only_grow_into_gpus_no_pod_holds():
+    # chat holds 2 GPUs on n1; the job holds the other 14: the plan wants 6, nothing is free yet.
+    job_on = {"n0": 8, "n1": 6}
+    pods = {**workers(job_on), **serving_pods("prefill", ["n1"])}
+    plan = arbitrate(NOW, POLICY, {"ns/a": job(running(job_on))}, NODES, pods, {"ns/chat": chat(1, 2)})
+    assert plan.serving["ns/chat"].gpus == 6 and plan.serving["ns/chat"].budget == 2
+    # One old worker on n1 is gone: 1 GPU free, not a whole 2-GPU instance.
+    del pods["ns/a-g0-w13"]
+    job_on = {"n0": 8, "n1": 5}
+    plan = arbitrate(NOW, POLICY, {"ns/a": job(running(job_on))}, NODES, pods, {"ns/chat": chat(1, 2)})
+    assert plan.serving["ns/chat"].budget == 2

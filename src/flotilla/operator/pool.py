@@ -147,7 +147,7 @@ def arbitrate(now: float, policy: PoolPolicy, jobs: Mapping[str, Body], nodes: M
             for sd, g in training.lent_to(body).items():
                 borrowed[sd][key] = g
 
-    free = _free_now(node_states, jobs, worker_use)
+    free = _free_now(node_states, jobs, worker_use, serving_live)
     allowance = sum(f for f in free.values()) - sum(serving_pending.values())
     grants = {}
     for key, d in sorted(decision.serving.items()):
@@ -161,11 +161,14 @@ def arbitrate(now: float, policy: PoolPolicy, jobs: Mapping[str, Body], nodes: M
     return PoolPlan(job_decisions, lending, grants)
 
 
-def _free_now(nodes: tuple[NodeState, ...], jobs: Mapping[str, Body],
-              worker_use: Mapping[str, Mapping[str, int]]) -> dict[str, int]:
-    """GPUs free on each schedulable node right now: not foreign, and per job the larger of what its
-    recorded placement and its pods (any generation, bound or pinned) take."""
+def _free_now(nodes: tuple[NodeState, ...], jobs: Mapping[str, Body], worker_use: Mapping[str, Mapping[str, int]],
+              serving_live: Mapping[str, Mapping[str, int]]) -> dict[str, int]:
+    """GPUs free on each schedulable node right now: not foreign, not held by a serving pod, and per job
+    not the larger of what its recorded placement and its pods (any generation, bound or pinned) take."""
     used: dict[str, int] = defaultdict(int)
+    for held in serving_live.values():
+        for node, g in held.items():
+            used[node] += g
     for key, body in jobs.items():
         recorded = training.placement_of(body) if not training.is_final(body) else {}
         pods = worker_use.get(key, {})
