@@ -189,6 +189,7 @@ class _Ledger:
                  claimed: tuple[tuple[float, int], ...] = ()) -> None:
         self.now, self.capacity, self.held, self.claimed = now, capacity, held, claimed
         self.order: list[JobState] = []
+        self.keys: list[tuple[float, float, str]] = []  # _edf of each job in order, for bisect
         self.got: dict[str, Reservation] = {}
         self.checkpoints: list[CapacityProfile] = []  # [k]: the profile before order[k * CHECKPOINT_EVERY]
         self.profile = CapacityProfile(now, capacity, claimed)
@@ -198,33 +199,53 @@ class _Ledger:
            claimed: tuple[tuple[float, int], ...] = ()) -> "_Ledger":
         ledger = cls(now, capacity, held, claimed)
         ledger.order = sorted(jobs, key=_edf)
+        ledger.keys = [_edf(j) for j in ledger.order]
         ledger._run(0, CapacityProfile(now, capacity, claimed))
         return ledger
 
     def with_job(self, job: JobState) -> "_Ledger":
         """A new ledger with `job` added in deadline order (this one is unchanged)."""
-        position = bisect.bisect_left([_edf(j) for j in self.order], _edf(job))
+        key = _edf(job)
+        position = bisect.bisect_left(self.keys, key)
         k = position // self.CHECKPOINT_EVERY
         other = _Ledger(self.now, self.capacity, self.held, self.claimed)
         other.order = self.order[:position] + [job] + self.order[position:]
+        other.keys = self.keys[:position] + [key] + self.keys[position:]
         other.checkpoints = self.checkpoints[:k]
-        start = k * self.CHECKPOINT_EVERY
-        other.got = {j.key: self.got[j.key] for j in self.order[:start] if j.key in self.got}
-        other._run(start, self.checkpoints[k].copy())
+        # The jobs before `start` keep their reservations; _run redoes (or drops) the rest. Copying the
+        # whole dict and overwriting is C-speed, where picking the prefix out was the cost of a big queue.
+        other.got = dict(self.got)
+        other._run(k * self.CHECKPOINT_EVERY, self.checkpoints[k].copy())
         return other
+
+    def fits(self, job: JobState) -> bool:
+        """Whether `job` gets a reservation at its place in deadline order (what `with_job` would give
+        it), without replaying the jobs after it: a cheap test before the full one."""
+        position = bisect.bisect_left(self.keys, _edf(job))
+        k = position // self.CHECKPOINT_EVERY
+        profile = self.checkpoints[k].copy()
+        for other in self.order[k * self.CHECKPOINT_EVERY:position]:
+            self._reserve(profile, other)
+        return self._reserve(profile, job) is not None
+
+    def _reserve(self, profile: CapacityProfile, job: JobState) -> Reservation | None:
+        r = profile.reserve(job, _latest_start_deadline(job))
+        if r is None and self.held.get(job.key):
+            # Too close to its deadline to afford a restore: it can still make it
+            # if it keeps at least what it holds now.
+            r = profile.reserve(job, job.deadline, keep_now=self.held[job.key])
+        return r
 
     def _run(self, start: int, profile: CapacityProfile) -> None:
         for i in range(start, len(self.order)):
             if i % self.CHECKPOINT_EVERY == 0:
                 self.checkpoints.append(profile.copy())
             job = self.order[i]
-            r = profile.reserve(job, _latest_start_deadline(job))
-            if r is None and self.held[job.key]:
-                # Too close to its deadline to afford a restore: it can still make it
-                # if it keeps at least what it holds now.
-                r = profile.reserve(job, job.deadline, keep_now=self.held[job.key])
+            r = self._reserve(profile, job)
             if r is not None:
                 self.got[job.key] = r
+            else:
+                self.got.pop(job.key, None)
         if len(self.order) % self.CHECKPOINT_EVERY == 0:  # so that a job can be added at the end
             self.checkpoints.append(profile.copy())
         self.profile = profile
@@ -237,8 +258,10 @@ def _admit(ledger: _Ledger, job: JobState) -> _Ledger | str:
     if not job_sizes(job)[0]:
         return (f"no GPU count fits elasticity minGPUs={job.min_gpus}, maxGPUs={job.max_gpus}, "
                 f"gpusPerWorker={job.gpus_per_worker}")
+    if not ledger.fits(job):  # most of a backlog on a busy cluster: no replay of every later job
+        return ledger.profile.shortfall(job, _latest_start_deadline(job)).describe()
     trial = ledger.with_job(job)
-    lost = sorted(key for key in ledger.got if key not in trial.got)
+    lost = sorted(ledger.got.keys() - trial.got.keys())
     if job.key in trial.got and not lost:
         return trial
     if job.key in trial.got:
