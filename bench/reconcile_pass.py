@@ -4,8 +4,8 @@
 
 Builds the objects the operator watches (N nodes x 8 GPUs, M running one-GPU TrainingJobs with their
 worker pods, a queue of pending ones) and times `operator.reconcile.reconcile` in the same process
-twice: with no ServingDeployment (the elastic allocator alone, the baseline) and with one (the pool
-arbiter decides for both). Prints one line per size, then, as its last line, one JSON object:
+twice: with no ServingDeployment (the elastic allocator alone, the baseline; the serving pods are
+then GPUs it may not use) and with one (the pool arbiter decides for both). Prints one line per size, then, as its last line, one JSON object:
 {"<nodes>x<jobs>": {"no_serving_ms": a, "pool_ms": b, "ratio": b/a}, ...} (medians of the repeats).
 """
 
@@ -69,8 +69,16 @@ def _serving() -> dict:
             "status": {}}
 
 
+def _serving_pod(role: str, node: str) -> dict:
+    return {"metadata": {"name": f"chat-{role}", "namespace": "bench",
+                         "labels": {"flotilla.dev/serving": "chat", "flotilla.dev/role": role}},
+            "spec": {"nodeName": node, "containers": [{"name": "s", "resources": {"limits": {"nvidia.com/gpu": "1"}}}]},
+            "status": {"phase": "Running"}}
+
+
 def cluster(nodes: int, jobs: int) -> tuple[dict, dict, dict]:
-    """Every GPU but 16 runs a one-GPU job; the rest of the jobs wait."""
+    """Every GPU but 16 runs a one-GPU job; the rest of the jobs wait. The serving deployment (when
+    there is one) already runs its two instances on the last node."""
     node_objs = {f"n{i}": _node(f"n{i}") for i in range(nodes)}
     job_objs, pods = {}, {}
     for i in range(jobs):
@@ -78,6 +86,8 @@ def cluster(nodes: int, jobs: int) -> tuple[dict, dict, dict]:
         job_objs[f"bench/j{i}"] = _job(f"j{i}", node)
         if node:
             pods[f"bench/j{i}-g0-w0"] = _pod(f"j{i}", node)
+    for role in ("prefill", "decode"):
+        pods[f"bench/chat-{role}"] = _serving_pod(role, f"n{nodes - 1}")
     return node_objs, job_objs, pods
 
 

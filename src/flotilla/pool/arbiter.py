@@ -86,7 +86,7 @@ def decide(snapshot: PoolSnapshot, policy: PoolPolicy = PoolPolicy()) -> PoolDec
     # and at its forecast later, and the one it needs were serving to stay as it is. The second keeps
     # its guarantee when serving outgrows what admission counted on, or when the first would let it
     # fall behind now and count on catching up later.
-    plain = _ALLOCATOR.decide(replace(training, claimed=()))
+    plain = decision if not any(g for _, g in claimed) else _ALLOCATOR.decide(replace(training, claimed=()))
     protected = {key: max(d.guaranteed_gpus, plain.jobs[key].guaranteed_gpus) if d.verdict is Verdict.ADMITTED else 0
                  for key, d in decision.jobs.items()}
 
