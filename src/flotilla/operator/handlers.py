@@ -21,7 +21,7 @@ from kubernetes import client, config as kube_config
 from flotilla import GROUP, VERSION
 from flotilla.allocation import Allocator
 from flotilla.operator.actions import PatchAnnotations, PatchStatus
-from flotilla.operator.kube import Kube
+from flotilla.operator.kube import Kube, RateLimiter
 from flotilla.operator.reconcile import reconcile
 from flotilla.resources import names
 
@@ -61,6 +61,8 @@ class Settings:
     resync_seconds: float = 10.0
     debounce_seconds: float = 0.2
     concurrency: int = 16
+    qps: float = 200.0
+    burst: int = 400
     max_restarts: int = 3
 
 
@@ -113,20 +115,25 @@ async def on_deployment(event: dict, **_: Any) -> None:
     view.record("deployments", event)
 
 
-def _api_client() -> client.ApiClient:
+def _api_client(connections: int) -> client.ApiClient:
     try:
         kube_config.load_incluster_config()
     except kube_config.ConfigException:
         kube_config.load_kube_config()
-    return client.ApiClient()
+    configuration = client.Configuration.get_default_copy()
+    # urllib3 keeps this many connections per host (the client's default is 5 x CPU count): one per call in flight.
+    configuration.connection_pool_maxsize = connections
+    return client.ApiClient(configuration)
 
 
 async def _loop() -> None:
     assert settings is not None, "flotilla.operator.handlers.configure() was not called"
-    kube = Kube(_api_client(), concurrency=settings.concurrency)
+    kube = Kube(_api_client(settings.concurrency), concurrency=settings.concurrency,
+                limiter=RateLimiter(settings.qps, settings.burst))
     # Let the initial lists arrive before the first decision.
     await asyncio.sleep(1.0)
-    log.info("reconcile loop started: policy=%s resync=%ss", settings.allocator.name, settings.resync_seconds)
+    log.info("reconcile loop started: policy=%s resync=%ss concurrency=%d qps=%s burst=%d", settings.allocator.name,
+             settings.resync_seconds, settings.concurrency, settings.qps, settings.burst)
     while True:
         try:
             await asyncio.wait_for(view.wake.wait(), timeout=settings.resync_seconds)
@@ -155,6 +162,6 @@ async def _reconcile_once(kube: Kube) -> None:
             store[f"{action.namespace}/{action.name}"] = result
     # One line per pass (INFO when it acted), parsed by bench/scale.py: re-plan time and API requests so far.
     log.log(logging.INFO if actions else logging.DEBUG,
-            "reconcile pass: jobs=%d plan_ms=%.1f actions=%d applied=%d apply_ms=%.1f api_requests=%d",
-            len(view.jobs), (planned - started) * 1e3, len(actions), len(done),
-            (time.perf_counter() - planned) * 1e3, kube.requests)
+            "reconcile pass: jobs=%d plan_ms=%.1f actions=%d applied=%d apply_ms=%.1f api_requests=%d "
+            "throttled_s=%.1f", len(view.jobs), (planned - started) * 1e3, len(actions), len(done),
+            (time.perf_counter() - planned) * 1e3, kube.requests, kube.throttled_seconds)
