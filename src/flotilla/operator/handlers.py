@@ -22,6 +22,7 @@ from flotilla import GROUP, VERSION
 from flotilla.allocation import Allocator
 from flotilla.operator.actions import PatchAnnotations, PatchStatus
 from flotilla.operator.kube import Kube, RateLimiter
+from flotilla.operator import training, trim
 from flotilla.operator.reconcile import reconcile
 from flotilla.resources import names
 
@@ -29,9 +30,13 @@ log = logging.getLogger("flotilla.operator")
 MANAGED = {names.LABEL_MANAGED_BY: names.MANAGED_BY}
 
 
+_TRIM = {"jobs": trim.trainingjob, "pods": trim.pod}
+
+
 @dataclass
 class View:
-    """What the watches have seen, by namespace/name (name alone for Nodes)."""
+    """What the watches have seen, by namespace/name (name alone for Nodes), trimmed to what planning reads.
+    A finished job's pods are dropped (`prune`): nothing plans with them any more."""
 
     jobs: dict[str, dict] = field(default_factory=dict)
     nodes: dict[str, dict] = field(default_factory=dict)
@@ -41,18 +46,32 @@ class View:
     wake: asyncio.Event = field(default_factory=asyncio.Event)
 
     def record(self, kind: str, event: dict[str, Any]) -> None:
-        obj = event["object"]
-        meta = obj["metadata"]
-        key = f"{meta['namespace']}/{meta['name']}" if meta.get("namespace") else meta["name"]
-        store = getattr(self, kind)
         if event.get("type") == "DELETED":
-            store.pop(key, None)
+            getattr(self, kind).pop(_key(event["object"]), None)
         else:
-            old = store.get(key)
-            # Keep the newer copy: the loop may already hold a patch response newer than a late event.
-            if old is None or int(meta.get("resourceVersion", 0)) >= int(old["metadata"].get("resourceVersion", 0)):
-                store[key] = obj
+            self.put(kind, event["object"])
         self.wake.set()
+
+    def put(self, kind: str, obj: dict[str, Any]) -> None:
+        store, key = getattr(self, kind), _key(obj)
+        old = store.get(key)
+        # Keep the newer copy: the loop may already hold a patch response newer than a late event.
+        if old is None or int(obj["metadata"].get("resourceVersion", 0)) >= int(old["metadata"].get("resourceVersion", 0)):
+            store[key] = _TRIM.get(kind, trim.other)(obj)
+
+    def prune(self) -> None:
+        """Forget the pods of finished jobs: a pass then plans with live ones only. (A job not seen yet
+        keeps its pods: at start-up the pods may be listed before the jobs.)"""
+        for key, pod in list(self.pods.items()):
+            job = (pod["metadata"].get("labels") or {}).get(names.LABEL_JOB)
+            body = self.jobs.get(f"{pod['metadata']['namespace']}/{job}") if job else None
+            if body is not None and training.is_final(body):
+                del self.pods[key]
+
+
+def _key(obj: dict[str, Any]) -> str:
+    meta = obj["metadata"]
+    return f"{meta['namespace']}/{meta['name']}" if meta.get("namespace") else meta["name"]
 
 
 @dataclass
@@ -75,11 +94,32 @@ def configure(s: Settings) -> None:
     settings = s
 
 
+class NoDiffBase(kopf.DiffBaseStorage):
+    """Flotilla's handlers only record objects (no on.create/update/field handlers), so nothing is
+    diffed: kopf's default storage would deep-copy every object on every watch event for nothing."""
+
+    def build(self, **_: Any) -> None:  # type: ignore[override]
+        return None
+
+    def fetch(self, **_: Any) -> None:  # type: ignore[override]
+        return None
+
+    def store(self, **_: Any) -> None:  # type: ignore[override]
+        pass
+
+
+SELECTOR = ",".join(f"{k}={v}" for k, v in MANAGED.items())
+
+
 @kopf.on.startup()
 async def startup(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) -> None:
     settings.posting.level = logging.WARNING
     settings.watching.server_timeout = 300
     settings.persistence.finalizer = f"{GROUP}/operator"
+    settings.persistence.diffbase_storage = NoDiffBase()
+    # Only the pods and Deployments Flotilla made: filtered by the API server, not after the fact.
+    settings.watching.label_selectors["", "v1", "pods"] = SELECTOR
+    settings.watching.label_selectors["apps", "v1", "deployments"] = SELECTOR
     memo.loop_task = asyncio.get_running_loop().create_task(_loop())
 
 
@@ -152,14 +192,14 @@ async def _loop() -> None:
 async def _reconcile_once(kube: Kube) -> None:
     assert settings is not None
     started = time.perf_counter()
+    view.prune()
     actions = reconcile(time.time(), settings.allocator, view.jobs, view.nodes, view.pods, view.servings,
                         view.deployments, settings.max_restarts)
     planned = time.perf_counter()
     done = await kube.apply(actions) if actions else []
     for action, result in done:
         if isinstance(action, (PatchStatus, PatchAnnotations)) and isinstance(result, dict):
-            store = view.jobs if action.plural == "trainingjobs" else view.servings
-            store[f"{action.namespace}/{action.name}"] = result
+            view.put("jobs" if action.plural == "trainingjobs" else "servings", result)
     # One line per pass (INFO when it acted), parsed by bench/scale.py: re-plan time and API requests so far.
     log.log(logging.INFO if actions else logging.DEBUG,
             "reconcile pass: jobs=%d plan_ms=%.1f actions=%d applied=%d apply_ms=%.1f api_requests=%d "
