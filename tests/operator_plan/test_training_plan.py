@@ -198,13 +198,18 @@ RUNNING = {"phase": "Running", "placement": [{"node": "n0", "gpus": 2}], "starte
            "policy": "fifo-gang", "deadlineMet": True}
 
 
-@pytest.mark.parametrize("report, mirrored", [
-    ({"steps": 104, "stepsPerSecond": 1.0, "time": "2026-01-01T00:00:54Z"}, False),  # 4 s newer: status can wait
-    ({"steps": 110, "stepsPerSecond": 1.0, "time": "2026-01-01T00:01:00Z"}, True),   # 10 s newer
-    ({"steps": 104, "stepsPerSecond": 1.0, "time": "2026-01-01T00:00:54Z", "checkpointStep": 104}, True),
+FIRST = {k: v for k, v in RUNNING.items() if k != "progress"}  # started at 00:00:10, no progress in status yet
+
+
+@pytest.mark.parametrize("status, report, mirrored", [
+    (RUNNING, {"steps": 104, "stepsPerSecond": 1.0, "time": "2026-01-01T00:00:54Z"}, False),  # 4 s newer: can wait
+    (RUNNING, {"steps": 110, "stepsPerSecond": 1.0, "time": "2026-01-01T00:01:00Z"}, True),   # 10 s newer
+    (RUNNING, {"steps": 104, "stepsPerSecond": 1.0, "time": "2026-01-01T00:00:54Z", "checkpointStep": 104}, True),
+    (FIRST, {"steps": 5, "stepsPerSecond": 1.0, "time": "2026-01-01T00:00:15Z"}, False),  # 5 s after the start
+    (FIRST, {"steps": 10, "stepsPerSecond": 1.0, "time": "2026-01-01T00:00:20Z"}, True),
 ])
-def test_progress_reaches_status_every_ten_seconds_or_with_a_new_checkpoint(report, mirrored):
-    body = trainingjob(status=RUNNING, annotations={"flotilla.dev/progress": json.dumps(report)})
+def test_progress_reaches_status_every_ten_seconds_or_with_a_new_checkpoint(status, report, mirrored):
+    body = trainingjob(status=status, annotations={"flotilla.dev/progress": json.dumps(report)})
     pods = [pod("job-g0-w0", "job", 0), pod("job-g0-w1", "job", 0)]
     actions = training.plan_job(body, pods, JobDecision("ns/job", Verdict.ADMITTED, {"n0": 2}, "running"),
                                 NOW, "fifo-gang")

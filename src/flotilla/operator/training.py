@@ -461,13 +461,15 @@ def _keep_running(plan: _Plan, state: JobState, by_gen: Mapping[int, list[Body]]
 
 def _mirror_progress(plan: _Plan) -> None:
     """Copy rank 0's report into status: a new checkpoint at once (restarts resume from it), plain
-    progress at most every PROGRESS_EVERY_SECONDS (planning reads the annotation, status is for people)."""
+    progress every PROGRESS_EVERY_SECONDS from the start (planning reads the annotation, status is for people;
+    a job shorter than that gets its progress recorded when it finishes)."""
     progress, mirrored = progress_of(plan.body), plan.status.get("progress") or {}
     if not progress or progress == mirrored or "progress" in plan.patch:
         return
     checkpointed = progress.get("checkpointStep") is not None and progress["checkpointStep"] > int(
         (plan.status.get("checkpoint") or {}).get("step", 0))
-    age = to_unix(progress["updatedAt"]) - to_unix(mirrored.get("updatedAt") or rfc3339(0))
+    since = mirrored.get("updatedAt") or plan.status.get("startedAt")
+    age = to_unix(progress["updatedAt"]) - (to_unix(since) if since else 0.0)
     if not checkpointed and age < PROGRESS_EVERY_SECONDS:
         return
     plan.patch["progress"] = progress
