@@ -94,20 +94,6 @@ def configure(s: Settings) -> None:
     settings = s
 
 
-class NoDiffBase(kopf.DiffBaseStorage):
-    """Flotilla's handlers only record objects (no on.create/update/field handlers), so nothing is
-    diffed: kopf's default storage would deep-copy every object on every watch event for nothing."""
-
-    def build(self, **_: Any) -> None:  # type: ignore[override]
-        return None
-
-    def fetch(self, **_: Any) -> None:  # type: ignore[override]
-        return None
-
-    def store(self, **_: Any) -> None:  # type: ignore[override]
-        pass
-
-
 SELECTOR = ",".join(f"{k}={v}" for k, v in MANAGED.items())
 
 
@@ -116,7 +102,6 @@ async def startup(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) ->
     settings.posting.level = logging.WARNING
     settings.watching.server_timeout = 300
     settings.persistence.finalizer = f"{GROUP}/operator"
-    settings.persistence.diffbase_storage = NoDiffBase()
     # Only the pods and Deployments Flotilla made: filtered by the API server, not after the fact.
     settings.watching.label_selectors["", "v1", "pods"] = SELECTOR
     settings.watching.label_selectors["apps", "v1", "deployments"] = SELECTOR
