@@ -159,22 +159,26 @@ async def _loop() -> None:
     await asyncio.sleep(1.0)
     log.info("reconcile loop started: policy=%s resync=%ss concurrency=%d qps=%s burst=%d", settings.allocator.name,
              settings.resync_seconds, settings.concurrency, settings.qps, settings.burst)
+    plan_seconds = 0.0
     while True:
         try:
             await asyncio.wait_for(view.wake.wait(), timeout=settings.resync_seconds)
         except asyncio.TimeoutError:
             pass
-        await asyncio.sleep(settings.debounce_seconds)
+        # Every watch event wakes the loop and a pass re-plans everything: when planning is slow (many jobs,
+        # a busy machine), wait as long as it took, so that it takes at most half of the operator's CPU.
+        await asyncio.sleep(max(settings.debounce_seconds, plan_seconds))
         view.wake.clear()
         try:
-            await _reconcile_once(kube)
+            plan_seconds = await _reconcile_once(kube)
         except asyncio.CancelledError:
             raise
         except Exception:
             log.exception("reconcile pass failed; retrying at the next wake-up")
 
 
-async def _reconcile_once(kube: Kube) -> None:
+async def _reconcile_once(kube: Kube) -> float:
+    """One pass; returns the seconds it spent planning."""
     assert settings is not None
     started = time.perf_counter()
     view.prune()
@@ -190,3 +194,4 @@ async def _reconcile_once(kube: Kube) -> None:
             "reconcile pass: jobs=%d plan_ms=%.1f actions=%d applied=%d apply_ms=%.1f api_requests=%d "
             "throttled_s=%.1f", len(view.jobs), (planned - started) * 1e3, len(actions), len(done),
             (time.perf_counter() - planned) * 1e3, kube.requests, kube.throttled_seconds)
+    return planned - started
