@@ -20,9 +20,9 @@ from kubernetes import client, config as kube_config
 
 from flotilla import GROUP, VERSION
 from flotilla.allocation import Allocator
+from flotilla.operator import training, trim
 from flotilla.operator.actions import PatchAnnotations, PatchStatus
 from flotilla.operator.kube import Kube, RateLimiter
-from flotilla.operator import training, trim
 from flotilla.operator.reconcile import reconcile
 from flotilla.resources import names
 
