@@ -70,3 +70,15 @@ def test_a_chain_whose_patch_fails_creates_no_pods_and_other_chains_go_on():
     calls, done, requests = run_with({"a"}, [patch("a"), create("a-0"), patch("b"), create("b-0")])
     assert sorted(calls) == ["a", "b", "b-0"] and sorted(done) == ["b", "b-0"] and requests == 3
     assert calls.index("b") < calls.index("b-0")
+
+
+@pytest.mark.parametrize("flag, value", [("--concurrency", "0"), ("--qps", "-1"), ("--burst", "0")])
+def test_the_operator_refuses_a_bad_knob_naming_it(flag, value):
+    import argparse
+
+    from flotilla.commands import operator
+
+    parser = argparse.ArgumentParser()
+    operator.add_arguments(parser)
+    with pytest.raises(SystemExit, match=f"^{flag} must be at least"):
+        operator.run(parser.parse_args([flag, value]))
