@@ -430,6 +430,8 @@ def run_flotilla(api: Any, namespace: str, jobs: list[Job], cluster: Cluster, ou
     ended = [t for j in items if (t := condition_time(j.get("status") or {}, names.COND_READY, "False"))]
     job_running = [ts(j["status"]["startedAt"]) - ts(j["metadata"]["creationTimestamp"]) for j in items
                    if (j.get("status") or {}).get("startedAt")]
+    job_admitted = [t - ts(j["metadata"]["creationTimestamp"]) for j in items
+                    if (t := condition_time(j.get("status") or {}, names.COND_ADMITTED))]
     first, end = min(created), max(ended or [time.time()])
     passes = operator_passes(out / "operator.log")
     busy = [p for p in passes if p["actions"]]
@@ -446,6 +448,7 @@ def run_flotilla(api: Any, namespace: str, jobs: list[Job], cluster: Cluster, ou
         "wall_s": round(end - first, 1),
         "pod_create_to_running_s": percentiles(pod_latency(pods)),
         "job_create_to_running_s": percentiles(job_running),
+        "job_create_to_admitted_s": percentiles(job_admitted),
         "replan_ms": percentiles([p["plan_ms"] for p in passes if p["jobs"]]),
         "replan_ms_max": max((p["plan_ms"] for p in passes), default=None),
         "apply_ms": percentiles([p["apply_ms"] for p in busy]),
@@ -554,7 +557,8 @@ def main() -> int:
         r = report[phase]
         print(f"{phase:9s} wall {r['wall_s']:7.1f} s  pod create->Running {r['pod_create_to_running_s']}  "
               f"job submit->Running {r['job_create_to_running_s']}")
-    print(f"flotilla: {flo['phases']}, admitted {flo['admit_per_s']} jobs/s (all in {flo['admission_wall_s']} s), "
+    print(f"flotilla: {flo['phases']}, submit->Admitted {flo['job_create_to_admitted_s']}, "
+          f"admitted {flo['admit_per_s']} jobs/s (all in {flo['admission_wall_s']} s), "
           f"re-plan {flo['replan_ms']} ms (max {flo['replan_ms_max']}), operator {flo['operator']}")
     for phase in ("direct", "flotilla"):
         print(f"CPU seconds during {phase}: {report[phase]['control_plane_cpu_s']}")

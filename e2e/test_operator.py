@@ -70,7 +70,9 @@ def test_examples_run_on_kwok_gpu_nodes(operator, namespace):
         assert st["observedGeneration"] == tj["metadata"]["generation"]
         assert {c["type"]: c["status"] for c in st["conditions"]} == {"Admitted": "True", "Ready": "True"}
         assert st["deadlineMet"] is True and st["estimatedCompletion"]
-        assert {"Admitted", "WorkersRunning"} <= set(events_for(namespace, name))
+        # Routine transitions are conditions, not Events.
+        assert {c["type"]: c["reason"] for c in st["conditions"]} == {"Admitted": "Admitted",
+                                                                       "Ready": "WorkersRunning"}
 
     sd = wait_for("chat Ready", lambda: (s := get("servingdeployment", "chat", namespace))
                   and s.get("status", {}).get("phase") == "Ready" and s)
@@ -119,7 +121,8 @@ def test_job_succeeds_when_rank0_exits_zero_and_a_failing_worker_restarts_then_f
     assert broken["restarts"] == 3 and broken["reshards"] == 3  # restarted from its checkpoint 3 times
     assert "failed after 3 restarts" in broken["message"]
     assert events_for(namespace, "broken").count("WorkerFailed") == 4
-    assert "Succeeded" in events_for(namespace, "quick")
+    ready = [c for c in get("trainingjob", "quick", namespace)["status"]["conditions"] if c["type"] == "Ready"]
+    assert [(c["status"], c["reason"]) for c in ready] == [("False", "Succeeded")]
 
 
 def test_a_job_too_big_for_free_gpus_waits_then_runs_when_a_node_joins(operator, namespace):

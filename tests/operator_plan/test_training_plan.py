@@ -2,6 +2,8 @@
 
 import json
 
+import pytest
+
 from flotilla.allocation import JobDecision, Verdict
 from flotilla.allocation.fifo import FifoGang
 from flotilla.operator import training
@@ -57,7 +59,9 @@ def test_a_new_placement_is_recorded_before_its_pods_are_created():
     assert env["FLOTILLA_RANK"] == "1" and env["FLOTILLA_WORLD_SIZE"] == "2"
     assert pods[0]["metadata"]["labels"]["team"] == "a"
     assert pods[0]["metadata"]["ownerReferences"][0]["uid"] == "uid-job"
-    assert [a.reason for a in actions if isinstance(a, PostEvent)] == ["Admitted"]
+    # Admission is routine: a condition says it, no Event.
+    assert [(c["type"], c["status"]) for c in st["conditions"]] == [("Admitted", "True")]
+    assert not [a for a in actions if isinstance(a, PostEvent)]
 
 
 def test_gpus_per_worker_makes_one_pod_per_worker():
@@ -186,6 +190,34 @@ def test_a_job_that_never_ran_moves_without_a_checkpoint():
     actions = training.plan_job(body, [pod("job-g0-w0", "job", 0, "Pending")], MOVE, NOW, "p")
     assert status_patch(actions)["reshards"] == 1
     assert not [a for a in actions if isinstance(a, PatchAnnotations)]
+
+
+RUNNING = {"phase": "Running", "placement": [{"node": "n0", "gpus": 2}], "startedAt": "2026-01-01T00:00:10Z",
+           "progress": {"steps": 100, "stepsPerSecond": 1.0, "updatedAt": "2026-01-01T00:00:50Z"},
+           "checkpoint": {"step": 100}, "observedGeneration": 1, "deadline": "2026-01-01T01:00:00Z",
+           "policy": "fifo-gang", "deadlineMet": True}
+
+
+FIRST = {k: v for k, v in RUNNING.items() if k != "progress"}  # started at 00:00:10, no progress in status yet
+
+
+@pytest.mark.parametrize("status, report, mirrored", [
+    (RUNNING, {"steps": 104, "stepsPerSecond": 1.0, "time": "2026-01-01T00:00:54Z"}, False),  # 4 s newer: can wait
+    (RUNNING, {"steps": 110, "stepsPerSecond": 1.0, "time": "2026-01-01T00:01:00Z"}, True),   # 10 s newer
+    (RUNNING, {"steps": 104, "stepsPerSecond": 1.0, "time": "2026-01-01T00:00:54Z", "checkpointStep": 104}, True),
+    (FIRST, {"steps": 5, "stepsPerSecond": 1.0, "time": "2026-01-01T00:00:15Z"}, False),  # 5 s after the start
+    (FIRST, {"steps": 10, "stepsPerSecond": 1.0, "time": "2026-01-01T00:00:20Z"}, True),
+])
+def test_progress_reaches_status_every_ten_seconds_or_with_a_new_checkpoint(status, report, mirrored):
+    body = trainingjob(status=status, annotations={"flotilla.dev/progress": json.dumps(report)})
+    pods = [pod("job-g0-w0", "job", 0), pod("job-g0-w1", "job", 0)]
+    actions = training.plan_job(body, pods, JobDecision("ns/job", Verdict.ADMITTED, {"n0": 2}, "running"),
+                                NOW, "fifo-gang")
+    patches = [a.status for a in actions if isinstance(a, PatchStatus)]
+    assert bool(patches) == mirrored
+    if mirrored:
+        assert patches[0]["progress"]["steps"] == report["steps"] and "estimatedCompletion" in patches[0]
+        assert patches[0].get("checkpoint", {}).get("step") == report.get("checkpointStep")
 
 
 def test_progress_from_an_older_worker_set_is_ignored():

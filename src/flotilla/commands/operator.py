@@ -34,6 +34,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="reconcile everything at least this often (default: %(default)s)")
     parser.add_argument("--concurrency", type=int, default=16,
                         help="API calls in flight at once when applying a decision (default: %(default)s)")
+    parser.add_argument("--qps", type=float, default=200.0,
+                        help="the operator's API writes per second on average, 0 for no limit (default: %(default)s)")
+    parser.add_argument("--burst", type=int, default=400,
+                        help="API writes allowed at once above --qps, after a quiet spell (default: %(default)s)")
     parser.add_argument("--max-restarts", type=int, default=3,
                         help="restarts from the last checkpoint after a worker fails, before the job fails (default 3)")
     parser.add_argument("--namespace", action="append", default=[],
@@ -55,9 +59,13 @@ def run(args: argparse.Namespace) -> int:
 
     from flotilla.operator import handlers
 
+    for flag, value, least in (("--concurrency", args.concurrency, 1), ("--qps", args.qps, 0),
+                               ("--burst", args.burst, 1)):
+        if value < least:
+            raise SystemExit(f"{flag} must be at least {least}, got {value}")
     handlers.configure(handlers.Settings(allocator=policies.get(args.policy), resync_seconds=args.resync,
-                                         concurrency=args.concurrency, max_restarts=args.max_restarts,
-                                         pool=pool_policy(args)))
+                                         concurrency=args.concurrency, qps=args.qps, burst=args.burst,
+                                         max_restarts=args.max_restarts, pool=pool_policy(args)))
     logging.getLogger("kopf.objects").setLevel(logging.WARNING)
 
     def operator(liveness: str | None):

@@ -6,7 +6,8 @@ import asyncio
 import logging
 import time
 import uuid
-from typing import Any
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any, Callable
 
 from kubernetes import client
 from kubernetes.client.rest import ApiException
@@ -27,36 +28,97 @@ log = logging.getLogger(__name__)
 FIELD_MANAGER = "flotilla-operator"
 
 
-class Kube:
-    """Thin executor. Idempotent: creating what exists and deleting what is gone are no-ops."""
+class RateLimiter:
+    """Token bucket: `qps` requests per second on average, bursts of up to `burst`. qps <= 0: no limit."""
 
-    def __init__(self, api: client.ApiClient, concurrency: int = 16):
+    def __init__(self, qps: float, burst: int, clock: Callable[[], float] = time.monotonic):
+        if qps > 0 and burst < 1:
+            raise ValueError(f"burst must be at least 1 when qps is set, got {burst}")
+        self.qps, self.burst, self._clock = qps, burst, clock
+        self._tokens, self._at = float(burst), clock()
+
+    def delay(self) -> float:
+        """Take one token; seconds to wait before using it (0 when one was there)."""
+        if self.qps <= 0:
+            return 0.0
+        now = self._clock()
+        self._tokens = min(float(self.burst), self._tokens + (now - self._at) * self.qps)
+        self._at = now
+        self._tokens -= 1.0  # may go negative: later callers queue behind the ones already waiting
+        return 0.0 if self._tokens >= 0 else -self._tokens / self.qps
+
+
+ORDERED = (PatchStatus, PatchAnnotations)
+
+
+def chains(actions: list[Action]) -> list[list[Action]]:
+    """Split a pass's actions into chains that may run concurrently with each other.
+
+    Planning emits each object's actions together, its status and annotation patches first
+    (`reconcile` concatenates per-object plans). A chain starts at a patch of an object other
+    than the current chain's, so every action stays behind the patches that preceded it in
+    its object's plan; actions before the first patch form a chain of their own.
+    """
+    out: list[list[Action]] = []
+    owner: tuple[str, str, str] | None = None
+    for a in actions:
+        if isinstance(a, ORDERED):
+            this = (a.plural, a.namespace, a.name)
+            if this != owner or not out:
+                out.append([])
+                owner = this
+        elif not out:
+            out.append([])
+        out[-1].append(a)
+    return out
+
+
+class Kube:
+    """Thin executor. Idempotent: creating what exists and deleting what is gone are no-ops.
+
+    Calls run in a thread pool of `concurrency` threads (the client is synchronous), at most
+    `concurrency` in flight and no faster than the rate limiter allows.
+    """
+
+    def __init__(self, api: client.ApiClient, concurrency: int = 16, limiter: RateLimiter | None = None):
         self.core = client.CoreV1Api(api)
         self.apps = client.AppsV1Api(api)
         self.custom = client.CustomObjectsApi(api)
         self._limit = asyncio.Semaphore(concurrency)
+        self._pool = ThreadPoolExecutor(max_workers=concurrency, thread_name_prefix="kube")
+        self._limiter = limiter or RateLimiter(0, 0)
         self.requests = 0
+        self.throttled_seconds = 0.0
 
     async def apply(self, actions: list[Action]) -> list[tuple[Action, Any]]:
-        """Status and annotation patches first, in order (they record intent before pods follow),
-        then the rest concurrently. Returns (action, result) for the actions that succeeded."""
+        """Runs different objects' chains concurrently; within a chain, the status and annotation
+        patches first, in order (they record intent before pods follow), then the rest concurrently.
+        A chain whose patch failed stops there. Returns (action, result) for the actions that succeeded."""
+        done = await asyncio.gather(*(self._chain(c) for c in chains(actions)))
+        return [pair for chain in done for pair in chain]
+
+    async def _chain(self, actions: list[Action]) -> list[tuple[Action, Any]]:
         done: list[tuple[Action, Any]] = []
-        ordered = (PatchStatus, PatchAnnotations)
         for a in actions:
-            if isinstance(a, ordered):
+            if isinstance(a, ORDERED):
                 result = await self._run(a)
-                if result is not None:
-                    done.append((a, result))
-        rest = [a for a in actions if not isinstance(a, ordered)]
+                if result is None:
+                    return done
+                done.append((a, result))
+        rest = [a for a in actions if not isinstance(a, ORDERED)]
         results = await asyncio.gather(*(self._run(a) for a in rest))
         done.extend((a, r) for a, r in zip(rest, results) if r is not None)
         return done
 
     async def _run(self, action: Action) -> Any:
         async with self._limit:
+            wait = self._limiter.delay()
+            if wait:
+                self.throttled_seconds += wait
+                await asyncio.sleep(wait)
             self.requests += 1
             try:
-                return await asyncio.to_thread(self._call, action)
+                return await asyncio.get_running_loop().run_in_executor(self._pool, self._call, action)
             except ApiException as e:
                 message = _api_message(e)
                 # Objects in a namespace being deleted: expected while it goes, not worth a warning.

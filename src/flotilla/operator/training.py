@@ -30,6 +30,7 @@ from flotilla.resources import checkpoint, names, phases
 Body = Mapping[str, Any]
 PLURAL = "trainingjobs"
 UNHEALTHY_TOLERATION_SECONDS = 600
+PROGRESS_EVERY_SECONDS = 10.0
 
 
 def key_of(body: Body) -> str:
@@ -321,12 +322,9 @@ def plan_job(body: Body, pods: Iterable[Body], decision: JobDecision | None, now
             plan.patch["phase"] = phases.ADMITTED
             admitted = "BestEffort" if verdict is Verdict.BEST_EFFORT else names.Reason.ADMITTED
             plan.condition(names.COND_ADMITTED, "True", admitted, reason)
-            plan.event("Normal", names.Reason.ADMITTED, f"{sum(want.values())} GPUs on {_describe(want)}: {reason}")
             _switch(plan, state, by_gen, want, generation, reason)
             return plan.done()
         if status.get("phase") != phases.PENDING or status.get("message") != reason:
-            if status.get("phase") != phases.PENDING:
-                plan.event("Normal", names.Reason.QUEUED, reason)
             plan.patch.update(phase=phases.PENDING, message=reason, gpus=0)
         return plan.done()
 
@@ -484,8 +482,8 @@ def _keep_running(plan: _Plan, state: JobState, by_gen: Mapping[int, list[Body]]
         progress = progress_of(plan.body)
         if progress:
             plan.patch["progress"] = progress
-        plan.condition(names.COND_READY, "False", names.Reason.SUCCEEDED, "finished")
-        plan.event("Normal", names.Reason.SUCCEEDED, f"finished; deadline {'met' if met else 'missed'}")
+        plan.condition(names.COND_READY, "False", names.Reason.SUCCEEDED,
+                       f"finished; deadline {'met' if met else 'missed'}")
         return plan.done(keep_creates=False)
     all_running = len(mine) == len(expected) and all(ph == "Running" for ph in pod_phase.values())
     waiting = plan.patch.get("phase") == phases.RESHARDING
@@ -495,14 +493,27 @@ def _keep_running(plan: _Plan, state: JobState, by_gen: Mapping[int, list[Body]]
         if not status.get("startedAt"):
             plan.patch["startedAt"] = rfc3339(plan.now)
         plan.condition(names.COND_READY, "True", names.Reason.WORKERS_RUNNING, msg)
-        plan.event("Normal", names.Reason.WORKERS_RUNNING, msg)
-    progress = progress_of(plan.body)
-    if progress and progress != status.get("progress") and "progress" not in plan.patch:
-        plan.patch["progress"] = progress
-        if progress.get("checkpointStep") is not None and progress["checkpointStep"] > int(
-                (status.get("checkpoint") or {}).get("step", 0)):
-            plan.checkpoint(step=int(progress["checkpointStep"]), time=progress.get("updatedAt"))
-    for k, v in _outlook(plan.body, state, sum(current.values()), plan.now).items():
-        if status.get(k) != v:
-            plan.patch[k] = v
+    _mirror_progress(plan)
+    outlook = _outlook(plan.body, state, sum(current.values()), plan.now)
+    # The outlook moves with every progress report: refresh it with a patch made anyway, or when it flips.
+    if plan.patch or outlook.get("deadlineMet") != status.get("deadlineMet"):
+        plan.patch.update({k: v for k, v in outlook.items() if status.get(k) != v})
     return plan.done()
+
+
+def _mirror_progress(plan: _Plan) -> None:
+    """Copy rank 0's report into status: a new checkpoint at once (restarts resume from it), plain
+    progress every PROGRESS_EVERY_SECONDS from the start (planning reads the annotation, status is for people;
+    a job shorter than that gets its progress recorded when it finishes)."""
+    progress, mirrored = progress_of(plan.body), plan.status.get("progress") or {}
+    if not progress or progress == mirrored or "progress" in plan.patch:
+        return
+    checkpointed = progress.get("checkpointStep") is not None and progress["checkpointStep"] > int(
+        (plan.status.get("checkpoint") or {}).get("step", 0))
+    since = mirrored.get("updatedAt") or plan.status.get("startedAt")
+    age = to_unix(progress["updatedAt"]) - (to_unix(since) if since else 0.0)
+    if not checkpointed and age < PROGRESS_EVERY_SECONDS:
+        return
+    plan.patch["progress"] = progress
+    if checkpointed:
+        plan.checkpoint(step=int(progress["checkpointStep"]), time=progress.get("updatedAt"))

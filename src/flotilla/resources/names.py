@@ -41,7 +41,6 @@ class Reason:
     """Event and condition reasons (CamelCase, as Kubernetes users expect)."""
 
     ADMITTED = "Admitted"
-    QUEUED = "Queued"
     REJECTED = "Rejected"
     PLACED = "Placed"
     RESHARDING = "Resharding"

@@ -1,0 +1,75 @@
+"""The operator's in-memory view: objects trimmed to what planning reads, finished jobs' pods dropped."""
+
+import copy
+
+from flotilla.allocation.fifo import FifoGang
+from flotilla.operator import trim
+from flotilla.operator.handlers import View
+from flotilla.operator.reconcile import reconcile
+from tests.operator_plan.builders import T0, node, pod, trainingjob
+
+NOISE = {"managedFields": [{"manager": "kubectl", "fieldsV1": {"f:spec": {}}}], "selfLink": "x"}
+
+
+def as_served(body):
+    """The object as the API server sends it: managed fields, a spec planning does not read."""
+    out = copy.deepcopy(body)
+    out["metadata"].update(copy.deepcopy(NOISE))
+    out["metadata"].setdefault("annotations", {})["kubectl.kubernetes.io/last-applied-configuration"] = "{...}"
+    if out.get("kind") != "TrainingJob":
+        out["spec"]["volumes"] = [{"name": "data", "emptyDir": {}}]
+        out["status"]["conditions"] = [{"type": "Ready", "status": "True"}]
+    return out
+
+
+def test_planning_on_trimmed_objects_is_planning_on_whole_ones():
+    jobs = {"ns/new": trainingjob("new"),
+            "ns/run": trainingjob("run", status={"phase": "Admitted", "placement": [{"node": "n0", "gpus": 2}]}),
+            "ns/failing": trainingjob("failing", status={"phase": "Running", "placement": [{"node": "n1", "gpus": 2}]})}
+    pods = {"ns/run-g0-w0": pod("run-g0-w0", "run", 0), "ns/run-g0-w1": pod("run-g0-w1", "run", 0, "Pending"),
+            "ns/failing-g0-w0": pod("failing-g0-w0", "failing", 0, node_name="n1"),
+            "ns/failing-g0-w1": pod("failing-g0-w1", "failing", 0, "Failed", node_name="n1"),
+            "ns/sd-decode": pod("sd-decode", "sd", 0, node_name="n2", gpus=4, role="decode")}
+    nodes = {n: node(n) for n in ("n0", "n1", "n2")}
+    served = [{k: as_served(v) for k, v in d.items()} for d in (jobs, nodes, pods)]
+    view = View()
+    for kind, store in zip(("jobs", "nodes", "pods"), served):
+        for obj in store.values():
+            view.put(kind, obj)
+    assert all("managedFields" not in o["metadata"] for o in [*view.jobs.values(), *view.pods.values()])
+    assert set(view.pods["ns/run-g0-w0"]["spec"]) == {"nodeName", "containers"}
+    whole = reconcile(T0 + 60, FifoGang(), *served, {}, {})
+    trimmed = reconcile(T0 + 60, FifoGang(), view.jobs, view.nodes, view.pods, {}, {})
+    assert whole and trimmed == whole
+
+
+def test_a_finished_job_keeps_only_its_identity_and_its_pods_are_pruned():
+    view = View()
+    view.put("jobs", as_served(trainingjob("done", status={"phase": "Succeeded", "gpus": 0})))
+    view.put("jobs", trainingjob("live", status={"phase": "Running"}))
+    for name, job in (("done-g0-w0", "done"), ("live-g0-w0", "live"), ("early-g0-w0", "not-seen-yet")):
+        view.put("pods", pod(name, job, 0, "Succeeded"))
+    assert view.jobs["ns/done"] == {"apiVersion": "flotilla.dev/v1alpha1", "kind": "TrainingJob",
+                                    "metadata": {"name": "done", "namespace": "ns", "uid": "uid-done",
+                                                 "resourceVersion": "1"},
+                                    "status": {"phase": "Succeeded"}}
+    view.prune()
+    # A job not seen yet keeps its pods: at start-up pods may be listed before jobs.
+    assert sorted(view.pods) == ["ns/early-g0-w0", "ns/live-g0-w0"]
+
+
+def test_an_older_copy_does_not_replace_a_newer_one():
+    view = View()
+    newer = trainingjob("j", status={"phase": "Admitted"})
+    newer["metadata"]["resourceVersion"] = "7"
+    view.put("jobs", newer)
+    view.record("jobs", {"type": "MODIFIED", "object": trainingjob("j")})  # resourceVersion 1
+    assert view.jobs["ns/j"]["status"]["phase"] == "Admitted"
+    view.record("jobs", {"type": "DELETED", "object": trainingjob("j")})
+    assert view.jobs == {} and view.wake.is_set()
+
+
+def test_pod_trim_leaves_out_what_is_not_there():
+    assert trim.pod({"metadata": {"name": "p", "namespace": "ns"}, "spec": {"containers": [{"name": "c"}]}}) == {
+        "metadata": {"name": "p", "namespace": "ns"}, "spec": {"containers": [{"resources": {"limits": {}}}]},
+        "status": {}}
