@@ -113,6 +113,31 @@ def direct_pods(job: Job) -> list[dict[str, Any]]:
     } for rank in range(job.workers)]
 
 
+def servingdeployment(i: int) -> dict[str, Any]:
+    """A small always-on ServingDeployment (fixed 1 prefill + 1 decode, one GPU each): with it the
+    operator decides through the unified pool's arbiter, as a cluster that also serves would."""
+    pool = {"gpusPerInstance": 1,
+            "template": {"spec": {"containers": [{"name": "server", "image": "flotilla/bench-server:0"}]}}}
+    return {
+        "apiVersion": f"{GROUP}/{VERSION}", "kind": "ServingDeployment",
+        "metadata": {"name": f"chat-{i}", "labels": {BENCH_LABEL: "scale"}},
+        "spec": {"slo": {"ttftMs": 400, "tpotMs": 100}, "maxGPUs": 2, "prefill": pool, "decode": pool,
+                 "workload": {"requestsPerSecond": 1, "inputTokens": 512, "outputTokens": 128},
+                 "planner": {"mode": "fixed", "prefillReplicas": 1, "decodeReplicas": 1}},
+    }
+
+
+def direct_serving_pods(i: int) -> list[dict[str, Any]]:
+    """The direct path's stand-in for servingdeployment(i): two one-GPU pods that run throughout."""
+    return [{
+        "apiVersion": "v1", "kind": "Pod",
+        "metadata": {"name": f"chat-{i}-{role}", "labels": {BENCH_LABEL: "scale", names.LABEL_ROLE: role}},
+        "spec": {"tolerations": [{"key": names.GPU_RESOURCE, "operator": "Exists", "effect": "NoSchedule"}],
+                 "containers": [{"name": "server", "image": "flotilla/bench-server:0",
+                                 "resources": {"limits": {names.GPU_RESOURCE: "1"}}}]},
+    } for role in (names.ROLE_PREFILL, names.ROLE_DECODE)]
+
+
 # --- the cluster ---------------------------------------------------------------------------------------
 
 class Cluster:
@@ -367,6 +392,9 @@ def run_direct(api: Any, namespace: str, jobs: list[Job], args: argparse.Namespa
         for pod in direct_pods(job):
             core.create_namespaced_pod(namespace, pod)
 
+    for i in range(args.servings):
+        for pod in direct_serving_pods(i):
+            core.create_namespaced_pod(namespace, pod)
     submit_in_waves(jobs, args.waves, args.wave_gap, submit, args.client_concurrency)
     total = sum(j.workers for j in jobs)
 
@@ -400,6 +428,9 @@ def run_flotilla(api: Any, namespace: str, jobs: list[Job], cluster: Cluster, ou
     workers = Process(out / "simworkers.log", cluster.kubeconfig, "simworkers", "--namespace", namespace,
                       "--speed", str(args.speed), "--interval", str(args.sim_interval))
     try:
+        for i in range(args.servings):
+            custom.create_namespaced_custom_object(GROUP, VERSION, namespace, "servingdeployments",
+                                                   servingdeployment(i))
         time.sleep(3)  # the operator lists what exists before the first job arrives
         log(f"flotilla: {len(jobs)} TrainingJobs in {args.waves} waves, policy {args.policy}")
         cpu, api_requests = component_cpu(args.state), api_server_requests(api)
@@ -441,6 +472,7 @@ def run_flotilla(api: Any, namespace: str, jobs: list[Job], cluster: Cluster, ou
         phases[j["status"]["phase"]] = phases.get(j["status"]["phase"], 0) + 1
     return {
         "jobs": len(items),
+        "servings": args.servings,
         "phases": phases,
         "pods": len(pods),
         "admission_wall_s": round(admitted[-1] - first, 1) if admitted else None,
@@ -498,6 +530,9 @@ def main() -> int:
                         help="the operator's allocation policy (default: %(default)s)")
     parser.add_argument("--operator-concurrency", type=int, default=16, help="operator's API calls in flight")
     parser.add_argument("--client-concurrency", type=int, default=16, help="the bench's creates in flight")
+    parser.add_argument("--servings", type=int, default=3,
+                        help="always-on ServingDeployments (2 GPUs each) beside the jobs, so that the operator "
+                             "decides through the unified pool; on the direct path, as many pairs of plain pods")
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--profile-operator", action="store_true",
                         help="run the operator under cProfile (its event-loop thread) into OUT/operator.prof")
