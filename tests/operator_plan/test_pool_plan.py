@@ -248,3 +248,26 @@ def test_serving_may_only_grow_into_gpus_no_pod_holds():
     job_on = {"n0": 8, "n1": 5}
     plan = arbitrate(NOW, POLICY, {"ns/a": job(running(job_on))}, NODES, pods, {"ns/chat": chat(1, 2)})
     assert plan.serving["ns/chat"].budget == 2
+
+
+def test_a_job_whose_gpus_a_serving_pod_took_before_its_workers_started_is_placed_afresh():
+    # The job was placed on n1 (recorded, pods created) but the scheduler bound chat's pods there first.
+    placed = {"n1": 8}
+    body = job(running(placed), min_gpus=1)
+    body["spec"]["elasticity"]["maxGPUs"] = 8
+    body["status"]["phase"] = "Admitted"
+    pending = {k: {**p, "spec": {**p["spec"], "nodeName": None,
+                                "nodeSelector": {"kubernetes.io/hostname": "n1"}}, "status": {"phase": "Pending"}}
+               for k, p in workers(placed).items()}
+    pods = {**pending, **serving_pods("prefill", ["n1"]), **serving_pods("decode", ["n1"])}
+    for policy in (POLICY, None):
+        actions = reconcile(NOW, policies.get("elastic-deadline"), {"ns/a": body}, NODES, pods,
+                            {"ns/chat": chat(1, 1)}, deployments(1, 1), pool=policy)
+        moved = status_patch(actions, "a")
+        assert moved["placement"] == [{"node": "n0", "gpus": 8}] and moved["reshards"] == 1
+        assert sum(isinstance(a, DeletePod) for a in actions) == 8 and not any(
+            isinstance(a, PatchAnnotations) for a in actions)  # nothing ran: no checkpoint
+    # Bound workers (it started) are never moved this way.
+    bound = {**workers(placed), **serving_pods("prefill", ["n1"])}
+    actions = run({"ns/a": job(running(placed), min_gpus=1)}, bound, {"ns/chat": chat(1, 1)}, deployments(1, 1))
+    assert "placement" not in status_patch(actions, "a")

@@ -87,7 +87,7 @@ def _serving_state(body: Body, placement: Mapping[str, int], now: float,
 
 def arbitrate(now: float, policy: PoolPolicy, jobs: Mapping[str, Body], nodes: Mapping[str, Body],
               pods: Mapping[str, Body], servings: Mapping[str, Body]) -> PoolPlan:
-    base = training.snapshot(now, jobs.values(), nodes.values())
+    base = training.snapshot(now, jobs.values(), nodes.values(), pods.values())
     serving_live: dict[str, dict[str, int]] = defaultdict(lambda: defaultdict(int))  # sd -> node -> GPUs
     serving_bound: dict[str, int] = defaultdict(int)  # sd -> GPUs on nodes, terminating pods included
     serving_pending: dict[str, int] = defaultdict(int)  # sd -> GPUs of pods not bound yet

@@ -20,7 +20,7 @@ def training_snapshot(now: float, jobs: Mapping[str, Body], nodes: Mapping[str, 
                       pods: Mapping[str, Body]) -> ClusterSnapshot:
     """The allocator's view: GPUs held by Flotilla pods that are not training workers
     (serving instances) are not the training allocator's to give."""
-    snap = training.snapshot(now, jobs.values(), nodes.values())
+    snap = training.snapshot(now, jobs.values(), nodes.values(), pods.values())
     foreign: dict[str, int] = defaultdict(int)
     for pod in pods.values():
         if pod["metadata"].get("labels", {}).get(names.LABEL_ROLE) != names.ROLE_WORKER and holds_gpus(pod):

@@ -10,6 +10,7 @@ and never a second set.
 from __future__ import annotations
 
 import copy
+from dataclasses import replace
 from typing import Any, Iterable, Mapping
 
 from flotilla import API_VERSION
@@ -114,13 +115,51 @@ def is_final(body: Body) -> bool:
     return (body.get("status") or {}).get("phase") in phases.TRAINING_FINAL
 
 
-def snapshot(now: float, jobs: Iterable[Body], nodes: Iterable[Body]) -> ClusterSnapshot:
+def snapshot(now: float, jobs: Iterable[Body], nodes: Iterable[Body], pods: Iterable[Body] = ()) -> ClusterSnapshot:
+    """The allocator's view. A job in `displaced(...)` is shown holding nothing, so that it is placed afresh."""
+    nodes = list(nodes)
+    live = [j for j in jobs if not is_final(j)]
+    moved = displaced(live, nodes, pods)
+    states = (job_state(j) for j in live)
     return ClusterSnapshot(
         now=now,
         nodes=tuple(node_state(n) for n in nodes if "kwok.x-k8s.io/node" in (n["metadata"].get("annotations") or {})
                     or names.GPU_RESOURCE in ((n.get("status") or {}).get("allocatable") or {})),
-        jobs=tuple(job_state(j) for j in jobs if not is_final(j)),
+        jobs=tuple(replace(s, placement={}) if s.key in moved else s for s in states),
     )
+
+
+def displaced(jobs: Iterable[Body], nodes: Iterable[Body], pods: Iterable[Body]) -> set[str]:
+    """Jobs whose worker set never started and cannot start where it was placed: none of its pods is bound
+    yet, and pods bound since (a serving pod the scheduler put there, another job's) took its GPUs on one
+    of its nodes. Nothing ran, so it may move at once, without a checkpoint."""
+    allocatable = {n["metadata"]["name"]: int(str(((n.get("status") or {}).get("allocatable") or {}).get(
+        names.GPU_RESOURCE, "0"))) for n in nodes}
+    bound: dict[str, int] = {}
+    own: dict[tuple[str, str], int] = {}
+    started: set[tuple[str, int]] = set()
+    for pod in pods:
+        spec, meta = pod.get("spec") or {}, pod["metadata"]
+        node = spec.get("nodeName")
+        if not node or (pod.get("status") or {}).get("phase") in ("Succeeded", "Failed"):
+            continue
+        gpus = sum(int(str(((c.get("resources") or {}).get("limits") or {}).get(names.GPU_RESOURCE, "0")))
+                   for c in spec.get("containers") or [])
+        bound[node] = bound.get(node, 0) + gpus
+        labels = meta.get("labels") or {}
+        if labels.get(names.LABEL_ROLE) == names.ROLE_WORKER:
+            job = f"{meta['namespace']}/{labels.get(names.LABEL_JOB)}"
+            own[(job, node)] = own.get((job, node), 0) + gpus
+            started.add((job, int(labels.get(names.LABEL_GENERATION, -1))))
+    out = set()
+    for body in jobs:
+        key, generation = key_of(body), int((body.get("status") or {}).get("reshards", 0))
+        if (key, generation) in started:
+            continue
+        if any(allocatable.get(node, 0) - (bound.get(node, 0) - own.get((key, node), 0)) < gpus
+               for node, gpus in placement_of(body).items()):
+            out.add(key)
+    return out
 
 
 def pod_name(job: str, generation: int, rank: int) -> str:
