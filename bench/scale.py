@@ -405,6 +405,17 @@ def run_direct(api: Any, namespace: str, jobs: list[Job], args: argparse.Namespa
     wait_until("the direct pods to finish", finished, args.timeout)
     cpu, requests = cpu_during(args.state, cpu), requests_during(api, requests)
     pods = pod_times(core, namespace)
+    # The operator sees only its own pods: the stand-ins must not hold GPUs into the Flotilla phase.
+    for i in range(args.servings):
+        for pod in direct_serving_pods(i):
+            core.delete_namespaced_pod(pod["metadata"]["name"], namespace, grace_period_seconds=0)
+
+    def servers_gone() -> tuple[bool, str]:
+        left = core.list_namespaced_pod(namespace, label_selector=f"{names.LABEL_ROLE} in "
+                                                                  f"({names.ROLE_PREFILL},{names.ROLE_DECODE})").items
+        return not left, f"{len(left)} left"
+
+    wait_until("the direct path's serving pods to go", servers_gone, args.timeout)
     end = max((p.finished or time.time()) for p in pods)
     return {
         "pods": len(pods),
