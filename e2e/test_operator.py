@@ -50,6 +50,7 @@ def events_for(ns: str, name: str) -> list[str]:
 
 
 def test_examples_run_on_kwok_gpu_nodes(operator, namespace):
+    wait_for_gpus_free_outside(namespace)  # an earlier module's namespace may still be going
     result = kubectl("apply", "-n", namespace, "-f", str(ROOT / "examples"))
     assert "trainingjob.flotilla.dev/llama-ft created" in result.stdout
 

@@ -271,3 +271,16 @@ def test_a_job_whose_gpus_a_serving_pod_took_before_its_workers_started_is_place
     bound = {**workers(placed), **serving_pods("prefill", ["n1"])}
     actions = run({"ns/a": job(running(placed), min_gpus=1)}, bound, {"ns/chat": chat(1, 1)}, deployments(1, 1))
     assert "placement" not in status_patch(actions, "a")
+
+
+def test_gpus_still_held_by_a_gone_jobs_workers_are_not_given_to_anyone():
+    # Job "old" was deleted (its namespace is going); its worker pods still hold n0 until they are gone.
+    leftovers = {k.replace("a-", "old-"): {**p, "metadata": {**p["metadata"], "name": p["metadata"]["name"].replace(
+        "a-", "old-"), "labels": {**p["metadata"]["labels"], "flotilla.dev/job": "old"}}}
+        for k, p in workers({"n0": 8}).items()}
+    newcomer = job(min_gpus=1)
+    newcomer["spec"]["elasticity"]["maxGPUs"] = 8
+    for policy in (POLICY, None):
+        actions = reconcile(NOW, policies.get("elastic-deadline"), {"ns/a": newcomer}, NODES, leftovers,
+                            {"ns/chat": chat(0, 0)}, deployments(0, 0), pool=policy)
+        assert status_patch(actions, "a")["placement"] == [{"node": "n1", "gpus": 8}]

@@ -48,6 +48,14 @@ def holds_gpus(pod: Body) -> bool:
     return bool((pod.get("spec") or {}).get("nodeName")) and phase not in ("Succeeded", "Failed")
 
 
+def worker_of(pod: Body) -> str | None:
+    """The TrainingJob key a worker pod belongs to; None for any other pod."""
+    labels = pod["metadata"].get("labels") or {}
+    if labels.get(names.LABEL_ROLE) == names.ROLE_WORKER and names.LABEL_JOB in labels:
+        return f"{pod['metadata']['namespace']}/{labels[names.LABEL_JOB]}"
+    return None
+
+
 def serving_key(pod: Body) -> str | None:
     labels = pod["metadata"].get("labels") or {}
     if labels.get(names.LABEL_ROLE) in serving.ROLES and names.LABEL_SERVING in labels:
@@ -94,16 +102,17 @@ def arbitrate(now: float, policy: PoolPolicy, jobs: Mapping[str, Body], nodes: M
     foreign: dict[str, int] = defaultdict(int)
     worker_use: dict[str, dict[str, int]] = defaultdict(lambda: defaultdict(int))  # job -> node -> GPUs of its pods
     schedulable = {n.name for n in base.nodes if n.schedulable}
+    live = {j.key for j in base.jobs}  # a gone or finished job's pods that still hold GPUs are foreign
     for pod in pods.values():
         meta, spec = pod["metadata"], pod.get("spec") or {}
-        gpus, sd, labels = pod_gpus(pod), serving_key(pod), meta.get("labels") or {}
+        gpus, sd = pod_gpus(pod), serving_key(pod)
         finished = (pod.get("status") or {}).get("phase") in ("Succeeded", "Failed")
         if not gpus or finished:
             continue
-        if labels.get(names.LABEL_ROLE) == names.ROLE_WORKER:
+        if (job := worker_of(pod)) in live:
             node = spec.get("nodeName") or (spec.get("nodeSelector") or {}).get("kubernetes.io/hostname")
             if node:
-                worker_use[f"{meta['namespace']}/{labels.get(names.LABEL_JOB)}"][node] += gpus
+                worker_use[job][node] += gpus
         elif sd is not None and sd in servings:
             if not spec.get("nodeName"):
                 serving_pending[sd] += gpus

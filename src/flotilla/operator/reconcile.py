@@ -9,7 +9,7 @@ from typing import Any, Mapping
 from flotilla.allocation import Allocator, ClusterSnapshot
 from flotilla.operator import serving, training
 from flotilla.operator.actions import Action
-from flotilla.operator.pool import arbitrate, holds_gpus, pod_gpus
+from flotilla.operator.pool import arbitrate, holds_gpus, pod_gpus, worker_of
 from flotilla.pool import PoolPolicy
 from flotilla.resources import names
 
@@ -18,12 +18,13 @@ Body = Mapping[str, Any]
 
 def training_snapshot(now: float, jobs: Mapping[str, Body], nodes: Mapping[str, Body],
                       pods: Mapping[str, Body]) -> ClusterSnapshot:
-    """The allocator's view: GPUs held by Flotilla pods that are not training workers
-    (serving instances) are not the training allocator's to give."""
+    """The allocator's view: GPUs held by Flotilla pods that no live job accounts for (serving
+    instances, workers of a job that is gone or finished, still terminating) are not its to give."""
     snap = training.snapshot(now, jobs.values(), nodes.values(), pods.values())
+    live = {j.key for j in snap.jobs}
     foreign: dict[str, int] = defaultdict(int)
     for pod in pods.values():
-        if pod["metadata"].get("labels", {}).get(names.LABEL_ROLE) != names.ROLE_WORKER and holds_gpus(pod):
+        if holds_gpus(pod) and worker_of(pod) not in live:
             foreign[pod["spec"]["nodeName"]] += pod_gpus(pod)
     if not foreign:
         return snap
