@@ -20,10 +20,10 @@ from typing import Any, Mapping
 
 from flotilla.allocation import JobDecision, NodeState
 from flotilla.operator import serving, training
+from flotilla.operator.pods import holds_gpus, pod_gpus, serving_key, worker_of
 from flotilla.operator.serving import ServingGrant
 from flotilla.operator.timeutil import to_unix
 from flotilla.pool import PoolPolicy, PoolSnapshot, ServingState, decide
-from flotilla.resources import names
 
 Body = Mapping[str, Any]
 
@@ -33,34 +33,6 @@ class PoolPlan:
     jobs: Mapping[str, JobDecision]
     lending: Mapping[str, Mapping[str, int]]  # job key -> serving key -> GPUs lent in this decision
     serving: Mapping[str, ServingGrant]
-
-
-def pod_gpus(pod: Body) -> int:
-    total = 0
-    for c in (pod.get("spec") or {}).get("containers") or []:
-        total += int(str(((c.get("resources") or {}).get("limits") or {}).get(names.GPU_RESOURCE, "0")))
-    return total
-
-
-def holds_gpus(pod: Body) -> bool:
-    """Bound and not finished: its GPUs are taken (a terminating pod's too, until it is gone)."""
-    phase = (pod.get("status") or {}).get("phase")
-    return bool((pod.get("spec") or {}).get("nodeName")) and phase not in ("Succeeded", "Failed")
-
-
-def worker_of(pod: Body) -> str | None:
-    """The TrainingJob key a worker pod belongs to; None for any other pod."""
-    labels = pod["metadata"].get("labels") or {}
-    if labels.get(names.LABEL_ROLE) == names.ROLE_WORKER and names.LABEL_JOB in labels:
-        return f"{pod['metadata']['namespace']}/{labels[names.LABEL_JOB]}"
-    return None
-
-
-def serving_key(pod: Body) -> str | None:
-    labels = pod["metadata"].get("labels") or {}
-    if labels.get(names.LABEL_ROLE) in serving.ROLES and names.LABEL_SERVING in labels:
-        return f"{pod['metadata']['namespace']}/{labels[names.LABEL_SERVING]}"
-    return None
 
 
 def _serving_state(body: Body, placement: Mapping[str, int], now: float,

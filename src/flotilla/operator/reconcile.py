@@ -9,7 +9,8 @@ from typing import Any, Mapping
 from flotilla.allocation import Allocator, ClusterSnapshot
 from flotilla.operator import serving, training
 from flotilla.operator.actions import Action
-from flotilla.operator.pool import arbitrate, holds_gpus, pod_gpus, worker_of
+from flotilla.operator.pods import holds_gpus, pod_gpus, worker_of
+from flotilla.operator.pool import arbitrate
 from flotilla.pool import PoolPolicy
 from flotilla.resources import names
 

@@ -24,6 +24,7 @@ from flotilla.operator.actions import (
     PostEvent,
     involved,
 )
+from flotilla.operator.pods import pod_gpus, worker_of
 from flotilla.operator.timeutil import rfc3339, to_unix
 from flotilla.resources import checkpoint, names, phases
 
@@ -143,14 +144,11 @@ def displaced(jobs: Iterable[Body], nodes: Iterable[Body], pods: Iterable[Body])
         node = spec.get("nodeName")
         if not node or (pod.get("status") or {}).get("phase") in ("Succeeded", "Failed"):
             continue
-        gpus = sum(int(str(((c.get("resources") or {}).get("limits") or {}).get(names.GPU_RESOURCE, "0")))
-                   for c in spec.get("containers") or [])
+        gpus = pod_gpus(pod)
         bound[node] = bound.get(node, 0) + gpus
-        labels = meta.get("labels") or {}
-        if labels.get(names.LABEL_ROLE) == names.ROLE_WORKER:
-            job = f"{meta['namespace']}/{labels.get(names.LABEL_JOB)}"
+        if (job := worker_of(pod)) is not None:
             own[(job, node)] = own.get((job, node), 0) + gpus
-            started.add((job, int(labels.get(names.LABEL_GENERATION, -1))))
+            started.add((job, int(meta["labels"].get(names.LABEL_GENERATION, -1))))
     out = set()
     for body in jobs:
         key, generation = key_of(body), int((body.get("status") or {}).get("reshards", 0))
