@@ -284,3 +284,22 @@ def test_gpus_still_held_by_a_gone_jobs_workers_are_not_given_to_anyone():
         actions = reconcile(NOW, policies.get("elastic-deadline"), {"ns/a": newcomer}, NODES, leftovers,
                             {"ns/chat": chat(0, 0)}, deployments(0, 0), pool=policy)
         assert status_patch(actions, "a")["placement"] == [{"node": "n1", "gpus": 8}]
+
+
+def test_a_job_with_one_worker_running_and_one_blocked_moves_without_a_checkpoint():
+    # Two 4-GPU workers placed on n0 and n1; n0's is Running, chat's pods took n1 before the other was bound.
+    placed = {"n0": 4, "n1": 4}
+    body = job(running(placed), min_gpus=8)
+    body["spec"]["elasticity"].update(maxGPUs=8, gpusPerWorker=4)
+    body["status"]["phase"] = "Admitted"
+    w0 = pod("a-g0-w0", "a", 0, node_name="n0", gpus=4)
+    w1 = pod("a-g0-w1", "a", 0, node_name=None, gpus=4, phase="Pending")
+    w1["spec"]["nodeSelector"] = {"kubernetes.io/hostname": "n1"}
+    pods = {"ns/a-g0-w0": w0, "ns/a-g0-w1": w1, **serving_pods("prefill", ["n1", "n1"]),
+            **serving_pods("decode", ["n1", "n1"])}
+    actions = reconcile(NOW, policies.get("fifo-gang"), {"ns/a": body}, NODES, pods, {"ns/chat": chat(2, 2)},
+                        deployments(2, 2))
+    moved = status_patch(actions, "a")
+    assert moved["reshards"] == 1 and sum(p["gpus"] for p in moved["placement"]) == 8
+    assert "n1" not in {p["node"] for p in moved["placement"]}
+    assert not any(isinstance(a, PatchAnnotations) for a in actions)  # no checkpoint request

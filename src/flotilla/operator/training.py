@@ -131,14 +131,14 @@ def snapshot(now: float, jobs: Iterable[Body], nodes: Iterable[Body], pods: Iter
 
 
 def displaced(jobs: Iterable[Body], nodes: Iterable[Body], pods: Iterable[Body]) -> set[str]:
-    """Jobs whose worker set never started and cannot start where it was placed: none of its pods is bound
-    yet, and pods bound since (a serving pod the scheduler put there, another job's) took its GPUs on one
-    of its nodes. Nothing ran, so it may move at once, without a checkpoint."""
+    """Jobs whose worker set has not run yet and cannot all start where it was placed: on one of its
+    nodes its workers are not all bound, and pods bound since (a serving pod the scheduler put there,
+    another job's) took the GPUs. Nothing ran (workers need every rank), so it may move at once."""
     allocatable = {n["metadata"]["name"]: int(str(((n.get("status") or {}).get("allocatable") or {}).get(
         names.GPU_RESOURCE, "0"))) for n in nodes}
     bound: dict[str, int] = {}
-    own: dict[tuple[str, str], int] = {}
-    started: set[tuple[str, int]] = set()
+    own: dict[tuple[str, str], int] = {}  # (job, node) -> GPUs of its pods of any generation
+    own_now: dict[tuple[str, int, str], int] = {}  # (job, generation, node) -> GPUs
     for pod in pods:
         spec, meta = pod.get("spec") or {}, pod["metadata"]
         node = spec.get("nodeName")
@@ -148,16 +148,27 @@ def displaced(jobs: Iterable[Body], nodes: Iterable[Body], pods: Iterable[Body])
         bound[node] = bound.get(node, 0) + gpus
         if (job := worker_of(pod)) is not None:
             own[(job, node)] = own.get((job, node), 0) + gpus
-            started.add((job, int(meta["labels"].get(names.LABEL_GENERATION, -1))))
+            generation = int(meta["labels"].get(names.LABEL_GENERATION, -1))
+            own_now[(job, generation, node)] = own_now.get((job, generation, node), 0) + gpus
     out = set()
     for body in jobs:
-        key, generation = key_of(body), int((body.get("status") or {}).get("reshards", 0))
-        if (key, generation) in started:
+        if not _not_run_yet(body):
             continue
-        if any(allocatable.get(node, 0) - (bound.get(node, 0) - own.get((key, node), 0)) < gpus
+        key, generation = key_of(body), int((body.get("status") or {}).get("reshards", 0))
+        if any(own_now.get((key, generation, node), 0) < gpus
+               and allocatable.get(node, 0) - (bound.get(node, 0) - own.get((key, node), 0)) < gpus
                for node, gpus in placement_of(body).items()):
             out.add(key)
     return out
+
+
+def _not_run_yet(body: Body) -> bool:
+    """The current worker set has not had all its workers running: admitted and not yet Running, or
+    switched to a new generation (not waiting for rank 0's checkpoint on the old one)."""
+    status = body.get("status") or {}
+    ckpt = status.get("checkpoint") or {}
+    waiting = int(ckpt.get("requestedGeneration", 0)) > int(ckpt.get("generation", 0))
+    return status.get("phase") == phases.ADMITTED or (status.get("phase") == phases.RESHARDING and not waiting)
 
 
 def pod_name(job: str, generation: int, rank: int) -> str:
@@ -366,7 +377,10 @@ def plan_job(body: Body, pods: Iterable[Body], decision: JobDecision | None, now
         return plan.done()
 
     if want and want != current:
-        ran = any((p.get("status") or {}).get("phase") == "Running" for p in by_gen.get(generation, []))
+        workers = by_gen.get(generation, [])
+        # Workers need every rank: until all have run together there is no progress to checkpoint.
+        ran = not _not_run_yet(body) or (bool(workers) and all(
+            (p.get("status") or {}).get("phase") == "Running" for p in workers))
         if not ran:  # nothing has run on the old placement: nothing to checkpoint
             _switch(plan, state, by_gen, want, generation + 1, reason)
             return plan.done()
