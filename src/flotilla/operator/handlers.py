@@ -96,11 +96,17 @@ def configure(s: Settings) -> None:
     settings = s
 
 
+SELECTOR = ",".join(f"{k}={v}" for k, v in MANAGED.items())
+
+
 @kopf.on.startup()
 async def startup(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) -> None:
     settings.posting.level = logging.WARNING
     settings.watching.server_timeout = 300
     settings.persistence.finalizer = f"{GROUP}/operator"
+    # Only the pods and Deployments Flotilla made: filtered by the API server, not after the fact.
+    settings.watching.label_selectors["", "v1", "pods"] = SELECTOR
+    settings.watching.label_selectors["apps", "v1", "deployments"] = SELECTOR
     memo.loop_task = asyncio.get_running_loop().create_task(_loop())
 
 
