@@ -29,7 +29,6 @@ import json
 import os
 import random
 import re
-import signal
 import subprocess
 import sys
 import time
@@ -45,6 +44,7 @@ sys.path.insert(0, str(ROOT / "src"))
 from flotilla import GROUP, VERSION  # noqa: E402
 from flotilla.allocation import policies  # noqa: E402
 from flotilla.resources import names  # noqa: E402
+from flotilla.testing.services import stop_process  # noqa: E402
 
 GPUS_PER_NODE = 8
 BENCH_LABEL = "flotilla.dev/bench"
@@ -199,13 +199,7 @@ class Process:
         return {"cpu_s": round(cpu_seconds(self.proc.pid), 2), "peak_rss_mb": round(hwm / 1024, 1)}
 
     def stop(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(timeout=20)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
+        stop_process(self.proc)
         self._log.close()
 
 

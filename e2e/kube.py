@@ -15,6 +15,8 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Callable, Iterator
 
+from flotilla.testing.services import free_port, stop_process
+
 ROOT = Path(__file__).resolve().parents[1]
 
 
@@ -100,13 +102,8 @@ class FlotillaProcess:
         return self
 
     def stop(self, sig: int = signal.SIGTERM) -> None:
-        if self.proc and self.proc.poll() is None:
-            self.proc.send_signal(sig)
-            try:
-                self.proc.wait(timeout=20)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
+        if self.proc:
+            stop_process(self.proc, sig)
         self._log.close()
 
     def alive(self) -> bool:
@@ -117,8 +114,6 @@ class FlotillaProcess:
 def controller_api(log_dir: Path, state: Path, *extra: str) -> Iterator[Any]:
     """`flotilla controller` on a free port (SQLite in `state`), yielding an admin API client."""
     import httpx
-
-    from flotilla.testing.services import free_port
 
     admin = secrets.token_hex(16)
     (state / "tokens").write_text(f"{admin},admin,e2e\n")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import shutil
+import signal
 import socket
 import subprocess
 import tempfile
@@ -31,6 +32,18 @@ def wait_for_port(port: int, timeout: float = 15.0, proc: subprocess.Popen | Non
     raise TimeoutError(f"nothing listened on 127.0.0.1:{port} within {timeout}s")
 
 
+def stop_process(proc: subprocess.Popen, sig: int = signal.SIGTERM, timeout: float = 20.0) -> None:
+    """Send `sig` to a child that still runs, wait up to `timeout` s, then kill it."""
+    if proc.poll() is not None:
+        return
+    proc.send_signal(sig)
+    try:
+        proc.wait(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
+
+
 @contextmanager
 def redis_server() -> Iterator[str]:
     """A throw-away redis-server on a free loopback port; yields its URL."""
@@ -48,9 +61,4 @@ def redis_server() -> Iterator[str]:
             wait_for_port(port, proc=proc)
             yield f"redis://127.0.0.1:{port}/0"
         finally:
-            proc.terminate()
-            try:
-                proc.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
+            stop_process(proc, timeout=10)
