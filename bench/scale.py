@@ -8,7 +8,9 @@ two phases on the same cluster, one after the other, with the same client and th
 * direct: each job's worker pods are created as bare pods (no Flotilla) and placed by kube-scheduler;
   KWOK ends each pod after the job's duration (annotation flotilla.dev/sim-exit-after);
 * flotilla: the operator (`flotilla operator`, a separate process) admits the TrainingJobs, places and
-  creates their pods; `flotilla simworkers --speed S` plays rank 0 so that jobs finish and GPUs turn over.
+  creates their pods; KWOK ends each worker pod after the job's duration as on the direct path, and the
+  job succeeds when rank 0 exits (`--workers kwok`, the default), or `flotilla simworkers --speed S` plays
+  rank 0, reporting progress through the API server until the job has done its steps (`--workers simulated`).
 
 Every latency comes from the API server's objects: creationTimestamp, the TrainingJob's Admitted
 condition and status.startedAt, the pods' containerStatuses startedAt/finishedAt (1 s resolution).
@@ -16,9 +18,10 @@ The operator's re-plan time and API request count come from its per-pass log lin
 and peak RSS from /proc. Writes a JSON report and a PNG plot into --out and prints, as its last line:
 {"nodes": n, "jobs": m, "admit_per_s": a, "p99_create_to_running_s": p, "p99_vs_direct": r,
  "operator_rss_mb": s}
-where p is the p99, over jobs, of submission to Running (the TrainingJob's creationTimestamp to its
-status.startedAt, i.e. all workers Running) and r is p over the same figure on the direct path (a
-job's first pod created to its last pod started). The worker pods' own create-to-Running is in the
+where p is the p99, over jobs, of submission to Running (the TrainingJob's creationTimestamp to the
+last of its workers started, by KWOK's timestamp) and r is p over the same figure on the direct path (a
+job's first pod created to its last pod started). When the operator recorded Running (status.startedAt)
+is in the report too. The worker pods' own create-to-Running is in the
 report for both paths.
 """
 
@@ -82,8 +85,18 @@ def workload(count: int, seed: int) -> list[Job]:
     return jobs
 
 
-def trainingjob(job: Job, speed: float) -> dict[str, Any]:
+def exit_after(job: Job) -> dict[str, str]:
+    """KWOK's flotilla-pod-exit stage ends a pod with these annotations this long after it started."""
+    return {"flotilla.dev/sim-exit-code": "0", "flotilla.dev/sim-exit-after": f"{int(job.seconds * 1000)}ms"}
+
+
+def trainingjob(job: Job, speed: float, kwok_exit: bool) -> dict[str, Any]:
+    """`kwok_exit`: the worker pods end by themselves after the job's duration (rank 0 exiting 0 is the job's
+    success); otherwise they run until simulated workers have reported `totalSteps`."""
     rate = STEPS_PER_GPU_SECOND * job.gpus
+    template: dict[str, Any] = {"spec": {"containers": [{"name": "worker", "image": "flotilla/bench-worker:0"}]}}
+    if kwok_exit:
+        template["metadata"] = {"annotations": exit_after(job)}
     return {
         "apiVersion": f"{GROUP}/{VERSION}", "kind": "TrainingJob",
         "metadata": {"name": job.name, "labels": {BENCH_LABEL: "scale"}},
@@ -93,7 +106,7 @@ def trainingjob(job: Job, speed: float) -> dict[str, Any]:
             "elasticity": {"minGPUs": job.gpus, "maxGPUs": job.gpus, "gpusPerWorker": job.gpus_per_worker},
             "throughput": [{"gpus": job.gpus, "stepsPerSecond": rate}],
             "checkpoint": {"intervalSteps": 1_000_000, "restoreSeconds": 5},
-            "template": {"spec": {"containers": [{"name": "worker", "image": "flotilla/bench-worker:0"}]}},
+            "template": template,
         },
     }
 
@@ -104,8 +117,7 @@ def direct_pods(job: Job) -> list[dict[str, Any]]:
         "apiVersion": "v1", "kind": "Pod",
         "metadata": {"name": f"{job.name}-w{rank}",
                      "labels": {BENCH_LABEL: "scale", names.LABEL_JOB: job.name, names.LABEL_ROLE: names.ROLE_WORKER},
-                     "annotations": {"flotilla.dev/sim-exit-code": "0",
-                                     "flotilla.dev/sim-exit-after": f"{int(job.seconds * 1000)}ms"}},
+                     "annotations": exit_after(job)},
         "spec": {"restartPolicy": "Never",
                  "tolerations": [{"key": names.GPU_RESOURCE, "operator": "Exists", "effect": "NoSchedule"}],
                  "containers": [{"name": "worker", "image": "flotilla/bench-worker:0",
@@ -143,12 +155,12 @@ def direct_serving_pods(i: int) -> list[dict[str, Any]]:
 class Cluster:
     """e2e/cluster.sh with a state dir, kubeconfig and port base of the bench's own."""
 
-    def __init__(self, state: Path, port_base: int, nodes: int):
+    def __init__(self, state: Path, port_base: int, nodes: int, lease_seconds: int):
         self.state = state
         self.kubeconfig = state.parent / "kubeconfig"
         self.env = {**os.environ, "FLOTILLA_STATE": str(state), "FLOTILLA_KUBECONFIG": str(self.kubeconfig),
                     "FLOTILLA_PORT_BASE": str(port_base), "FLOTILLA_NODES": str(nodes),
-                    "FLOTILLA_GPUS_PER_NODE": str(GPUS_PER_NODE)}
+                    "FLOTILLA_GPUS_PER_NODE": str(GPUS_PER_NODE), "FLOTILLA_NODE_LEASE_SECONDS": str(lease_seconds)}
         self.nodes = nodes
         self.started = False
         self.kubectl: list[str] = []  # the command with its kubeconfig, once up() ran
@@ -265,6 +277,12 @@ def submit_in_waves(jobs: list[Job], waves: int, gap: float, submit: Callable[[J
                 time.sleep(max(0.0, gap - (time.monotonic() - started)))
 
 
+def poll_interval(objects: int) -> float:
+    """Seconds between the bench's lists of every job or pod: listing 15,000 objects every 2 s would be a
+    load on the API server of its own."""
+    return max(2.0, objects / 1000)
+
+
 def wait_until(what: str, done: Callable[[], tuple[bool, str]], timeout: float, interval: float = 2.0) -> None:
     deadline = time.monotonic() + timeout
     while True:
@@ -300,6 +318,7 @@ class PodTimes:
     created: float
     started: float | None
     finished: float | None
+    generation: int = 0
 
 
 def pod_times(core: Any, namespace: str) -> list[PodTimes]:
@@ -314,7 +333,8 @@ def pod_times(core: Any, namespace: str) -> list[PodTimes]:
                 started, finished = ts(state.state.terminated.started_at), ts(state.state.terminated.finished_at)
         gpus = int((p.spec.containers[0].resources.limits or {}).get(names.GPU_RESOURCE, "0"))
         out.append(PodTimes(p.metadata.labels[names.LABEL_JOB], gpus, ts(p.metadata.creation_timestamp),
-                            started or ts(p.status.start_time), finished))
+                            started or ts(p.status.start_time), finished,
+                            int(p.metadata.labels.get(names.LABEL_GENERATION, 0))))
     return out
 
 
@@ -344,6 +364,25 @@ def job_latency_direct(pods: list[PodTimes]) -> list[float]:
         by_job.setdefault(p.job, []).append(p)
     return [max(p.started for p in ps) - min(p.created for p in ps) for ps in by_job.values()
             if all(p.started is not None for p in ps)]
+
+
+def job_latency_flotilla(items: list[dict[str, Any]], pods: list[PodTimes]) -> list[float]:
+    """Submission to all of a job's workers running: the TrainingJob's creation to the last start among the
+    pods of its last worker set (KWOK's timestamps, as on the direct path; the operator records Running in
+    status.startedAt only at its next pass, and a short job may have ended before)."""
+    last: dict[str, list[PodTimes]] = {}
+    for p in pods:
+        mine = last.setdefault(p.job, [])
+        if mine and p.generation > mine[0].generation:
+            mine.clear()
+        if not mine or p.generation == mine[0].generation:
+            mine.append(p)
+    out = []
+    for j in items:
+        ps = last.get(j["metadata"]["name"])
+        if ps and all(p.started is not None for p in ps):
+            out.append(max(p.started for p in ps) - ts(j["metadata"]["creationTimestamp"]))
+    return out
 
 
 def gpus_in_use(pods: list[PodTimes], origin: float, end: float) -> list[tuple[float, int]]:
@@ -396,7 +435,7 @@ def run_direct(api: Any, namespace: str, jobs: list[Job], args: argparse.Namespa
         counts = pod_phases(core, namespace)
         return counts.get("Succeeded", 0) + counts.get("Failed", 0) >= total, str(counts)
 
-    wait_until("the direct pods to finish", finished, args.timeout)
+    wait_until("the direct pods to finish", finished, args.timeout, poll_interval(len(jobs)))
     cpu, requests = cpu_during(args.state, cpu), requests_during(api, requests)
     pods = pod_times(core, namespace)
     # The operator sees only its own pods: the stand-ins must not hold GPUs into the Flotilla phase.
@@ -430,8 +469,10 @@ def run_flotilla(api: Any, namespace: str, jobs: list[Job], cluster: Cluster, ou
     operator = Process(out / "operator.log", cluster.kubeconfig, "operator", "--liveness", "", "--policy",
                        args.policy, "--concurrency", str(args.operator_concurrency),
                        profile=out / "operator.prof" if args.profile_operator else None)
-    workers = Process(out / "simworkers.log", cluster.kubeconfig, "simworkers", "--namespace", namespace,
-                      "--speed", str(args.speed), "--interval", str(args.sim_interval))
+    kwok_exit = args.workers == "kwok"
+    workers = None if kwok_exit else Process(
+        out / "simworkers.log", cluster.kubeconfig, "simworkers", "--namespace", namespace,
+        "--speed", str(args.speed), "--interval", str(args.sim_interval))
     try:
         for i in range(args.servings):
             custom.create_namespaced_custom_object(GROUP, VERSION, namespace, "servingdeployments",
@@ -441,7 +482,7 @@ def run_flotilla(api: Any, namespace: str, jobs: list[Job], cluster: Cluster, ou
         cpu, api_requests = component_cpu(args.state), api_server_requests(api)
         submit_in_waves(jobs, args.waves, args.wave_gap,
                         lambda j: custom.create_namespaced_custom_object(GROUP, VERSION, namespace, "trainingjobs",
-                                                                         trainingjob(j, args.speed)),
+                                                                         trainingjob(j, args.speed, kwok_exit)),
                         args.client_concurrency)
 
         def finished() -> tuple[bool, str]:
@@ -452,20 +493,23 @@ def run_flotilla(api: Any, namespace: str, jobs: list[Job], cluster: Cluster, ou
                 counts[phase] = counts.get(phase, 0) + 1
             return sum(counts.get(p, 0) for p in FINAL) >= len(jobs), str(counts)
 
-        wait_until("the TrainingJobs to finish", finished, args.timeout)
+        wait_until("the TrainingJobs to finish", finished, args.timeout, poll_interval(len(jobs)))
         usage = operator.usage()
-        cpu = {**cpu_during(args.state, cpu), "simworkers": round(cpu_seconds(workers.proc.pid), 1)}
+        cpu = cpu_during(args.state, cpu)
+        if workers:
+            cpu["simworkers"] = round(cpu_seconds(workers.proc.pid), 1)
         api_requests = requests_during(api, api_requests)
     finally:
         operator.stop()
-        workers.stop()
+        if workers:
+            workers.stop()
     items = custom.list_namespaced_custom_object(GROUP, VERSION, namespace, "trainingjobs")["items"]
     pods = pod_times(core, namespace)
     created = [ts(j["metadata"]["creationTimestamp"]) for j in items]
     admitted = sorted(t for j in items if (t := condition_time(j.get("status") or {}, names.COND_ADMITTED)))
     ended = [t for j in items if (t := condition_time(j.get("status") or {}, names.COND_READY, "False"))]
-    job_running = [ts(j["status"]["startedAt"]) - ts(j["metadata"]["creationTimestamp"]) for j in items
-                   if (j.get("status") or {}).get("startedAt")]
+    job_recorded_running = [ts(j["status"]["startedAt"]) - ts(j["metadata"]["creationTimestamp"]) for j in items
+                            if (j.get("status") or {}).get("startedAt")]
     job_admitted = [t - ts(j["metadata"]["creationTimestamp"]) for j in items
                     if (t := condition_time(j.get("status") or {}, names.COND_ADMITTED))]
     first, end = min(created), max(ended or [time.time()])
@@ -484,7 +528,8 @@ def run_flotilla(api: Any, namespace: str, jobs: list[Job], cluster: Cluster, ou
         "admit_per_s": round(len(admitted) / max(1.0, admitted[-1] - first), 2) if admitted else 0.0,
         "wall_s": round(end - first, 1),
         "pod_create_to_running_s": percentiles(pod_latency(pods)),
-        "job_create_to_running_s": percentiles(job_running),
+        "job_create_to_running_s": percentiles(job_latency_flotilla(items, pods)),
+        "job_create_to_recorded_running_s": percentiles(job_recorded_running),
         "job_create_to_admitted_s": percentiles(job_admitted),
         "replan_ms": percentiles([p["plan_ms"] for p in passes if p["jobs"]]),
         "replan_ms_max": max((p["plan_ms"] for p in passes), default=None),
@@ -528,6 +573,9 @@ def main() -> int:
     parser.add_argument("--jobs", type=int, default=15000)
     parser.add_argument("--waves", type=int, default=30, help="submit the jobs in this many waves")
     parser.add_argument("--wave-gap", type=float, default=10.0, help="seconds from one wave to the next")
+    parser.add_argument("--workers", choices=("kwok", "simulated"), default="kwok",
+                        help="kwok: KWOK ends the worker pods after the job's duration, as on the direct path; "
+                             "simulated: `flotilla simworkers` reports progress until the job is done")
     parser.add_argument("--speed", type=float, default=10.0, help="simulated workers run this many times faster")
     parser.add_argument("--sim-interval", type=float, default=1.0,
                         help="seconds between the simulated workers' passes (each lists every job and pod)")
@@ -538,6 +586,9 @@ def main() -> int:
     parser.add_argument("--servings", type=int, default=3,
                         help="always-on ServingDeployments (2 GPUs each) beside the jobs, so that the operator "
                              "decides through the unified pool; on the direct path, as many pairs of plain pods")
+    parser.add_argument("--node-lease-seconds", type=int, default=240,
+                        help="KWOK's node lease for a cluster this run starts (e2e/cluster.sh's default is 40 s: "
+                             "1,000 nodes would renew ~100 leases a second on the same 2 cores as everything else)")
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--profile-operator", action="store_true",
                         help="run the operator under cProfile (its event-loop thread) into OUT/operator.prof")
@@ -556,7 +607,7 @@ def main() -> int:
     args.out.mkdir(parents=True, exist_ok=True)
     args.state = args.state.resolve()
     jobs = workload(args.jobs, args.seed)
-    cluster = Cluster(args.state, args.port_base, args.nodes)
+    cluster = Cluster(args.state, args.port_base, args.nodes, args.node_lease_seconds)
     run_id = time.strftime("%H%M%S")
     spaces = {phase: f"scale-{phase}-{run_id}" for phase in ("direct", "flotilla")}
     try:
@@ -570,7 +621,8 @@ def main() -> int:
             core.create_namespace({"metadata": {"name": ns}})
         nodes = len(core.list_node(label_selector="type=kwok").items)
         report: dict[str, Any] = {"nodes": nodes, "jobs": len(jobs), "waves": args.waves,
-                                  "wave_gap_s": args.wave_gap, "speed": args.speed, "policy": args.policy,
+                                  "wave_gap_s": args.wave_gap, "workers": args.workers, "speed": args.speed,
+                                  "policy": args.policy, "node_lease_s": args.node_lease_seconds,
                                   "gpus_requested": sum(j.gpus for j in jobs),
                                   "worker_pods": sum(j.workers for j in jobs)}
         report["direct"] = run_direct(api, spaces["direct"], jobs, args)
@@ -598,6 +650,7 @@ def main() -> int:
         print(f"{phase:9s} wall {r['wall_s']:7.1f} s  pod create->Running {r['pod_create_to_running_s']}  "
               f"job submit->Running {r['job_create_to_running_s']}")
     print(f"flotilla: {flo['phases']}, submit->Admitted {flo['job_create_to_admitted_s']}, "
+          f"submit->recorded Running {flo['job_create_to_recorded_running_s']}, "
           f"admitted {flo['admit_per_s']} jobs/s (all in {flo['admission_wall_s']} s), "
           f"re-plan {flo['replan_ms']} ms (max {flo['replan_ms_max']}), operator {flo['operator']}")
     for phase in ("direct", "flotilla"):

@@ -14,6 +14,8 @@
 #   FLOTILLA_GPUS_PER_NODE=8
 #   FLOTILLA_NODES_PER_RACK=2          topology: rack and NVLink domain labels
 #   FLOTILLA_PORT_BASE=16440           apiserver=BASE+3, etcd=BASE+4/+5, kcm=BASE+6, scheduler=BASE+7, kwok=BASE+8
+#   FLOTILLA_NODE_LEASE_SECONDS=40     KWOK's node lease; longer means fewer lease renewals (bench/scale.py's
+#                                      1,000 nodes), and the node lifecycle controller then waits as long
 # The kubeconfig is written to .flotilla/kubeconfig.
 set -euo pipefail
 
@@ -26,6 +28,9 @@ PER_RACK=${FLOTILLA_NODES_PER_RACK:-2}
 BASE=${FLOTILLA_PORT_BASE:-16440}
 API_PORT=$((BASE + 3)) ETCD_PORT=$((BASE + 4)) ETCD_PEER=$((BASE + 5))
 KCM_PORT=$((BASE + 6)) SCHED_PORT=$((BASE + 7)) KWOK_PORT=$((BASE + 8))
+LEASE=${FLOTILLA_NODE_LEASE_SECONDS:-40}
+# A node is not declared unreachable (and its pods evicted) while its lease can still be renewed in time.
+GRACE=$(( LEASE > 50 ? LEASE : 50 ))
 COMPONENTS=(etcd kube-apiserver kube-controller-manager kube-scheduler kwok)
 
 log() { echo "[cluster] $*" >&2; }
@@ -180,7 +185,8 @@ up() {
     --controllers '*,-nodeipam' \
     --service-account-private-key-file "$pki/sa.key" --root-ca-file "$pki/ca.crt" \
     --use-service-account-credentials=false \
-    --kube-api-qps 200 --kube-api-burst 400 --concurrent-gc-syncs 40
+    --kube-api-qps 200 --kube-api-burst 400 --concurrent-gc-syncs 40 \
+    --node-monitor-grace-period "${GRACE}s"
 
   start kube-scheduler "$BIN/kube-scheduler" \
     --kubeconfig "$KUBECONFIG_OUT" --authentication-kubeconfig "$KUBECONFIG_OUT" \
@@ -191,7 +197,7 @@ up() {
   start kwok "$BIN/kwok" --kubeconfig "$KUBECONFIG_OUT" --config "$ROOT/e2e/kwok-stages.yaml" \
     --manage-all-nodes=false --manage-nodes-with-annotation-selector kwok.x-k8s.io/node=fake \
     --cidr 10.0.0.1/16 --node-ip 10.0.0.1 --server-address "127.0.0.1:$KWOK_PORT" \
-    --node-lease-duration-seconds 40
+    --node-lease-duration-seconds "$LEASE"
 
   wait_until 60 "the default ServiceAccount" "$BIN/kubectl" --kubeconfig "$KUBECONFIG_OUT" get serviceaccount default
   ensure_nodes "$NODES"
