@@ -399,16 +399,16 @@ def gpus_in_use(pods: list[PodTimes], origin: float, end: float) -> list[tuple[f
     return out
 
 
-PASS_LINE = re.compile(r"reconcile pass: jobs=(\d+) plan_ms=([\d.]+) actions=(\d+) applied=(\d+) "
-                       r"apply_ms=([\d.]+) api_requests=(\d+)")
+PASS_LINE = re.compile(r"reconcile pass: jobs=(\d+) plan_ms=([\d.]+) actions=(\d+) objects=(\d+) "
+                       r"deferred=(\d+) in_flight=(\d+) api_requests=(\d+)")
 
 
 def operator_passes(log_path: Path) -> list[dict[str, float]]:
     out = []
     for m in PASS_LINE.finditer(log_path.read_text()):
-        jobs, plan_ms, actions, applied, apply_ms, requests = m.groups()
+        jobs, plan_ms, actions, objects, deferred, in_flight, requests = m.groups()
         out.append({"jobs": int(jobs), "plan_ms": float(plan_ms), "actions": int(actions),
-                    "apply_ms": float(apply_ms), "api_requests": int(requests)})
+                    "deferred": int(deferred), "in_flight": int(in_flight), "api_requests": int(requests)})
     return out
 
 
@@ -533,7 +533,8 @@ def run_flotilla(api: Any, namespace: str, jobs: list[Job], cluster: Cluster, ou
         "job_create_to_admitted_s": percentiles(job_admitted),
         "replan_ms": percentiles([p["plan_ms"] for p in passes if p["jobs"]]),
         "replan_ms_max": max((p["plan_ms"] for p in passes), default=None),
-        "apply_ms": percentiles([p["apply_ms"] for p in busy]),
+        # Objects with writes on their way after each pass that acted (a pass does not wait for them).
+        "objects_in_flight": percentiles([p["in_flight"] for p in busy]),
         "passes": len(passes),
         "operator": {**usage, "api_requests": requests, "api_requests_per_job": round(requests / len(jobs), 2)},
         "control_plane_cpu_s": cpu,

@@ -4,7 +4,7 @@ import copy
 
 from flotilla.allocation.fifo import FifoGang
 from flotilla.operator import trim
-from flotilla.operator.handlers import View
+from flotilla.operator.view import View
 from flotilla.operator.reconcile import reconcile
 from tests.operator_plan.builders import T0, node, pod, trainingjob
 

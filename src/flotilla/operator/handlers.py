@@ -1,6 +1,8 @@
 """kopf wiring: watches keep an in-memory view; one loop reconciles the whole view.
 
-Watch events only update the view and wake the loop (kopf handlers stay short).
+Watch events only update the view and wake the loop (kopf handlers stay short). A pass hands each
+object's writes to a task of their own and does not wait for them: the next pass plans while they
+are on their way (the view shows their patches) and leaves alone an object whose writes are.
 The handlers are coroutines on purpose: kopf runs plain functions in a thread
 pool, and the view must only change on the event loop, between reconcile passes.
 The loop is level-based: it reconciles everything it sees, on every wake-up and
@@ -12,7 +14,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import kopf
@@ -20,59 +22,15 @@ from kubernetes import client, config as kube_config
 
 from flotilla import GROUP, VERSION
 from flotilla.allocation import Allocator
-from flotilla.operator import training, trim
-from flotilla.operator.actions import PatchAnnotations, PatchStatus
+from flotilla.operator.actions import Action, CreatePod, PatchAnnotations, PatchStatus
 from flotilla.operator.kube import Kube, RateLimiter
-from flotilla.operator.reconcile import reconcile
+from flotilla.operator.reconcile import plan
+from flotilla.operator.view import View, key_of
 from flotilla.pool import PoolPolicy
 from flotilla.resources import names
 
 log = logging.getLogger("flotilla.operator")
 MANAGED = {names.LABEL_MANAGED_BY: names.MANAGED_BY}
-
-
-_TRIM = {"jobs": trim.trainingjob, "pods": trim.pod}
-
-
-@dataclass
-class View:
-    """What the watches have seen, by namespace/name (name alone for Nodes), trimmed to what planning reads.
-    A finished job's pods are dropped (`prune`): nothing plans with them any more."""
-
-    jobs: dict[str, dict] = field(default_factory=dict)
-    nodes: dict[str, dict] = field(default_factory=dict)
-    pods: dict[str, dict] = field(default_factory=dict)
-    servings: dict[str, dict] = field(default_factory=dict)
-    deployments: dict[str, dict] = field(default_factory=dict)
-    wake: asyncio.Event = field(default_factory=asyncio.Event)
-
-    def record(self, kind: str, event: dict[str, Any]) -> None:
-        if event.get("type") == "DELETED":
-            getattr(self, kind).pop(_key(event["object"]), None)
-        else:
-            self.put(kind, event["object"])
-        self.wake.set()
-
-    def put(self, kind: str, obj: dict[str, Any]) -> None:
-        store, key = getattr(self, kind), _key(obj)
-        old = store.get(key)
-        # Keep the newer copy: the loop may already hold a patch response newer than a late event.
-        if old is None or int(obj["metadata"].get("resourceVersion", 0)) >= int(old["metadata"].get("resourceVersion", 0)):
-            store[key] = _TRIM.get(kind, trim.other)(obj)
-
-    def prune(self) -> None:
-        """Forget the pods of finished jobs: a pass then plans with live ones only. (A job not seen yet
-        keeps its pods: at start-up the pods may be listed before the jobs.)"""
-        for key, pod in list(self.pods.items()):
-            job = (pod["metadata"].get("labels") or {}).get(names.LABEL_JOB)
-            body = self.jobs.get(f"{pod['metadata']['namespace']}/{job}") if job else None
-            if body is not None and training.is_final(body):
-                del self.pods[key]
-
-
-def _key(obj: dict[str, Any]) -> str:
-    meta = obj["metadata"]
-    return f"{meta['namespace']}/{meta['name']}" if meta.get("namespace") else meta["name"]
 
 
 @dataclass
@@ -88,6 +46,7 @@ class Settings:
 
 
 view = View()
+in_flight: dict[tuple[str, str], asyncio.Task] = {}  # (view kind, key) -> the task writing that object's actions
 settings: Settings | None = None
 
 
@@ -185,16 +144,41 @@ async def _reconcile_once(kube: Kube) -> float:
     assert settings is not None
     started = time.perf_counter()
     view.prune()
-    actions = reconcile(time.time(), settings.allocator, view.jobs, view.nodes, view.pods, view.servings,
-                        view.deployments, settings.max_restarts, settings.pool)
+    plans = plan(time.time(), settings.allocator, view.jobs, view.nodes, view.pods, view.servings,
+                 view.deployments, settings.max_restarts, settings.pool)
     planned = time.perf_counter()
-    done = await kube.apply(actions) if actions else []
-    for action, result in done:
-        if isinstance(action, (PatchStatus, PatchAnnotations)) and isinstance(result, dict):
-            view.put("jobs" if action.plural == "trainingjobs" else "servings", result)
+    actions = dispatched = deferred = 0
+    now = time.monotonic()
+    for kind, key, acts in plans:
+        # Pods created by an earlier write whose watch events are late: creating them again only costs a 409.
+        acts = [a for a in acts if not (isinstance(a, CreatePod) and view.awaiting(key_of(a.manifest), now))]
+        if not acts:
+            continue
+        actions += len(acts)
+        # One write chain per object at a time: what it does next is planned once this one is answered.
+        if (kind, key) in in_flight:
+            deferred += 1
+            continue
+        view.expect(kind, key, [a for a in acts if isinstance(a, (PatchStatus, PatchAnnotations))])
+        in_flight[(kind, key)] = asyncio.get_running_loop().create_task(_write(kube, kind, key, acts))
+        dispatched += 1
     # One line per pass (INFO when it acted), parsed by bench/scale.py: re-plan time and API requests so far.
     log.log(logging.INFO if actions else logging.DEBUG,
-            "reconcile pass: jobs=%d plan_ms=%.1f actions=%d applied=%d apply_ms=%.1f api_requests=%d "
-            "throttled_s=%.1f", len(view.jobs), (planned - started) * 1e3, len(actions), len(done),
-            (time.perf_counter() - planned) * 1e3, kube.requests, kube.throttled_seconds)
+            "reconcile pass: jobs=%d plan_ms=%.1f actions=%d objects=%d deferred=%d in_flight=%d api_requests=%d "
+            "throttled_s=%.1f", len(view.jobs), (planned - started) * 1e3, actions, dispatched, deferred,
+            len(in_flight), kube.requests, kube.throttled_seconds)
     return planned - started
+
+
+async def _write(kube: Kube, kind: str, key: str, actions: list[Action]) -> None:
+    answer = None
+    try:
+        for action, result in await kube.apply(actions):
+            if isinstance(action, (PatchStatus, PatchAnnotations)) and isinstance(result, dict):
+                answer = result
+            elif isinstance(action, CreatePod):
+                view.created(key_of(action.manifest), time.monotonic())
+    finally:
+        view.settle(kind, key, answer)
+        in_flight.pop((kind, key), None)
+        view.wake.set()

@@ -37,7 +37,19 @@ def reconcile(now: float, allocator: Allocator, jobs: Mapping[str, Body], nodes:
               pods: Mapping[str, Body], servings: Mapping[str, Body],
               deployments: Mapping[str, Body], max_restarts: int = 3,
               pool: PoolPolicy | None = None) -> list[Action]:
-    """With a `pool` policy and ServingDeployments present, the unified-pool arbiter decides for both
+    """Every object's actions, one object after the other (see `plan`)."""
+    return [a for _, _, actions in plan(now, allocator, jobs, nodes, pods, servings, deployments, max_restarts, pool)
+            for a in actions]
+
+
+def plan(now: float, allocator: Allocator, jobs: Mapping[str, Body], nodes: Mapping[str, Body],
+         pods: Mapping[str, Body], servings: Mapping[str, Body],
+         deployments: Mapping[str, Body], max_restarts: int = 3,
+         pool: PoolPolicy | None = None) -> list[tuple[str, str, list[Action]]]:
+    """(view kind, key, actions) for every TrainingJob ("jobs") and ServingDeployment ("servings"): an
+    object's status and annotation patches come first, then its pods, Deployments and Events.
+
+    With a `pool` policy and ServingDeployments present, the unified-pool arbiter decides for both
     (serving may borrow training's GPUs); otherwise the allocator decides for training alone and
     serving's pods are GPUs it may not use."""
     if pool is not None and servings:
@@ -51,13 +63,14 @@ def reconcile(now: float, allocator: Allocator, jobs: Mapping[str, Body], nodes:
         labels = pod["metadata"].get("labels") or {}
         if labels.get(names.LABEL_ROLE) == names.ROLE_WORKER and names.LABEL_JOB in labels:
             pods_of[f"{pod['metadata']['namespace']}/{labels[names.LABEL_JOB]}"].append(pod)
-    actions: list[Action] = []
+    out: list[tuple[str, str, list[Action]]] = []
     for key, body in jobs.items():
-        actions.extend(training.plan_job(body, pods_of.get(key, []), job_decisions.get(key), now, allocator.name,
-                                         max_restarts=max_restarts, lending=lending.get(key)))
+        out.append(("jobs", key, training.plan_job(body, pods_of.get(key, []), job_decisions.get(key), now,
+                                                   allocator.name, max_restarts=max_restarts,
+                                                   lending=lending.get(key))))
     for key, body in servings.items():
         ns = body["metadata"]["namespace"]
         deps = {role: deployments[d] for role in serving.ROLES
                 if (d := f"{ns}/{serving.deployment_name(body['metadata']['name'], role)}") in deployments}
-        actions.extend(serving.plan_serving(body, deps, now, grants.get(key)))
-    return actions
+        out.append(("servings", key, serving.plan_serving(body, deps, now, grants.get(key))))
+    return out

@@ -1,0 +1,146 @@
+"""A pass does not wait for its writes: the view shows them while they are on their way, an object is
+written by one chain at a time, and the allocator never gives GPUs placed by a write in flight."""
+
+import asyncio
+import copy
+import time
+
+import pytest
+
+from flotilla.allocation.fifo import FifoGang
+from flotilla.operator import handlers
+from flotilla.operator.actions import CreatePod, PatchAnnotations, PatchStatus
+from flotilla.operator.view import CREATED_TTL_SECONDS, View, merge_patch
+from tests.operator_plan.builders import node, trainingjob
+
+
+def test_merge_patch_is_rfc_7386():
+    target = {"phase": "Pending", "placement": [{"node": "a", "gpus": 2}], "checkpoint": {"step": 3, "time": "t"}}
+    patch = {"phase": "Admitted", "placement": [{"node": "b", "gpus": 4}], "checkpoint": {"time": None}, "gpus": 4}
+    assert merge_patch(target, patch) == {"phase": "Admitted", "placement": [{"node": "b", "gpus": 4}],
+                                          "checkpoint": {"step": 3}, "gpus": 4}
+    assert target["checkpoint"] == {"step": 3, "time": "t"}  # the view's copy is not changed in place
+
+
+def with_version(body, version):
+    out = copy.deepcopy(body)
+    out["metadata"]["resourceVersion"] = str(version)
+    return out
+
+
+def test_patches_in_flight_show_until_answered_and_survive_a_newer_event():
+    view = View()
+    view.put("jobs", trainingjob("a"))
+    view.expect("jobs", "ns/a", [PatchStatus("trainingjobs", "ns", "a", {"phase": "Admitted"}),
+                                 PatchAnnotations("trainingjobs", "ns", "a", {"x": "1"})])
+    assert view.jobs["ns/a"]["status"]["phase"] == "Admitted"
+    assert view.jobs["ns/a"]["metadata"]["annotations"] == {"x": "1"}
+    # A watch event from before the patch landed (someone else's change) keeps the patch on top.
+    event = with_version(trainingjob("a", annotations={"rank0": "progress"}), 5)
+    view.record("jobs", {"type": "MODIFIED", "object": event})
+    assert view.jobs["ns/a"]["status"]["phase"] == "Admitted"
+    assert view.jobs["ns/a"]["metadata"]["annotations"] == {"rank0": "progress", "x": "1"}
+    answer = with_version(trainingjob("a", status={"phase": "Admitted", "gpus": 2}), 6)
+    view.settle("jobs", "ns/a", answer)
+    assert view.jobs["ns/a"]["status"] == {"phase": "Admitted", "gpus": 2}
+    # Later events are taken as they come; an older one does not replace the answer.
+    view.record("jobs", {"type": "MODIFIED", "object": event})
+    assert view.jobs["ns/a"]["status"]["gpus"] == 2
+
+
+def test_a_failed_write_leaves_the_object_as_last_seen():
+    view = View()
+    view.put("jobs", trainingjob("a"))
+    view.expect("jobs", "ns/a", [PatchStatus("trainingjobs", "ns", "a", {"phase": "Admitted"})])
+    view.record("jobs", {"type": "MODIFIED", "object": with_version(trainingjob("a", annotations={"k": "v"}), 3)})
+    view.settle("jobs", "ns/a", None)
+    assert view.jobs["ns/a"]["status"] == {}
+    assert view.jobs["ns/a"]["metadata"]["annotations"] == {"k": "v"}
+
+
+def test_an_object_deleted_while_its_write_is_in_flight_stays_deleted():
+    view = View()
+    view.put("jobs", trainingjob("a"))
+    view.expect("jobs", "ns/a", [PatchStatus("trainingjobs", "ns", "a", {"phase": "Admitted"})])
+    view.record("jobs", {"type": "DELETED", "object": trainingjob("a")})
+    view.settle("jobs", "ns/a", with_version(trainingjob("a", status={"phase": "Admitted"}), 9))
+    assert view.jobs == {}
+
+
+class GatedKube:
+    """Answers each object's actions only when the test opens that object's gate."""
+
+    def __init__(self):
+        self.requests, self.throttled_seconds = 0, 0.0
+        self.gates: dict[str, asyncio.Event] = {}
+        self.applied: list[list] = []
+
+    async def apply(self, actions):
+        first = actions[0]
+        name = first.name if isinstance(first, PatchStatus) else first.manifest["metadata"]["labels"]["flotilla.dev/job"]
+        gate = self.gates.setdefault(name, asyncio.Event())
+        self.applied.append(actions)
+        await gate.wait()
+        self.requests += len(actions)
+        done = []
+        for a in actions:
+            if isinstance(a, PatchStatus):
+                body = handlers.view.jobs.get(f"ns/{a.name}") or trainingjob(a.name)
+                done.append((a, with_version({**body, "status": merge_patch(body.get("status"), a.status)}, 50)))
+            else:
+                done.append((a, True))
+        return done
+
+
+@pytest.fixture
+def operator(monkeypatch):
+    monkeypatch.setattr(handlers, "view", View())
+    monkeypatch.setattr(handlers, "in_flight", {})
+    handlers.configure(handlers.Settings(allocator=FifoGang()))
+    return handlers
+
+
+def placed_on(actions):
+    return [s["placement"] for a in actions if isinstance(a, PatchStatus) and (s := a.status).get("placement")]
+
+
+async def one_pass(operator, kube):
+    await operator._reconcile_once(kube)
+    await asyncio.sleep(0)  # the writes it handed off start
+
+
+def test_the_next_pass_plans_with_the_placement_in_flight(operator):
+    async def scenario():
+        kube = GatedKube()
+        view = operator.view
+        view.put("nodes", node("n0", gpus=8))
+        view.put("jobs", trainingjob("late", min_gpus=8, max_gpus=8))
+        await one_pass(operator, kube)
+        assert [placed_on(a) for a in kube.applied] == [[[{"node": "n0", "gpus": 8}]]]
+        assert any(isinstance(a, CreatePod) for a in kube.applied[0])
+        # A job the watch delivers now, created earlier: first in FIFO order, so with "late" shown unplaced
+        # the allocator would give it n0 while late's pods are being created there.
+        early = trainingjob("early", min_gpus=8, max_gpus=8)
+        early["metadata"]["creationTimestamp"] = "2025-12-31T00:00:00Z"
+        view.put("jobs", early)
+        await one_pass(operator, kube)
+        assert len(kube.applied) == 2
+        assert placed_on(kube.applied[1]) == [] and kube.applied[1][0].status["phase"] == "Pending"
+        # While late's write is in flight its actions are not sent again.
+        kube.gates["early"].set()
+        await asyncio.sleep(0)
+        await one_pass(operator, kube)
+        assert [a[0].name for a in kube.applied] == ["late", "early"]
+        kube.gates["late"].set()
+        while operator.in_flight:
+            await asyncio.sleep(0)
+        assert view.jobs["ns/late"]["metadata"]["resourceVersion"] == "50"
+        assert view.wake.is_set()
+        # Its pods' watch events are late: the next pass does not create them again...
+        await one_pass(operator, kube)
+        assert len(kube.applied) == 2
+        # ...unless they have not come for CREATED_TTL_SECONDS.
+        assert view.awaiting("ns/late-g0-w0", time.monotonic())
+        assert not view.awaiting("ns/late-g0-w0", time.monotonic() + CREATED_TTL_SECONDS + 1)
+
+    asyncio.run(scenario())
