@@ -145,3 +145,25 @@ def test_adding_a_job_to_a_ledger_equals_reserving_all_from_scratch():
         others = [j for j in jobs if j is not newcomer]
         incremental = _Ledger.of(0.0, 32, others, held).with_job(newcomer)
         assert incremental.got == _Ledger.of(0.0, 32, jobs, held).got
+
+
+def test_pushing_jobs_that_go_last_equals_reserving_all_from_scratch():
+    """Jobs arriving with ever later deadlines are reserved in place, one at a time, across checkpoints."""
+    from flotilla.allocation.elastic import _Ledger
+
+    rng = random.Random(11)
+    jobs = [job(f"j{i}", rng.randint(50, 2000), 400 + 10 * i, max_gpus=8, restore=rng.uniform(0, 20))
+            for i in range(50)]
+    held = {j.key: 0 for j in jobs}
+    ledger, refused = _Ledger.of(0.0, 32, jobs[:5], held), []
+    for newcomer in jobs[5:]:
+        before = len(ledger.order)
+        if ledger.push(newcomer) is None:  # does not fit: the ledger stays as it was
+            refused.append(newcomer)
+            assert len(ledger.order) == before and newcomer.key not in ledger.got
+    scratch = _Ledger.of(0.0, 32, [j for j in jobs if j not in refused], held)
+    assert ledger.got == scratch.got and len(ledger.checkpoints) == len(scratch.checkpoints)
+    assert refused and len(ledger.got) > 20  # the scenario has both outcomes
+    # A later job added through the checkpoints behaves as on a ledger built from scratch.
+    late = job("late", 300, 1000, max_gpus=8)
+    assert ledger.with_job(late).got == scratch.with_job(late).got

@@ -205,8 +205,7 @@ class _Ledger:
 
     def with_job(self, job: JobState) -> "_Ledger":
         """A new ledger with `job` added in deadline order (this one is unchanged)."""
-        key = _edf(job)
-        position = bisect.bisect_left(self.keys, key)
+        key, position = _edf(job), self.position(job)
         k = position // self.CHECKPOINT_EVERY
         other = _Ledger(self.now, self.capacity, self.held, self.claimed)
         other.order = self.order[:position] + [job] + self.order[position:]
@@ -218,10 +217,31 @@ class _Ledger:
         other._run(k * self.CHECKPOINT_EVERY, self.checkpoints[k].copy())
         return other
 
+    def position(self, job: JobState) -> int:
+        return bisect.bisect_left(self.keys, _edf(job))
+
+    def push(self, job: JobState) -> Reservation | None:
+        """Reserve for `job`, whose deadline comes after every job's in the ledger, in place: no other
+        reservation can change, so nothing is replayed (what `with_job` would give, at the cost of one
+        reservation; the usual case when jobs arrive with deadlines a fixed time ahead). None: it does
+        not fit, and the ledger is unchanged."""
+        assert self.position(job) == len(self.order), "push() takes only a job that goes last in deadline order"
+        profile = self.profile.copy()
+        r = self._reserve(profile, job)
+        if r is None:
+            return None
+        self.order.append(job)
+        self.keys.append(_edf(job))
+        self.got[job.key] = r
+        self.profile = profile
+        if len(self.order) % self.CHECKPOINT_EVERY == 0:
+            self.checkpoints.append(profile.copy())
+        return r
+
     def fits(self, job: JobState) -> bool:
         """Whether `job` gets a reservation at its place in deadline order (what `with_job` would give
         it), without replaying the jobs after it: a cheap test before the full one."""
-        position = bisect.bisect_left(self.keys, _edf(job))
+        position = self.position(job)
         k = position // self.CHECKPOINT_EVERY
         profile = self.checkpoints[k].copy()
         for other in self.order[k * self.CHECKPOINT_EVERY:position]:
@@ -252,16 +272,23 @@ class _Ledger:
 
 
 def _admit(ledger: _Ledger, job: JobState) -> _Ledger | str:
-    """The ledger with `job` admitted, or the reason it cannot be."""
+    """The ledger with `job` admitted (`ledger` itself, extended, when the job goes last in deadline
+    order), or the reason it cannot be."""
     if job.deadline <= ledger.now:
         return f"deadline passed {ledger.now - job.deadline:.0f} s ago"
     if not job_sizes(job)[0]:
         return (f"no GPU count fits elasticity minGPUs={job.min_gpus}, maxGPUs={job.max_gpus}, "
                 f"gpusPerWorker={job.gpus_per_worker}")
+    position = ledger.position(job)
+    if position == len(ledger.order):
+        if ledger.push(job):
+            return ledger
+        return ledger.profile.shortfall(job, _latest_start_deadline(job)).describe()
     if not ledger.fits(job):  # most of a backlog on a busy cluster: no replay of every later job
         return ledger.profile.shortfall(job, _latest_start_deadline(job)).describe()
     trial = ledger.with_job(job)
-    lost = sorted(ledger.got.keys() - trial.got.keys())
+    # Only the jobs after it in deadline order can lose their reservations.
+    lost = sorted(j.key for j in trial.order[position + 1:] if j.key in ledger.got and j.key not in trial.got)
     if job.key in trial.got and not lost:
         return trial
     if job.key in trial.got:
