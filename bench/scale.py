@@ -102,7 +102,9 @@ def trainingjob(job: Job, speed: float, kwok_exit: bool) -> dict[str, Any]:
         "metadata": {"name": job.name, "labels": {BENCH_LABEL: "scale"}},
         "spec": {
             "deadlineSeconds": 3600,
-            "totalSteps": int(rate * job.seconds * speed),
+            # What the allocator predicts the job's run time from: the pods' real duration under KWOK, the
+            # simulated workers' duration at their speed otherwise.
+            "totalSteps": int(rate * job.seconds * (1 if kwok_exit else speed)),
             "elasticity": {"minGPUs": job.gpus, "maxGPUs": job.gpus, "gpusPerWorker": job.gpus_per_worker},
             "throughput": [{"gpus": job.gpus, "stepsPerSecond": rate}],
             "checkpoint": {"intervalSteps": 1_000_000, "restoreSeconds": 5},

@@ -1,8 +1,9 @@
 """kopf wiring: watches keep an in-memory view; one loop reconciles the whole view.
 
-Watch events only update the view and wake the loop (kopf handlers stay short). A pass hands each
-object's writes to a task of their own and does not wait for them: the next pass plans while they
-are on their way (the view shows their patches) and leaves alone an object whose writes are.
+Watch events only update the view and wake the loop (kopf handlers stay short). A pass is planned in
+a thread on a copy of the view, then hands each object's writes to a task of their own and does not
+wait for them: the next pass plans while they are on their way (the view shows their patches) and
+leaves alone an object whose writes are.
 The handlers are coroutines on purpose: kopf runs plain functions in a thread
 pool, and the view must only change on the event loop, between reconcile passes.
 The loop is level-based: it reconciles everything it sees, on every wake-up and
@@ -14,6 +15,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
@@ -47,6 +49,7 @@ class Settings:
 
 view = View()
 in_flight: dict[tuple[str, str], asyncio.Task] = {}  # (view kind, key) -> the task writing that object's actions
+_planner = ThreadPoolExecutor(max_workers=1, thread_name_prefix="plan")
 settings: Settings | None = None
 
 
@@ -144,8 +147,11 @@ async def _reconcile_once(kube: Kube) -> float:
     assert settings is not None
     started = time.perf_counter()
     view.prune()
-    plans = plan(time.time(), settings.allocator, view.jobs, view.nodes, view.pods, view.servings,
-                 view.deployments, settings.max_restarts, settings.pool)
+    # Planned in a thread of its own on copies of the view (the objects are replaced, never changed in place),
+    # so that the event loop goes on taking watch events and sending writes while a big pass is planned.
+    copies = [dict(d) for d in (view.jobs, view.nodes, view.pods, view.servings, view.deployments)]
+    plans = await asyncio.get_running_loop().run_in_executor(
+        _planner, plan, time.time(), settings.allocator, *copies, settings.max_restarts, settings.pool)
     planned = time.perf_counter()
     actions = dispatched = deferred = 0
     now = time.monotonic()
