@@ -5,7 +5,7 @@ a thread on a copy of the view, then hands each object's writes to a task of the
 wait for them: the next pass plans while they are on their way (the view shows their patches) and
 leaves alone an object whose writes are.
 The handlers are coroutines on purpose: kopf runs plain functions in a thread
-pool, and the view must only change on the event loop, between reconcile passes.
+pool, and the view must only change on the event loop (planning works on copies).
 The loop is level-based: it reconciles everything it sees, on every wake-up and
 at least every `resync` seconds, so a missed event or a restart converges.
 """
