@@ -156,8 +156,9 @@ async def _reconcile_once(kube: Kube) -> float:
     actions = dispatched = deferred = 0
     now = time.monotonic()
     for kind, key, acts in plans:
-        # Pods created by an earlier write whose watch events are late: creating them again only costs a 409.
-        acts = [a for a in acts if not (isinstance(a, CreatePod) and view.awaiting(key_of(a.manifest), now))]
+        # Pods created while this pass was planned, or whose watch events are late: creating them again
+        # would only cost a 409 each.
+        acts = [a for a in acts if not (isinstance(a, CreatePod) and view.has_pod(key_of(a.manifest), now))]
         if not acts:
             continue
         actions += len(acts)

@@ -17,8 +17,7 @@ from flotilla.operator.actions import PatchAnnotations, PatchStatus
 from flotilla.resources import names
 
 _TRIM = {"jobs": trim.trainingjob, "pods": trim.pod}
-# A pod this operator created is not created again for this long while its watch event is late (in the full
-# bench/scale.py run, with the machine saturated, 30 s let 5,645 creates through twice).
+# A pod this operator created is not created again for this long while its watch event is late.
 CREATED_TTL_SECONDS = 120.0
 
 
@@ -116,8 +115,11 @@ class View:
     def created(self, pod_key: str, now: float) -> None:
         self._created[pod_key] = now
 
-    def awaiting(self, pod_key: str, now: float) -> bool:
-        """This operator created the pod less than CREATED_TTL_SECONDS ago and its watch event has not come."""
+    def has_pod(self, pod_key: str, now: float) -> bool:
+        """The pod is in the view, or this operator created it less than CREATED_TTL_SECONDS ago and its
+        watch event has not come (a pass planned on an older copy of the view may want it created again)."""
+        if pod_key in self.pods:
+            return True
         at = self._created.get(pod_key)
         if at is not None and now - at <= CREATED_TTL_SECONDS:
             return True
