@@ -12,7 +12,6 @@ from flotilla.operator.actions import Action
 from flotilla.operator.pods import holds_gpus, pod_gpus, worker_of
 from flotilla.operator.pool import arbitrate
 from flotilla.pool import PoolPolicy
-from flotilla.resources import names
 
 Body = Mapping[str, Any]
 
@@ -60,9 +59,8 @@ def plan(now: float, allocator: Allocator, jobs: Mapping[str, Body], nodes: Mapp
         lending, grants = {}, {}
     pods_of: dict[str, list[Body]] = defaultdict(list)
     for pod in pods.values():
-        labels = pod["metadata"].get("labels") or {}
-        if labels.get(names.LABEL_ROLE) == names.ROLE_WORKER and names.LABEL_JOB in labels:
-            pods_of[f"{pod['metadata']['namespace']}/{labels[names.LABEL_JOB]}"].append(pod)
+        if (job := worker_of(pod)) is not None:
+            pods_of[job].append(pod)
     out: list[tuple[str, str, list[Action]]] = []
     for key, body in jobs.items():
         out.append(("jobs", key, training.plan_job(body, pods_of.get(key, []), job_decisions.get(key), now,

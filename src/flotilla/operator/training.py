@@ -118,24 +118,21 @@ def is_final(body: Body) -> bool:
 
 def snapshot(now: float, jobs: Iterable[Body], nodes: Iterable[Body], pods: Iterable[Body] = ()) -> ClusterSnapshot:
     """The allocator's view. A job in `displaced(...)` is shown holding nothing, so that it is placed afresh."""
-    nodes = list(nodes)
+    gpu_nodes = tuple(node_state(n) for n in nodes
+                      if "kwok.x-k8s.io/node" in (n["metadata"].get("annotations") or {})
+                      or names.GPU_RESOURCE in ((n.get("status") or {}).get("allocatable") or {}))
     live = [j for j in jobs if not is_final(j)]
-    moved = displaced(live, nodes, pods)
+    moved = displaced(live, {n.name: n.total_gpus for n in gpu_nodes}, pods)
     states = (job_state(j) for j in live)
-    return ClusterSnapshot(
-        now=now,
-        nodes=tuple(node_state(n) for n in nodes if "kwok.x-k8s.io/node" in (n["metadata"].get("annotations") or {})
-                    or names.GPU_RESOURCE in ((n.get("status") or {}).get("allocatable") or {})),
-        jobs=tuple(replace(s, placement={}) if s.key in moved else s for s in states),
-    )
+    return ClusterSnapshot(now=now, nodes=gpu_nodes,
+                           jobs=tuple(replace(s, placement={}) if s.key in moved else s for s in states))
 
 
-def displaced(jobs: Iterable[Body], nodes: Iterable[Body], pods: Iterable[Body]) -> set[str]:
+def displaced(jobs: Iterable[Body], allocatable: Mapping[str, int], pods: Iterable[Body]) -> set[str]:
     """Jobs whose worker set has not run yet and cannot all start where it was placed: on one of its
-    nodes its workers are not all bound, and pods bound since (a serving pod the scheduler put there,
-    another job's) took the GPUs. Nothing ran (workers need every rank), so it may move at once."""
-    allocatable = {n["metadata"]["name"]: int(str(((n.get("status") or {}).get("allocatable") or {}).get(
-        names.GPU_RESOURCE, "0"))) for n in nodes}
+    nodes (`allocatable`: node -> GPUs) its workers are not all bound, and pods bound since (a serving
+    pod the scheduler put there, another job's) took the GPUs. Nothing ran (workers need every rank),
+    so it may move at once."""
     bound: dict[str, int] = {}
     own: dict[tuple[str, str], int] = {}  # (job, node) -> GPUs of its pods of any generation
     own_now: dict[tuple[str, int, str], int] = {}  # (job, generation, node) -> GPUs
