@@ -84,7 +84,7 @@ def test_roles(client, cluster, method, path, role):
 
 def test_probes(client):
     assert client.get("/healthz").json() == {"status": "ok"}
-    assert client.get("/readyz").json() == {"status": "ready", "schema": "0002"}
+    assert client.get("/readyz").json() == {"status": "ready", "schema": "0003"}
     assert client.get("/openapi.json").json()["info"]["title"] == "Flotilla controller"
 
 
