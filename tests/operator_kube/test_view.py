@@ -73,3 +73,17 @@ def test_pod_trim_leaves_out_what_is_not_there():
     assert trim.pod({"metadata": {"name": "p", "namespace": "ns"}, "spec": {"containers": [{"name": "c"}]}}) == {
         "metadata": {"name": "p", "namespace": "ns"}, "spec": {"containers": [{"resources": {"limits": {}}}]},
         "status": {}}
+
+
+def test_prune_goes_by_owner_uid_and_keeps_pods_that_still_hold_gpus():
+    view = View()
+    view.put("jobs", trainingjob("done", status={"phase": "Failed"}))
+    finished = pod(wname("done", 0, 0), "done", 0, "Succeeded")
+    terminating = pod(wname("done", 0, 1), "done", 0, "Running")
+    terminating["metadata"]["deletionTimestamp"] = "2026-01-01T00:00:00Z"
+    orphan = pod("done-g0-w0", "done", 0, "Succeeded", owner_uid=None)  # an earlier "done", orphaned
+    for p in (finished, terminating, orphan):
+        view.put("pods", p)
+    view.prune()
+    # Its terminating worker still holds a GPU: planning must see it until it is gone.
+    assert sorted(view.pods) == sorted(["ns/done-g0-w0", "ns/" + wname("done", 0, 1)])
