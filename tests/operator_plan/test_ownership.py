@@ -81,10 +81,32 @@ def test_an_orphan_holding_gpus_is_foreign_to_the_allocator():
     new = trainingjob("reuse", min_gpus=4, max_gpus=4)
     snap = training_snapshot(NOW, {"ns/reuse": new}, {"n0": node("n0")}, old_jobs_pods(None))
     assert [(n.name, n.foreign_gpus) for n in snap.nodes] == [("n0", 4)]  # rank 1 runs; the Succeeded hold none
-    # The same pods controlled by the live job are its own, not foreign.
+    # The same pods controlled by the live job, on its recorded placement, are its own, not foreign.
+    placed = trainingjob("reuse", min_gpus=4, max_gpus=4, status={"phase": "Running",
+                                                                  "placement": [{"node": "n0", "gpus": 4}]})
     mine = {k: pod(p["metadata"]["name"], "reuse", 0, p["status"]["phase"], node_name="n0", gpus=4)
             for k, p in old_jobs_pods(None).items()}
-    assert [n.foreign_gpus for n in training_snapshot(NOW, {"ns/reuse": new}, {"n0": node("n0")}, mine).nodes] == [0]
+    assert [n.foreign_gpus for n in training_snapshot(NOW, {"ns/reuse": placed}, {"n0": node("n0")}, mine).nodes] == [0]
+
+
+def test_a_jobs_old_worker_set_terminating_where_it_no_longer_runs_is_not_given_away():
+    # "mover" left n0 for n1 (recorded); its old rank 0 still terminates on n0 with 4 GPUs. A newcomer that
+    # needs the other 12 GPUs waits until the old pod is gone.
+    mover = trainingjob("mover", min_gpus=4, max_gpus=4, status={
+        "phase": "Resharding", "reshards": 1, "placement": [{"node": "n1", "gpus": 4}], "gpus": 4, "workers": 4})
+    old = pod(wname("mover", 0, 0), "mover", 0, node_name="n0", gpus=4)
+    old["metadata"]["deletionTimestamp"] = "2026-01-01T00:00:59Z"
+    new = [pod(wname("mover", 1, r), "mover", 1, "Pending", node_name="n1") for r in range(4)]
+    pods = {f"ns/{p['metadata']['name']}": p for p in (old, *new)}
+    nodes = {"n0": node("n0"), "n1": node("n1")}
+    snap = training_snapshot(NOW, {"ns/mover": mover}, nodes, pods)
+    assert {n.name: n.foreign_gpus for n in snap.nodes} == {"n0": 4, "n1": 0}
+    newcomer = trainingjob("big", min_gpus=12, max_gpus=12)
+    actions = reconcile(NOW, FifoGang(), {"ns/mover": mover, "ns/big": newcomer}, nodes, pods, {}, {})
+    assert not status_patch(actions, "big").get("placement")
+    del pods[f"ns/{old['metadata']['name']}"]  # gone: n0 is free
+    actions = reconcile(NOW, FifoGang(), {"ns/mover": mover, "ns/big": newcomer}, nodes, pods, {}, {})
+    assert status_patch(actions, "big")["placement"] == [{"node": "n0", "gpus": 8}, {"node": "n1", "gpus": 4}]
 
 
 def test_a_foreign_rank0_that_succeeded_does_not_finish_a_running_job():

@@ -108,7 +108,11 @@ def arbitrate(now: float, policy: PoolPolicy, jobs: Mapping[str, Body], nodes: M
         else:
             states[key], peaks[key] = seen
     node_states = tuple(replace(n, foreign_gpus=n.foreign_gpus + foreign.get(n.name, 0)) for n in base.nodes)
-    decision = decide(PoolSnapshot(now, node_states, base.jobs, tuple(states.values())), policy)
+    # A live job's old worker set terminating on a node it has left holds GPUs nobody may be given yet
+    # (`_free_now` counts them through the job's pods).
+    surplus = training.held_beyond_placement(jobs.values(), pods.values())
+    decision = decide(PoolSnapshot(now, tuple(replace(n, foreign_gpus=n.foreign_gpus + surplus.get(n.name, 0))
+                                              for n in node_states), base.jobs, tuple(states.values())), policy)
 
     giving_back = [key for key, d in decision.serving.items() if serving_bound[key] > d.gpus]
     job_decisions = dict(decision.jobs)

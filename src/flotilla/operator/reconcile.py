@@ -20,10 +20,11 @@ def training_snapshot(now: float, jobs: Mapping[str, Body], nodes: Mapping[str, 
                       pods: Mapping[str, Body]) -> ClusterSnapshot:
     """The allocator's view: GPUs held by Flotilla pods that no live job accounts for (serving
     instances, workers of a job that is gone or finished, still terminating, orphans of a deleted job
-    whose name a new one took) are not its to give."""
+    whose name a new one took, a live job's old worker set terminating where it no longer runs) are not
+    its to give."""
     snap = training.snapshot(now, jobs.values(), nodes.values(), pods.values())
     live = training.live_by_uid(jobs.values())
-    foreign: dict[str, int] = defaultdict(int)
+    foreign: dict[str, int] = defaultdict(int, training.held_beyond_placement(jobs.values(), pods.values()))
     for pod in pods.values():
         if holds_gpus(pod) and worker_job_uid(pod) not in live:
             foreign[pod["spec"]["nodeName"]] += pod_gpus(pod)

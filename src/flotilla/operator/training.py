@@ -141,6 +141,24 @@ def snapshot(now: float, jobs: Iterable[Body], nodes: Iterable[Body], pods: Iter
                            jobs=tuple(replace(s, placement={}) if s.key in moved else s for s in states))
 
 
+def held_beyond_placement(jobs: Iterable[Body], pods: Iterable[Body]) -> dict[str, int]:
+    """node -> GPUs that live jobs' pods hold there beyond what their recorded placement reserves: an old
+    worker set still terminating on a node the job has left. Nobody may be given those GPUs until it is gone."""
+    live = live_by_uid(jobs)
+    reserved = {(uid, node): gpus for body in jobs if (uid := body["metadata"].get("uid")) in live
+                for node, gpus in placement_of(body).items()}
+    held: dict[tuple[str, str], int] = {}
+    for pod in pods:
+        if (uid := worker_job_uid(pod)) in live and holds_gpus(pod):
+            key = (uid, pod["spec"]["nodeName"])
+            held[key] = held.get(key, 0) + pod_gpus(pod)
+    out: dict[str, int] = {}
+    for (uid, node), gpus in held.items():
+        if gpus > reserved.get((uid, node), 0):
+            out[node] = out.get(node, 0) + gpus - reserved.get((uid, node), 0)
+    return out
+
+
 def displaced(jobs: Iterable[Body], allocatable: Mapping[str, int], pods: Iterable[Body]) -> set[str]:
     """Jobs whose worker set has not run yet and cannot all start where it was placed: on one of its
     nodes (`allocatable`: node -> GPUs) its workers are not all bound, and pods bound since (a serving
