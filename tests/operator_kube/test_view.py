@@ -26,7 +26,8 @@ def test_planning_on_trimmed_objects_is_planning_on_whole_ones():
     jobs = {"ns/new": trainingjob("new"),
             "ns/run": trainingjob("run", status={"phase": "Admitted", "placement": [{"node": "n0", "gpus": 2}]}),
             "ns/failing": trainingjob("failing", status={"phase": "Running", "placement": [{"node": "n1", "gpus": 2}]})}
-    pods = {"ns/" + wname("run", 0, 0): pod(wname("run", 0, 0), "run", 0), "ns/" + wname("run", 0, 1): pod(wname("run", 0, 1), "run", 0, "Pending"),
+    pods = {"ns/" + wname("run", 0, 0): pod(wname("run", 0, 0), "run", 0),
+            "ns/" + wname("run", 0, 1): pod(wname("run", 0, 1), "run", 0, "Pending"),
             "ns/" + wname("failing", 0, 0): pod(wname("failing", 0, 0), "failing", 0, node_name="n1"),
             "ns/" + wname("failing", 0, 1): pod(wname("failing", 0, 1), "failing", 0, "Failed", node_name="n1"),
             "ns/sd-decode": pod("sd-decode", "sd", 0, node_name="n2", gpus=4, role="decode")}
@@ -47,7 +48,8 @@ def test_a_finished_job_keeps_only_its_identity_and_its_pods_are_pruned():
     view = View()
     view.put("jobs", as_served(trainingjob("done", status={"phase": "Succeeded", "gpus": 0})))
     view.put("jobs", trainingjob("live", status={"phase": "Running"}))
-    for name, job in ((wname("done", 0, 0), "done"), (wname("live", 0, 0), "live"), (wname("early", 0, 0), "not-seen-yet")):
+    for name, job in ((wname("done", 0, 0), "done"), (wname("live", 0, 0), "live"),
+                      (wname("early", 0, 0), "not-seen-yet")):
         view.put("pods", pod(name, job, 0, "Succeeded"))
     assert view.jobs["ns/done"] == {"apiVersion": "flotilla.dev/v1alpha1", "kind": "TrainingJob",
                                     "metadata": {"name": "done", "namespace": "ns", "uid": "uid-done",

@@ -76,7 +76,8 @@ def test_missing_pods_of_the_recorded_placement_are_created_and_existing_ones_ke
     existing = [pod(wname("job", 0, 0), "job", 0)]
     decision = JobDecision("ns/job", Verdict.ADMITTED, {"n0": 2}, "running")
     actions = training.plan_job(body, existing, decision, NOW, "fifo-gang")
-    assert [a.manifest["metadata"]["name"] for a in actions if isinstance(a, CreatePod)] == [wname("job", 0, 1)]
+    assert [a.manifest["metadata"]["name"] for a in actions if isinstance(a, CreatePod)] == (
+        [wname("job", 0, 1)])
     assert not [a for a in actions if isinstance(a, DeletePod)]
 
 
@@ -98,7 +99,8 @@ def test_rank0_success_finishes_the_job():
     running = {"phase": "Running", "placement": [{"node": "n0", "gpus": 2}], "startedAt": "2026-01-01T00:00:10Z"}
     decision = JobDecision("ns/job", Verdict.ADMITTED, {"n0": 2}, "running")
     done = training.plan_job(trainingjob(status=running),
-                             [pod(wname("job", 0, 0), "job", 0, "Succeeded"), pod(wname("job", 0, 1), "job", 0, "Succeeded")],
+                             [pod(wname("job", 0, 0), "job", 0, "Succeeded"),
+                              pod(wname("job", 0, 1), "job", 0, "Succeeded")],
                              decision, NOW, "fifo-gang")
     st = status_patch(done)
     assert st["phase"] == "Succeeded" and st["deadlineMet"] is True and st["gpus"] == 0
@@ -160,7 +162,8 @@ def test_after_the_acknowledgement_the_worker_set_is_replaced_and_progress_kept(
     assert st["checkpoint"]["generation"] == 1 and st["checkpoint"]["step"] == 420
     assert st["progress"]["steps"] == 420
     assert sorted(a.name for a in actions if isinstance(a, DeletePod)) == [wname("job", 0, 0), wname("job", 0, 1)]
-    assert [a.manifest["metadata"]["name"] for a in actions if isinstance(a, CreatePod)] == [wname("job", 1, 0), wname("job", 1, 1)]
+    assert [a.manifest["metadata"]["name"] for a in actions if isinstance(a, CreatePod)] == (
+        [wname("job", 1, 0), wname("job", 1, 1)])
     reasons = [a.reason for a in actions if isinstance(a, PostEvent)]
     assert reasons == ["CheckpointWritten", "Resharding"]
 
