@@ -22,6 +22,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 
 from flotilla.allocation import policies  # noqa: E402
 from flotilla.operator.reconcile import reconcile  # noqa: E402
+from flotilla.operator.training import pod_name  # noqa: E402
 from flotilla.pool import PoolPolicy  # noqa: E402
 
 CREATED = "2026-01-01T00:00:00Z"
@@ -53,9 +54,11 @@ def _job(name: str, node: str | None) -> dict:
 
 
 def _pod(job: str, node: str) -> dict:
-    return {"metadata": {"name": f"{job}-g0-w0", "namespace": "bench",
-                         "labels": {"flotilla.dev/job": job, "flotilla.dev/role": "worker",
-                                    "flotilla.dev/generation": "0"}},
+    return {"metadata": {"name": pod_name(job, job, 0, 0), "namespace": "bench",
+                         "labels": {"flotilla.dev/job": job, "flotilla.dev/job-uid": job, "flotilla.dev/role": "worker",
+                                    "flotilla.dev/generation": "0"},
+                         "ownerReferences": [{"apiVersion": "flotilla.dev/v1alpha1", "kind": "TrainingJob",
+                                              "name": job, "uid": job, "controller": True}]},
             "spec": {"nodeName": node, "containers": [{"name": "w", "resources": {"limits": {"nvidia.com/gpu": "1"}}}]},
             "status": {"phase": "Running"}}
 
@@ -85,7 +88,8 @@ def cluster(nodes: int, jobs: int) -> tuple[dict, dict, dict]:
         node = f"n{i // 8}" if i < nodes * 8 - 16 else None
         job_objs[f"bench/j{i}"] = _job(f"j{i}", node)
         if node:
-            pods[f"bench/j{i}-g0-w0"] = _pod(f"j{i}", node)
+            pod = _pod(f"j{i}", node)
+            pods[f"bench/{pod['metadata']['name']}"] = pod
     for role in ("prefill", "decode"):
         pods[f"bench/chat-{role}"] = _serving_pod(role, f"n{nodes - 1}")
     return node_objs, job_objs, pods

@@ -128,7 +128,7 @@ def test_the_operator_runs_training_and_serving_with_its_own_serviceaccount(rele
             tj = wait_for(f"{name} Running", lambda: (t := get("trainingjob", name, namespace))
                           and t.get("status", {}).get("phase") == "Running" and t, timeout=90)
             assert tj["status"]["gpus"] == gpus
-            pods = items("pods", namespace, f"flotilla.dev/job={name}")
+            pods = items("pods", namespace, f"flotilla.dev/job-uid={tj['metadata']['uid']}")
             assert pods and all(p["status"]["phase"] == "Running" for p in pods)
         sd = wait_for("chat Ready", lambda: (s := get("servingdeployment", "chat", namespace))
                       and s.get("status", {}).get("phase") == "Ready" and s, timeout=90)
@@ -144,8 +144,9 @@ def test_the_operator_runs_training_and_serving_with_its_own_serviceaccount(rele
         # Its ServiceAccount may post Events (the serving plan's).
         assert "Scaled" in {e["reason"] for e in items("events", namespace)}
         # Deleting a job: the operator deletes its pods (delete), or the garbage collector does (owner refs).
+        uid = get("trainingjob", "resnet50", namespace)["metadata"]["uid"]
         kubectl("delete", "trainingjob", "resnet50", "-n", namespace, "--wait=true", "--timeout=30s")
-        wait_for("resnet50's pods gone", lambda: not items("pods", namespace, "flotilla.dev/job=resnet50"))
+        wait_for("resnet50's pods gone", lambda: not items("pods", namespace, f"flotilla.dev/job-uid={uid}"))
         assert lease(release)["holderIdentity"] == leader_in(log)
         assert permission_errors(log) == []
     finally:

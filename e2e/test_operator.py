@@ -8,6 +8,7 @@ import time
 from pathlib import Path
 
 from e2e.kube import ROOT, OperatorProcess, apply, get, items, kubectl, wait_for, wait_for_gpus_free_outside
+from flotilla.operator.training import pod_name
 
 WORKER = "flotilla.dev/role=worker"
 # These tests are about the operator's mechanics; FIFO gang at minGPUs makes the GPU counts exact.
@@ -39,9 +40,18 @@ def phase(name: str, ns: str) -> str | None:
     return (tj or {}).get("status", {}).get("phase")
 
 
+def job_uid(name: str, ns: str) -> str:
+    return get("trainingjob", name, ns)["metadata"]["uid"]
+
+
+def pods_of(uid: str, ns: str) -> list[dict]:
+    """The worker pods of the job with this UID (a label for the selector; the owner reference decides)."""
+    return [p for p in items("pods", ns, f"{WORKER},flotilla.dev/job-uid={uid}")
+            if any(r.get("controller") and r["uid"] == uid for r in p["metadata"].get("ownerReferences") or [])]
+
+
 def running_pods(ns: str, job: str) -> list[dict]:
-    return [p for p in items("pods", ns, f"{WORKER},flotilla.dev/job={job}")
-            if p.get("status", {}).get("phase") == "Running"]
+    return [p for p in pods_of(job_uid(job, ns), ns) if p.get("status", {}).get("phase") == "Running"]
 
 
 def events_for(ns: str, name: str) -> list[str]:
@@ -108,8 +118,9 @@ def test_an_auto_mode_serving_deployment_comes_up_with_the_planners_plan(operato
 def test_deleting_a_job_removes_its_pods(operator, namespace):
     assert apply(job_manifest("doomed"), namespace).returncode == 0
     wait_for("doomed's pods running", lambda: len(running_pods(namespace, "doomed")) == 2)
+    uid = job_uid("doomed", namespace)
     kubectl("delete", "trainingjob", "doomed", "-n", namespace, "--wait=true", "--timeout=30s")
-    wait_for("doomed's pods gone", lambda: not items("pods", namespace, "flotilla.dev/job=doomed"), timeout=60)
+    wait_for("doomed's pods gone", lambda: not items("pods", namespace, f"flotilla.dev/job-uid={uid}"), timeout=60)
 
 
 def test_job_succeeds_when_rank0_exits_zero_and_a_failing_worker_restarts_then_fails(operator, namespace):
@@ -170,7 +181,9 @@ def test_restarting_the_operator_mid_way_creates_no_duplicate_pods(log_dir: Path
         names = [p["metadata"]["name"] for p in pods]
         assert len(names) == len(set(names)) == 6, names
         for i in range(3):
-            assert sorted(n for n in names if n.startswith(f"r{i}-")) == [f"r{i}-g0-w0", f"r{i}-g0-w1"]
+            uid = job_uid(f"r{i}", namespace)
+            assert sorted(p["metadata"]["name"] for p in pods_of(uid, namespace)) == [
+                pod_name(f"r{i}", uid, 0, 0), pod_name(f"r{i}", uid, 0, 1)]
         # Pods created before the crash are kept, not replaced.
         after = {p["metadata"]["name"]: p["metadata"]["uid"] for p in pods}
         assert all(after[n] == uid for n, uid in before.items())

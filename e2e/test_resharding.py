@@ -43,7 +43,8 @@ def test_a_job_moves_off_a_cordoned_node_through_a_checkpoint_and_keeps_its_prog
         reasons = [e["reason"] for e in items("events", namespace) if e["involvedObject"]["name"] == "mover"]
         assert {"CheckpointRequested", "CheckpointWritten", "Resharding"} <= set(reasons)
         assert "RestartFromCheckpoint" not in reasons
-        pods = items("pods", namespace, "flotilla.dev/job=mover")
+        uid = get("trainingjob", "mover", namespace)["metadata"]["uid"]
+        pods = items("pods", namespace, f"flotilla.dev/job-uid={uid}")
         assert {p["metadata"]["labels"]["flotilla.dev/generation"] for p in pods} == {"1"}
         assert all(p["spec"]["nodeSelector"]["kubernetes.io/hostname"] != cordoned for p in pods)
 

@@ -127,7 +127,7 @@ def test_rbac_is_exactly_what_each_component_uses(render):
         triples("flotilla.dev", ["trainingjobs", "servingdeployments"], ["list", "watch"])
         | triples("flotilla.dev", ["trainingjobs/status", "servingdeployments/status"], ["patch"])
         | triples("", ["nodes"], ["list", "watch"])
-        | triples("", ["pods"], ["list", "watch", "create", "delete"])
+        | triples("", ["pods"], ["get", "list", "watch", "create", "delete"])
         | triples("apps", ["deployments"], ["list", "watch", "create", "patch"])
         | triples("", ["events"], ["create"])
         | triples("apiextensions.k8s.io", ["customresourcedefinitions"], ["list", "watch"]))

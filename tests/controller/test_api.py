@@ -82,9 +82,21 @@ def test_roles(client, cluster, method, path, role):
             assert f"needs the {role!r} role" in r.json()["error"]["message"]
 
 
+def test_cluster_after_every_job_finished_counts_no_training_gpus(client, store):
+    """As after `make demo`: both jobs Succeeded, their status.placement left as it was."""
+    for n in ("a", "b", "c"):
+        store.upsert_node(parse_node(node(n, 8)))
+    store.upsert_job(parse_training_job(training_job("small", placement={"a": 8}, phase="Succeeded")))
+    store.upsert_job(parse_training_job(training_job("big", placement={"b": 8, "c": 8}, phase="Succeeded")))
+    capacity = client.get("/v1/cluster", headers=auth(READER)).json()["capacity"]
+    assert capacity["trainingGpus"] == 0 and capacity["freeGpus"] == 24
+    nodes = client.get("/v1/nodes", headers=auth(READER)).json()["items"]
+    assert sum(n["gpus"]["free"] for n in nodes) == capacity["freeGpus"]
+
+
 def test_probes(client):
     assert client.get("/healthz").json() == {"status": "ok"}
-    assert client.get("/readyz").json() == {"status": "ready", "schema": "0002"}
+    assert client.get("/readyz").json() == {"status": "ready", "schema": "0003"}
     assert client.get("/openapi.json").json()["info"]["title"] == "Flotilla controller"
 
 

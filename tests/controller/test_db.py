@@ -15,7 +15,7 @@ def test_upgrade_from_empty_matches_the_models(db_url):
     engine = db.create_engine(db_url)
     assert db.current_revision(engine) is None
     db.upgrade(engine)
-    assert db.current_revision(engine) == db.head_revision() == "0002"
+    assert db.current_revision(engine) == db.head_revision() == "0003"
     with engine.connect() as conn:
         assert compare_metadata(MigrationContext.configure(conn), db.Base.metadata) == []
     db.upgrade(engine)  # a second start is a no-op
@@ -86,3 +86,53 @@ def test_plain_postgresql_urls_use_psycopg3():
     for url in ("postgresql://u:p@127.0.0.1/db", "postgres://u:p@127.0.0.1/db"):
         engine = db.create_engine(url)  # no connection is made here
         assert engine.dialect.driver == "psycopg" and engine.url.database == "db"
+
+
+def test_finished_jobs_hold_no_gpus(store):
+    """Both jobs Succeeded with status.placement still set (the operator leaves it): every GPU is free again."""
+    for n in ("a", "b", "c"):
+        store.upsert_node(parse_node(node(n, 8)))
+    store.upsert_job(parse_training_job(training_job("one", placement={"a": 8, "b": 8})))
+    store.upsert_job(parse_training_job(training_job("two", placement={"c": 8})))
+    assert store.capacity()["trainingGpus"] == 24 and store.capacity()["freeGpus"] == 0
+    store.upsert_job(parse_training_job(training_job("one", phase="Succeeded", placement={"a": 8, "b": 8})))
+    store.upsert_job(parse_training_job(training_job("two", phase="Failed", placement={"c": 8})))
+    assert store.capacity() == {"nodes": 3, "gpus": 24, "schedulableGpus": 24, "trainingGpus": 0,
+                                "servingGpus": 0, "freeGpus": 24}
+    assert [(r.name, a) for r, a in store.nodes(limit=10).items] == [("a", 0), ("b", 0), ("c", 0)]
+    assert store.jobs_on_node("a") == [] and store.job_of_node() == {}
+    assert {d[0]: d[4] for d in store.domains(limit=10).items} == {"r1": 0}
+
+
+def test_upgrading_to_0003_frees_the_gpus_of_jobs_that_finished_before(db_url, clock):
+    engine = db.create_engine(db_url)
+    db.upgrade(engine, "0002")
+    with engine.begin() as conn:  # what a 0002 controller stored for a Succeeded job
+        conn.execute(sa.text(
+            "INSERT INTO training_jobs (key, namespace, name, phase, priority, best_effort, total_steps, steps, "
+            "steps_per_second, min_gpus, max_gpus, gpus, placement, reshards, checkpoint_generation, updated) "
+            "VALUES ('default/done', 'default', 'done', 'Succeeded', 0, false, 10, 10, 0, 1, 8, 0, '{}', 0, 0, 0), "
+            "('default/live', 'default', 'live', 'Running', 0, false, 10, 1, 0, 1, 8, 4, '{}', 0, 0, 0)"))
+        conn.execute(sa.text("INSERT INTO allocations (job, node, gpus) VALUES "
+                             "('default/done', 'a', 8), ('default/live', 'b', 4)"))
+    db.upgrade(engine)
+    assert Store(engine, clock).capacity()["trainingGpus"] == 4
+    engine.dispose()
+
+
+def test_a_new_job_of_an_old_name_is_mirrored_as_a_new_job(store, clock):
+    """The old job was deleted and a new one created while the watch was away: the row is the new job's."""
+    old = training_job("reuse", phase="Resharding", placement={"a": 8})
+    old["metadata"]["uid"] = "uid-old"
+    store.upsert_job(parse_training_job(old))
+    clock.now += 30
+    new = training_job("reuse", phase="Pending", placement={})
+    new["metadata"]["uid"] = "uid-new"
+    res = store.upsert_job(parse_training_job(new))
+    assert res.decisions == [] and res.reshard_seconds is None  # nothing compared with the old job
+    row, _ = store.job("default/reuse")
+    assert row.uid == "uid-new" and row.resharding_since is None and store.jobs_on_node("a") == []
+    # The same job again: changes are recorded as before.
+    res = store.upsert_job(parse_training_job(training_job("reuse", phase="Running", placement={"b": 4}) | {
+        "metadata": {**new["metadata"]}}))
+    assert {d.kind for d in res.decisions} == {"allocation", "phase"}

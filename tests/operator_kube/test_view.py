@@ -6,7 +6,7 @@ from flotilla.allocation.fifo import FifoGang
 from flotilla.operator import trim
 from flotilla.operator.view import View
 from flotilla.operator.reconcile import reconcile
-from tests.operator_plan.builders import T0, node, pod, trainingjob
+from tests.operator_plan.builders import T0, node, pod, trainingjob, wname
 
 NOISE = {"managedFields": [{"manager": "kubectl", "fieldsV1": {"f:spec": {}}}], "selfLink": "x"}
 
@@ -26,9 +26,10 @@ def test_planning_on_trimmed_objects_is_planning_on_whole_ones():
     jobs = {"ns/new": trainingjob("new"),
             "ns/run": trainingjob("run", status={"phase": "Admitted", "placement": [{"node": "n0", "gpus": 2}]}),
             "ns/failing": trainingjob("failing", status={"phase": "Running", "placement": [{"node": "n1", "gpus": 2}]})}
-    pods = {"ns/run-g0-w0": pod("run-g0-w0", "run", 0), "ns/run-g0-w1": pod("run-g0-w1", "run", 0, "Pending"),
-            "ns/failing-g0-w0": pod("failing-g0-w0", "failing", 0, node_name="n1"),
-            "ns/failing-g0-w1": pod("failing-g0-w1", "failing", 0, "Failed", node_name="n1"),
+    pods = {"ns/" + wname("run", 0, 0): pod(wname("run", 0, 0), "run", 0),
+            "ns/" + wname("run", 0, 1): pod(wname("run", 0, 1), "run", 0, "Pending"),
+            "ns/" + wname("failing", 0, 0): pod(wname("failing", 0, 0), "failing", 0, node_name="n1"),
+            "ns/" + wname("failing", 0, 1): pod(wname("failing", 0, 1), "failing", 0, "Failed", node_name="n1"),
             "ns/sd-decode": pod("sd-decode", "sd", 0, node_name="n2", gpus=4, role="decode")}
     nodes = {n: node(n) for n in ("n0", "n1", "n2")}
     served = [{k: as_served(v) for k, v in d.items()} for d in (jobs, nodes, pods)]
@@ -37,7 +38,7 @@ def test_planning_on_trimmed_objects_is_planning_on_whole_ones():
         for obj in store.values():
             view.put(kind, obj)
     assert all("managedFields" not in o["metadata"] for o in [*view.jobs.values(), *view.pods.values()])
-    assert set(view.pods["ns/run-g0-w0"]["spec"]) == {"nodeName", "containers"}
+    assert set(view.pods["ns/" + wname("run", 0, 0)]["spec"]) == {"nodeName", "containers"}
     whole = reconcile(T0 + 60, FifoGang(), *served, {}, {})
     trimmed = reconcile(T0 + 60, FifoGang(), view.jobs, view.nodes, view.pods, {}, {})
     assert whole and trimmed == whole
@@ -47,7 +48,8 @@ def test_a_finished_job_keeps_only_its_identity_and_its_pods_are_pruned():
     view = View()
     view.put("jobs", as_served(trainingjob("done", status={"phase": "Succeeded", "gpus": 0})))
     view.put("jobs", trainingjob("live", status={"phase": "Running"}))
-    for name, job in (("done-g0-w0", "done"), ("live-g0-w0", "live"), ("early-g0-w0", "not-seen-yet")):
+    for name, job in ((wname("done", 0, 0), "done"), (wname("live", 0, 0), "live"),
+                      (wname("early", 0, 0), "not-seen-yet")):
         view.put("pods", pod(name, job, 0, "Succeeded"))
     assert view.jobs["ns/done"] == {"apiVersion": "flotilla.dev/v1alpha1", "kind": "TrainingJob",
                                     "metadata": {"name": "done", "namespace": "ns", "uid": "uid-done",
@@ -55,7 +57,7 @@ def test_a_finished_job_keeps_only_its_identity_and_its_pods_are_pruned():
                                     "status": {"phase": "Succeeded"}}
     view.prune()
     # A job not seen yet keeps its pods: at start-up pods may be listed before jobs.
-    assert sorted(view.pods) == ["ns/early-g0-w0", "ns/live-g0-w0"]
+    assert sorted(view.pods) == ["ns/" + wname("early", 0, 0), "ns/" + wname("live", 0, 0)]
 
 
 def test_an_older_copy_does_not_replace_a_newer_one():
@@ -73,3 +75,17 @@ def test_pod_trim_leaves_out_what_is_not_there():
     assert trim.pod({"metadata": {"name": "p", "namespace": "ns"}, "spec": {"containers": [{"name": "c"}]}}) == {
         "metadata": {"name": "p", "namespace": "ns"}, "spec": {"containers": [{"resources": {"limits": {}}}]},
         "status": {}}
+
+
+def test_prune_goes_by_owner_uid_and_keeps_pods_that_still_hold_gpus():
+    view = View()
+    view.put("jobs", trainingjob("done", status={"phase": "Failed"}))
+    finished = pod(wname("done", 0, 0), "done", 0, "Succeeded")
+    terminating = pod(wname("done", 0, 1), "done", 0, "Running")
+    terminating["metadata"]["deletionTimestamp"] = "2026-01-01T00:00:00Z"
+    orphan = pod("done-g0-w0", "done", 0, "Succeeded", owner_uid=None)  # an earlier "done", orphaned
+    for p in (finished, terminating, orphan):
+        view.put("pods", p)
+    view.prune()
+    # Its terminating worker still holds a GPU: planning must see it until it is gone.
+    assert sorted(view.pods) == sorted(["ns/done-g0-w0", "ns/" + wname("done", 0, 1)])

@@ -11,7 +11,7 @@ from flotilla.allocation.fifo import FifoGang
 from flotilla.operator import handlers
 from flotilla.operator.actions import CreatePod, PatchAnnotations, PatchStatus
 from flotilla.operator.view import CREATED_TTL_SECONDS, View, merge_patch
-from tests.operator_plan.builders import node, pod, trainingjob
+from tests.operator_plan.builders import node, pod, trainingjob, wname
 
 
 def test_merge_patch_is_rfc_7386():
@@ -140,10 +140,10 @@ def test_the_next_pass_plans_with_the_placement_in_flight(operator):
         await one_pass(operator, kube)
         assert len(kube.applied) == 2
         # ...unless they have not come for CREATED_TTL_SECONDS.
-        assert view.has_pod("ns/late-g0-w0", time.monotonic())
-        assert not view.has_pod("ns/late-g0-w0", time.monotonic() + CREATED_TTL_SECONDS + 1)
+        assert view.has_pod("ns/" + wname("late", 0, 0), time.monotonic())
+        assert not view.has_pod("ns/" + wname("late", 0, 0), time.monotonic() + CREATED_TTL_SECONDS + 1)
         # Once its watch event has come, a pass planned on a copy of the view from before does not create it.
-        view.put("pods", pod("late-g0-w0", "late", 0, "Pending"))
-        assert view.has_pod("ns/late-g0-w0", time.monotonic() + CREATED_TTL_SECONDS + 1)
+        view.put("pods", pod(wname("late", 0, 0), "late", 0, "Pending"))
+        assert view.has_pod("ns/" + wname("late", 0, 0), time.monotonic() + CREATED_TTL_SECONDS + 1)
 
     asyncio.run(scenario())

@@ -40,13 +40,28 @@ def node(name: str, gpus: int = 8, *, ready: bool = True, unschedulable: bool = 
     }
 
 
+_OWNER = object()
+
+
 def pod(name: str, job: str, generation: int, phase: str = "Running", node_name: str = "n0",
-        gpus: int = 1, role: str = "worker") -> dict[str, Any]:
+        gpus: int = 1, role: str = "worker", owner_uid: Any = _OWNER) -> dict[str, Any]:
+    """A pod labelled for `job`, controlled by the job of that name built by `trainingjob` (uid-<job>), another
+    UID given as `owner_uid`, or none (`owner_uid=None`: an orphan)."""
+    owner_uid = f"uid-{job}" if owner_uid is _OWNER else owner_uid
+    owners = [{"apiVersion": "flotilla.dev/v1alpha1", "kind": "TrainingJob", "name": job, "uid": owner_uid,
+               "controller": True, "blockOwnerDeletion": True}] if owner_uid and role == "worker" else []
     return {
-        "metadata": {"name": name, "namespace": "ns",
+        "metadata": {"name": name, "namespace": "ns", "uid": f"pod-uid-{name}", "ownerReferences": owners,
                      "labels": {"flotilla.dev/job": job, "flotilla.dev/role": role,
                                 "flotilla.dev/generation": str(generation)}},
         "spec": {"nodeName": node_name,
                  "containers": [{"name": "w", "resources": {"limits": {"nvidia.com/gpu": str(gpus)}}}]},
         "status": {"phase": phase},
     }
+
+
+def wname(job: str, generation: int, rank: int) -> str:
+    """The name the operator gives rank `rank` of `job`'s worker set `generation` (the job built by `trainingjob`)."""
+    from flotilla.operator.training import pod_name
+
+    return pod_name(job, f"uid-{job}", generation, rank)

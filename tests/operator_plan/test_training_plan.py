@@ -9,7 +9,7 @@ from flotilla.allocation.fifo import FifoGang
 from flotilla.operator import training
 from flotilla.operator.actions import CreatePod, DeletePod, PatchAnnotations, PatchStatus, PostEvent
 from flotilla.operator.reconcile import reconcile, training_snapshot
-from tests.operator_plan.builders import T0, node, pod, trainingjob
+from tests.operator_plan.builders import T0, node, pod, trainingjob, wname
 
 NOW = T0 + 60
 
@@ -53,7 +53,7 @@ def test_a_new_placement_is_recorded_before_its_pods_are_created():
     assert st["placement"] == [{"node": "n0", "gpus": 1}, {"node": "n1", "gpus": 1}]
     assert st["deadline"] == "2026-01-01T01:00:00Z"
     pods = [a.manifest for a in actions if isinstance(a, CreatePod)]
-    assert [p["metadata"]["name"] for p in pods] == ["job-g0-w0", "job-g0-w1"]
+    assert [p["metadata"]["name"] for p in pods] == [wname("job", 0, 0), wname("job", 0, 1)]
     assert [p["spec"]["nodeSelector"]["kubernetes.io/hostname"] for p in pods] == ["n0", "n1"]
     env = {e["name"]: e["value"] for e in pods[1]["spec"]["containers"][0]["env"]}
     assert env["FLOTILLA_RANK"] == "1" and env["FLOTILLA_WORLD_SIZE"] == "2"
@@ -73,16 +73,17 @@ def test_gpus_per_worker_makes_one_pod_per_worker():
 
 def test_missing_pods_of_the_recorded_placement_are_created_and_existing_ones_kept():
     body = trainingjob(status={"phase": "Admitted", "placement": [{"node": "n0", "gpus": 2}]})
-    existing = [pod("job-g0-w0", "job", 0)]
+    existing = [pod(wname("job", 0, 0), "job", 0)]
     decision = JobDecision("ns/job", Verdict.ADMITTED, {"n0": 2}, "running")
     actions = training.plan_job(body, existing, decision, NOW, "fifo-gang")
-    assert [a.manifest["metadata"]["name"] for a in actions if isinstance(a, CreatePod)] == ["job-g0-w1"]
+    assert [a.manifest["metadata"]["name"] for a in actions if isinstance(a, CreatePod)] == (
+        [wname("job", 0, 1)])
     assert not [a for a in actions if isinstance(a, DeletePod)]
 
 
 def test_all_workers_running_makes_the_job_running_once():
     body = trainingjob(status={"phase": "Admitted", "placement": [{"node": "n0", "gpus": 2}]})
-    pods = [pod("job-g0-w0", "job", 0), pod("job-g0-w1", "job", 0)]
+    pods = [pod(wname("job", 0, 0), "job", 0), pod(wname("job", 0, 1), "job", 0)]
     decision = JobDecision("ns/job", Verdict.ADMITTED, {"n0": 2}, "running")
     actions = training.plan_job(body, pods, decision, NOW, "fifo-gang")
     st = status_patch(actions)
@@ -98,7 +99,8 @@ def test_rank0_success_finishes_the_job():
     running = {"phase": "Running", "placement": [{"node": "n0", "gpus": 2}], "startedAt": "2026-01-01T00:00:10Z"}
     decision = JobDecision("ns/job", Verdict.ADMITTED, {"n0": 2}, "running")
     done = training.plan_job(trainingjob(status=running),
-                             [pod("job-g0-w0", "job", 0, "Succeeded"), pod("job-g0-w1", "job", 0, "Succeeded")],
+                             [pod(wname("job", 0, 0), "job", 0, "Succeeded"),
+                              pod(wname("job", 0, 1), "job", 0, "Succeeded")],
                              decision, NOW, "fifo-gang")
     st = status_patch(done)
     assert st["phase"] == "Succeeded" and st["deadlineMet"] is True and st["gpus"] == 0
@@ -110,13 +112,14 @@ def test_a_failed_worker_restarts_the_set_from_the_last_checkpoint_until_the_lim
                "checkpoint": {"step": 300, "generation": 0},
                "progress": {"steps": 380, "stepsPerSecond": 1.0, "updatedAt": "2026-01-01T00:00:50Z"}}
     decision = JobDecision("ns/job", Verdict.ADMITTED, {"n0": 2}, "running")
-    pods = [pod("job-g0-w0", "job", 0, "Running"), pod("job-g0-w1", "job", 0, "Failed")]
+    pods = [pod(wname("job", 0, 0), "job", 0, "Running"), pod(wname("job", 0, 1), "job", 0, "Failed")]
     actions = training.plan_job(trainingjob(status=running), pods, decision, NOW, "fifo-gang", max_restarts=2)
     st = status_patch(actions)
     assert st["phase"] == "Resharding" and st["restarts"] == 1 and st["reshards"] == 1
     assert st["progress"]["steps"] == 300  # back to the last completed checkpoint
-    assert sorted(a.name for a in actions if isinstance(a, DeletePod)) == ["job-g0-w0", "job-g0-w1"]
-    assert [a.manifest["metadata"]["name"] for a in actions if isinstance(a, CreatePod)] == ["job-g1-w0", "job-g1-w1"]
+    assert sorted(a.name for a in actions if isinstance(a, DeletePod)) == [wname("job", 0, 0), wname("job", 0, 1)]
+    # Rank 0 of the old set still holds a GPU of n0 while it terminates: the new set waits for it.
+    assert not [a for a in actions if isinstance(a, CreatePod)]
     events = {a.reason: a.message for a in actions if isinstance(a, PostEvent)}
     assert "restart 1 of 2" in events["WorkerFailed"] and "80 steps lost" in events["Resharding"]
 
@@ -124,7 +127,7 @@ def test_a_failed_worker_restarts_the_set_from_the_last_checkpoint_until_the_lim
                                   max_restarts=2)
     st = status_patch(exhausted)
     assert st["phase"] == "Failed" and "after 2 restarts" in st["message"]
-    assert [a.name for a in exhausted if isinstance(a, DeletePod)] == ["job-g0-w0"]
+    assert [a.name for a in exhausted if isinstance(a, DeletePod)] == [wname("job", 0, 0)]
     assert not [a for a in exhausted if isinstance(a, CreatePod)]
 
 
@@ -136,7 +139,7 @@ def _running(**extra):
 
 
 MOVE = JobDecision("ns/job", Verdict.ADMITTED, {"n1": 2}, "n0 lost")
-OLD_PODS = [pod("job-g0-w0", "job", 0), pod("job-g0-w1", "job", 0)]
+OLD_PODS = [pod(wname("job", 0, 0), "job", 0), pod(wname("job", 0, 1), "job", 0)]
 
 
 def test_a_placement_change_first_asks_rank0_for_a_checkpoint_and_keeps_the_pods():
@@ -158,8 +161,9 @@ def test_after_the_acknowledgement_the_worker_set_is_replaced_and_progress_kept(
     assert st["reshards"] == 1 and st["placement"] == [{"node": "n1", "gpus": 2}]
     assert st["checkpoint"]["generation"] == 1 and st["checkpoint"]["step"] == 420
     assert st["progress"]["steps"] == 420
-    assert sorted(a.name for a in actions if isinstance(a, DeletePod)) == ["job-g0-w0", "job-g0-w1"]
-    assert [a.manifest["metadata"]["name"] for a in actions if isinstance(a, CreatePod)] == ["job-g1-w0", "job-g1-w1"]
+    assert sorted(a.name for a in actions if isinstance(a, DeletePod)) == [wname("job", 0, 0), wname("job", 0, 1)]
+    assert [a.manifest["metadata"]["name"] for a in actions if isinstance(a, CreatePod)] == (
+        [wname("job", 1, 0), wname("job", 1, 1)])
     reasons = [a.reason for a in actions if isinstance(a, PostEvent)]
     assert reasons == ["CheckpointWritten", "Resharding"]
 
@@ -187,7 +191,7 @@ def test_a_restart_request_from_the_controller_does_not_wait():
 
 def test_a_job_that_never_ran_moves_without_a_checkpoint():
     body = trainingjob(status={"phase": "Admitted", "placement": [{"node": "n0", "gpus": 2}]})
-    actions = training.plan_job(body, [pod("job-g0-w0", "job", 0, "Pending")], MOVE, NOW, "p")
+    actions = training.plan_job(body, [pod(wname("job", 0, 0), "job", 0, "Pending")], MOVE, NOW, "p")
     assert status_patch(actions)["reshards"] == 1
     assert not [a for a in actions if isinstance(a, PatchAnnotations)]
 
@@ -210,7 +214,7 @@ FIRST = {k: v for k, v in RUNNING.items() if k != "progress"}  # started at 00:0
 ])
 def test_progress_reaches_status_every_ten_seconds_or_with_a_new_checkpoint(status, report, mirrored):
     body = trainingjob(status=status, annotations={"flotilla.dev/progress": json.dumps(report)})
-    pods = [pod("job-g0-w0", "job", 0), pod("job-g0-w1", "job", 0)]
+    pods = [pod(wname("job", 0, 0), "job", 0), pod(wname("job", 0, 1), "job", 0)]
     actions = training.plan_job(body, pods, JobDecision("ns/job", Verdict.ADMITTED, {"n0": 2}, "running"),
                                 NOW, "fifo-gang")
     patches = [a.status for a in actions if isinstance(a, PatchStatus)]

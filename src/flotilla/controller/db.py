@@ -32,6 +32,7 @@ class TrainingJobRow(Base):
     key: Mapped[str] = mapped_column(sa.String(512), primary_key=True)  # namespace/name
     namespace: Mapped[str] = mapped_column(sa.String(253), index=True)
     name: Mapped[str] = mapped_column(sa.String(253))
+    uid: Mapped[str | None] = mapped_column(sa.String(64))  # None: mirrored before revision 0003
     phase: Mapped[str] = mapped_column(sa.String(32), index=True)
     priority: Mapped[int] = mapped_column(sa.Integer)
     best_effort: Mapped[bool] = mapped_column(sa.Boolean)
@@ -55,7 +56,8 @@ class TrainingJobRow(Base):
 
 
 class AllocationRow(Base):
-    """GPUs a training job holds on one node (its placement, one row per node) for SQL aggregation."""
+    """GPUs a training job holds on one node (its placement, one row per node) for SQL aggregation.
+    A finished job (Succeeded, Failed, Rejected) holds none, whatever its status.placement still says."""
 
     __tablename__ = "allocations"
     job: Mapped[str] = mapped_column(sa.String(512), primary_key=True)

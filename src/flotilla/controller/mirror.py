@@ -44,6 +44,7 @@ class JobRecord:
     key: str
     namespace: str
     name: str
+    uid: str  # a new object of the same name is another job: nothing of the old row carries over
     phase: str
     priority: int
     best_effort: bool
@@ -202,7 +203,7 @@ def parse_training_job(obj: Mapping[str, Any]) -> JobRecord:
     if not isinstance(best_effort, bool):
         raise ValueError("spec.bestEffort must be a boolean")
     return JobRecord(
-        key=f"{namespace}/{name}", namespace=namespace, name=name,
+        key=f"{namespace}/{name}", namespace=namespace, name=name, uid=str(meta.get("uid") or ""),
         phase=str(status.get("phase") or "Pending"),
         priority=_int(spec, "priority", "spec"),
         best_effort=best_effort,

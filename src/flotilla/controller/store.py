@@ -31,6 +31,7 @@ from flotilla.controller.mirror import (
 from flotilla.health.samples import Sample
 
 OUTLOOKS = ("on-track", "at-risk", "missed", "done", "no-deadline")
+FINISHED = ("Succeeded", "Failed", "Rejected")
 # Mirrored kind -> (table, key column)
 _TABLES: dict[str, tuple[type, Any]] = {
     "TrainingJob": (TrainingJobRow, TrainingJobRow.key),
@@ -66,8 +67,13 @@ def outlook_expr(now: float) -> sa.ColumnElement[str]:
 
 
 def _job_record(row: TrainingJobRow) -> JobRecord:
-    fields = {f.name for f in dataclasses.fields(JobRecord)} - {"last_condition"}
-    return JobRecord(**{name: getattr(row, name) for name in fields}, last_condition="")
+    fields = {f.name for f in dataclasses.fields(JobRecord)} - {"last_condition", "uid"}
+    return JobRecord(**{name: getattr(row, name) for name in fields}, uid=row.uid or "", last_condition="")
+
+
+def _held(rec: JobRecord) -> dict[str, int]:
+    """node -> GPUs the job holds: its placement while it runs, nothing once it has finished."""
+    return {} if rec.phase in FINISHED else {n: g for n, g in rec.placement.items() if g > 0}
 
 
 def _serving_record(row: ServingDeploymentRow) -> ServingRecord:
@@ -95,11 +101,14 @@ class Store:
         now = self.clock()
         with self.session.begin() as s:
             row = s.get(TrainingJobRow, rec.key)
-            old = _job_record(row) if row is not None else None
+            # The same name with another UID: the old job was deleted and a new one created while the watch was
+            # away. Nothing of the old row (changes, resharding time, allocations) is the new job's.
+            same = row is not None and (not row.uid or not rec.uid or row.uid == rec.uid)
+            old = _job_record(row) if same else None
             values = {f.name: getattr(rec, f.name) for f in dataclasses.fields(JobRecord) if f.name != "last_condition"}
             values["placement"] = dict(rec.placement)
             values["checkpoint_request"] = dict(rec.checkpoint_request) if rec.checkpoint_request else None
-            since = row.resharding_since if row is not None else None
+            since = row.resharding_since if same else None
             reshard_seconds = None
             if rec.phase == "Resharding":
                 since = since or now
@@ -112,9 +121,9 @@ class Store:
                 for k, v in values.items():
                     setattr(row, k, v)
                 row.resharding_since, row.updated = since, now
-            if old is None or dict(old.placement) != dict(rec.placement):
+            if old is None or _held(old) != _held(rec):
                 s.execute(sa.delete(AllocationRow).where(AllocationRow.job == rec.key))
-                s.add_all(AllocationRow(job=rec.key, node=n, gpus=g) for n, g in rec.placement.items() if g > 0)
+                s.add_all(AllocationRow(job=rec.key, node=n, gpus=g) for n, g in _held(rec).items())
             decisions = job_changes(old, rec, now)
             s.add_all(_decision_row(d, now) for d in decisions)
         return SyncResult(decisions, reshard_seconds)

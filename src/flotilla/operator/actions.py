@@ -31,6 +31,7 @@ class CreatePod:
 class DeletePod:
     namespace: str
     name: str
+    uid: str | None = None  # the pod planning saw: a precondition, so that no other pod of that name goes
 
 
 @dataclass(frozen=True)

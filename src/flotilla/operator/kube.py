@@ -22,7 +22,9 @@ from flotilla.operator.actions import (
     PatchStatus,
     PostEvent,
 )
+from flotilla.operator.pods import controller_ref
 from flotilla.operator.timeutil import rfc3339
+from flotilla.resources import names
 
 log = logging.getLogger(__name__)
 FIELD_MANAGER = "flotilla-operator"
@@ -143,13 +145,18 @@ class Kube:
             except ApiException as e:
                 if e.status != 409:
                     raise
+                return self._existing_pod_is_ours(a)
             return True
         if isinstance(a, DeletePod):
+            # No grace period override: the pod's own terminationGracePeriodSeconds, so that the API server
+            # (and the scheduler, which counts its GPUs) keeps it until its containers are gone.
+            options = client.V1DeleteOptions(preconditions=client.V1Preconditions(uid=a.uid)) if a.uid else None
             try:
-                self.core.delete_namespaced_pod(a.name, a.namespace, grace_period_seconds=0)
+                self.core.delete_namespaced_pod(a.name, a.namespace, body=options)
                 log.info("deleted pod %s/%s", a.namespace, a.name)
             except ApiException as e:
-                if e.status != 404:
+                # 404: gone already; 409: the UID precondition failed, the pod planning saw is gone.
+                if e.status not in (404, 409):
                     raise
             return True
         if isinstance(a, ApplyDeployment):
@@ -163,6 +170,26 @@ class Kube:
         if isinstance(a, PostEvent):
             return self._event(a)
         raise TypeError(f"unknown action {a!r}")
+
+    def _existing_pod_is_ours(self, a: CreatePod) -> bool | None:
+        """A create answered 409: the pod is there. It counts as created only if the owner we would have
+        given it controls it; another's (an orphan, a deleted job's of the same name) is never ours."""
+        meta = a.manifest["metadata"]
+        owner = controller_ref(a.manifest)
+        existing = self.core.api_client.sanitize_for_serialization(
+            self.core.read_namespaced_pod(meta["name"], meta["namespace"]))
+        found = controller_ref(existing)
+        if owner is not None and found is not None and found.get("uid") == owner.get("uid"):
+            return True
+        whose = f"{found.get('kind')} uid {found.get('uid')}" if found else "no controller (an orphan)"
+        message = (f"cannot create worker pod {meta['name']}: a pod of that name exists and belongs to {whose}, "
+                   f"not to this {owner.get('kind') if owner else 'object'}; it is left alone and not counted")
+        log.error("%s/%s: %s", meta["namespace"], meta["name"], message)
+        if owner is not None:
+            self._event(PostEvent({"apiVersion": owner["apiVersion"], "kind": owner["kind"],
+                                   "namespace": meta["namespace"], "name": owner["name"], "uid": owner["uid"]},
+                                  "Warning", names.Reason.POD_NAME_CONFLICT, message))
+        return None
 
     def _event(self, a: PostEvent) -> Any:
         now = rfc3339(time.time())

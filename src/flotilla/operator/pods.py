@@ -1,4 +1,9 @@
-"""What the operator reads off a pod (pure): its GPUs, whether it holds them, whose it is."""
+"""What the operator reads off a pod (pure): its GPUs, whether it holds them, whose it is.
+
+A pod belongs to the object its controlling ownerReference names by UID, as in Kubernetes' own controllers:
+labels select, they do not own. A worker pod orphaned by `kubectl delete --cascade=orphan` (the garbage
+collector strips the reference) or left by an earlier job of the same name belongs to no live job.
+"""
 
 from __future__ import annotations
 
@@ -22,12 +27,17 @@ def holds_gpus(pod: Body) -> bool:
     return bool((pod.get("spec") or {}).get("nodeName")) and phase not in ("Succeeded", "Failed")
 
 
-def worker_of(pod: Body) -> str | None:
-    """The TrainingJob key a worker pod belongs to; None for any other pod."""
-    labels = pod["metadata"].get("labels") or {}
-    if labels.get(names.LABEL_ROLE) == names.ROLE_WORKER and names.LABEL_JOB in labels:
-        return f"{pod['metadata']['namespace']}/{labels[names.LABEL_JOB]}"
-    return None
+def controller_ref(obj: Body) -> Mapping[str, Any] | None:
+    """The object's controlling ownerReference (controller: true), if any."""
+    return next((ref for ref in obj["metadata"].get("ownerReferences") or [] if ref.get("controller")), None)
+
+
+def worker_job_uid(pod: Body) -> str | None:
+    """The UID of the TrainingJob that controls a worker pod; None for any other pod and for an orphan."""
+    if (pod["metadata"].get("labels") or {}).get(names.LABEL_ROLE) != names.ROLE_WORKER:
+        return None
+    ref = controller_ref(pod)
+    return ref.get("uid") if ref is not None and ref.get("kind") == "TrainingJob" else None
 
 
 def serving_key(pod: Body) -> str | None:

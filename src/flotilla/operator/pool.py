@@ -20,7 +20,7 @@ from typing import Any, Mapping
 
 from flotilla.allocation import JobDecision, NodeState
 from flotilla.operator import serving, training
-from flotilla.operator.pods import holds_gpus, pod_gpus, serving_key, worker_of
+from flotilla.operator.pods import holds_gpus, pod_gpus, serving_key, worker_job_uid
 from flotilla.operator.serving import ServingGrant
 from flotilla.operator.timeutil import to_unix
 from flotilla.pool import PoolPolicy, PoolSnapshot, ServingState, decide
@@ -74,14 +74,15 @@ def arbitrate(now: float, policy: PoolPolicy, jobs: Mapping[str, Body], nodes: M
     foreign: dict[str, int] = defaultdict(int)
     worker_use: dict[str, dict[str, int]] = defaultdict(lambda: defaultdict(int))  # job -> node -> GPUs of its pods
     schedulable = {n.name for n in base.nodes if n.schedulable}
-    live = {j.key for j in base.jobs}  # a gone or finished job's pods that still hold GPUs are foreign
+    # job UID -> key: a gone or finished job's pods (orphans too) that still hold GPUs are foreign
+    live = training.live_by_uid(jobs.values())
     for pod in pods.values():
         meta, spec = pod["metadata"], pod.get("spec") or {}
         gpus, sd = pod_gpus(pod), serving_key(pod)
         finished = (pod.get("status") or {}).get("phase") in ("Succeeded", "Failed")
         if not gpus or finished:
             continue
-        if (job := worker_of(pod)) in live:
+        if (job := live.get(worker_job_uid(pod))) is not None:
             node = spec.get("nodeName") or (spec.get("nodeSelector") or {}).get("kubernetes.io/hostname")
             if node:
                 worker_use[job][node] += gpus
@@ -107,7 +108,11 @@ def arbitrate(now: float, policy: PoolPolicy, jobs: Mapping[str, Body], nodes: M
         else:
             states[key], peaks[key] = seen
     node_states = tuple(replace(n, foreign_gpus=n.foreign_gpus + foreign.get(n.name, 0)) for n in base.nodes)
-    decision = decide(PoolSnapshot(now, node_states, base.jobs, tuple(states.values())), policy)
+    # A live job's old worker set terminating on a node it has left holds GPUs nobody may be given yet
+    # (`_free_now` counts them through the job's pods).
+    surplus = training.held_beyond_placement(jobs.values(), pods.values())
+    decision = decide(PoolSnapshot(now, tuple(replace(n, foreign_gpus=n.foreign_gpus + surplus.get(n.name, 0))
+                                              for n in node_states), base.jobs, tuple(states.values())), policy)
 
     giving_back = [key for key, d in decision.serving.items() if serving_bound[key] > d.gpus]
     job_decisions = dict(decision.jobs)

@@ -9,7 +9,7 @@ from typing import Any, Mapping
 from flotilla.allocation import Allocator, ClusterSnapshot
 from flotilla.operator import serving, training
 from flotilla.operator.actions import Action
-from flotilla.operator.pods import holds_gpus, pod_gpus, worker_of
+from flotilla.operator.pods import holds_gpus, pod_gpus, worker_job_uid
 from flotilla.operator.pool import arbitrate
 from flotilla.pool import PoolPolicy
 
@@ -19,12 +19,14 @@ Body = Mapping[str, Any]
 def training_snapshot(now: float, jobs: Mapping[str, Body], nodes: Mapping[str, Body],
                       pods: Mapping[str, Body]) -> ClusterSnapshot:
     """The allocator's view: GPUs held by Flotilla pods that no live job accounts for (serving
-    instances, workers of a job that is gone or finished, still terminating) are not its to give."""
+    instances, workers of a job that is gone or finished, still terminating, orphans of a deleted job
+    whose name a new one took, a live job's old worker set terminating where it no longer runs) are not
+    its to give."""
     snap = training.snapshot(now, jobs.values(), nodes.values(), pods.values())
-    live = {j.key for j in snap.jobs}
-    foreign: dict[str, int] = defaultdict(int)
+    live = training.live_by_uid(jobs.values())
+    foreign: dict[str, int] = defaultdict(int, training.held_beyond_placement(jobs.values(), pods.values()))
     for pod in pods.values():
-        if holds_gpus(pod) and worker_of(pod) not in live:
+        if holds_gpus(pod) and worker_job_uid(pod) not in live:
             foreign[pod["spec"]["nodeName"]] += pod_gpus(pod)
     if not foreign:
         return snap
@@ -57,13 +59,14 @@ def plan(now: float, allocator: Allocator, jobs: Mapping[str, Body], nodes: Mapp
     else:
         job_decisions = allocator.decide(training_snapshot(now, jobs, nodes, pods)).jobs
         lending, grants = {}, {}
-    pods_of: dict[str, list[Body]] = defaultdict(list)
+    pods_of: dict[str, list[Body]] = defaultdict(list)  # job UID -> the worker pods it controls
     for pod in pods.values():
-        if (job := worker_of(pod)) is not None:
-            pods_of[job].append(pod)
+        if (uid := worker_job_uid(pod)) is not None:
+            pods_of[uid].append(pod)
     out: list[tuple[str, str, list[Action]]] = []
     for key, body in jobs.items():
-        out.append(("jobs", key, training.plan_job(body, pods_of.get(key, []), job_decisions.get(key), now,
+        mine = pods_of.get(body["metadata"].get("uid"), [])
+        out.append(("jobs", key, training.plan_job(body, mine, job_decisions.get(key), now,
                                                    allocator.name, max_restarts=max_restarts,
                                                    lending=lending.get(key))))
     for key, body in servings.items():

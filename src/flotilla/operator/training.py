@@ -2,14 +2,21 @@
 
 Restart safety: the placement a job runs on is recorded in `status.placement`
 before its pods are created, and pod names are derived from it
-(`<job>-g<generation>-w<rank>`). A restarted operator reads the placement back,
-creates only the pods that are missing (a create that finds the pod is a no-op)
-and never a second set.
+(`<job>-<h>-g<generation>-w<rank>`, h: a short hash of the job's UID). A restarted
+operator reads the placement back, creates only the pods that are missing (a create
+that finds the job's own pod is a no-op) and never a second set.
+
+Ownership: a job's pods are those whose controlling ownerReference carries its UID
+(`pods.worker_job_uid`). A new job that takes a deleted job's name starts from
+nothing: the old one's pods (orphaned, or still terminating) have other names and
+another owner; they are never its progress, success or failure, and their GPUs are
+held, not the allocator's to give, until they are gone.
 """
 
 from __future__ import annotations
 
 import copy
+import hashlib
 from dataclasses import replace
 from typing import Any, Iterable, Mapping
 
@@ -24,7 +31,7 @@ from flotilla.operator.actions import (
     PostEvent,
     involved,
 )
-from flotilla.operator.pods import pod_gpus, worker_of
+from flotilla.operator.pods import holds_gpus, pod_gpus, worker_job_uid
 from flotilla.operator.timeutil import rfc3339, to_unix
 from flotilla.resources import checkpoint, names, phases
 
@@ -116,6 +123,12 @@ def is_final(body: Body) -> bool:
     return (body.get("status") or {}).get("phase") in phases.TRAINING_FINAL
 
 
+def live_by_uid(jobs: Iterable[Body]) -> dict[str, str]:
+    """UID -> key of the jobs that are not finished: the owners whose pods are theirs to plan."""
+    return {body["metadata"]["uid"]: key_of(body) for body in jobs
+            if body["metadata"].get("uid") and not is_final(body)}
+
+
 def snapshot(now: float, jobs: Iterable[Body], nodes: Iterable[Body], pods: Iterable[Body] = ()) -> ClusterSnapshot:
     """The allocator's view. A job in `displaced(...)` is shown holding nothing, so that it is placed afresh."""
     gpu_nodes = tuple(node_state(n) for n in nodes
@@ -128,14 +141,32 @@ def snapshot(now: float, jobs: Iterable[Body], nodes: Iterable[Body], pods: Iter
                            jobs=tuple(replace(s, placement={}) if s.key in moved else s for s in states))
 
 
+def held_beyond_placement(jobs: Iterable[Body], pods: Iterable[Body]) -> dict[str, int]:
+    """node -> GPUs that live jobs' pods hold there beyond what their recorded placement reserves: an old
+    worker set still terminating on a node the job has left. Nobody may be given those GPUs until it is gone."""
+    live = live_by_uid(jobs)
+    reserved = {(uid, node): gpus for body in jobs if (uid := body["metadata"].get("uid")) in live
+                for node, gpus in placement_of(body).items()}
+    held: dict[tuple[str, str], int] = {}
+    for pod in pods:
+        if (uid := worker_job_uid(pod)) in live and holds_gpus(pod):
+            key = (uid, pod["spec"]["nodeName"])
+            held[key] = held.get(key, 0) + pod_gpus(pod)
+    out: dict[str, int] = {}
+    for (uid, node), gpus in held.items():
+        if gpus > reserved.get((uid, node), 0):
+            out[node] = out.get(node, 0) + gpus - reserved.get((uid, node), 0)
+    return out
+
+
 def displaced(jobs: Iterable[Body], allocatable: Mapping[str, int], pods: Iterable[Body]) -> set[str]:
     """Jobs whose worker set has not run yet and cannot all start where it was placed: on one of its
     nodes (`allocatable`: node -> GPUs) its workers are not all bound, and pods bound since (a serving
     pod the scheduler put there, another job's) took the GPUs. Nothing ran (workers need every rank),
     so it may move at once."""
     bound: dict[str, int] = {}
-    own: dict[tuple[str, str], int] = {}  # (job, node) -> GPUs of its pods of any generation
-    own_now: dict[tuple[str, int, str], int] = {}  # (job, generation, node) -> GPUs
+    own: dict[tuple[str, str], int] = {}  # (job UID, node) -> GPUs of its pods of any generation
+    own_now: dict[tuple[str, int, str], int] = {}  # (job UID, generation, node) -> GPUs
     for pod in pods:
         spec, meta = pod.get("spec") or {}, pod["metadata"]
         node = spec.get("nodeName")
@@ -143,7 +174,7 @@ def displaced(jobs: Iterable[Body], allocatable: Mapping[str, int], pods: Iterab
             continue
         gpus = pod_gpus(pod)
         bound[node] = bound.get(node, 0) + gpus
-        if (job := worker_of(pod)) is not None:
+        if (job := worker_job_uid(pod)) is not None:
             own[(job, node)] = own.get((job, node), 0) + gpus
             generation = int(meta["labels"].get(names.LABEL_GENERATION, -1))
             own_now[(job, generation, node)] = own_now.get((job, generation, node), 0) + gpus
@@ -151,11 +182,11 @@ def displaced(jobs: Iterable[Body], allocatable: Mapping[str, int], pods: Iterab
     for body in jobs:
         if not _not_run_yet(body):
             continue
-        key, generation = key_of(body), int((body.get("status") or {}).get("reshards", 0))
-        if any(own_now.get((key, generation, node), 0) < gpus
-               and allocatable.get(node, 0) - (bound.get(node, 0) - own.get((key, node), 0)) < gpus
+        uid, generation = body["metadata"].get("uid"), int((body.get("status") or {}).get("reshards", 0))
+        if any(own_now.get((uid, generation, node), 0) < gpus
+               and allocatable.get(node, 0) - (bound.get(node, 0) - own.get((uid, node), 0)) < gpus
                for node, gpus in placement_of(body).items()):
-            out.add(key)
+            out.add(key_of(body))
     return out
 
 
@@ -168,8 +199,18 @@ def _not_run_yet(body: Body) -> bool:
     return status.get("phase") == phases.ADMITTED or (status.get("phase") == phases.RESHARDING and not waiting)
 
 
-def pod_name(job: str, generation: int, rank: int) -> str:
-    return f"{job}-g{generation}-w{rank}"
+POD_NAME_MAX = 63  # a DNS-1123 label: the pod's hostname is its name
+
+
+def uid_hash(uid: str) -> str:
+    """Five hex digits of sha256(uid): what tells apart the pods of two jobs of the same name."""
+    return hashlib.sha256(uid.encode()).hexdigest()[:5]
+
+
+def pod_name(job: str, uid: str, generation: int, rank: int) -> str:
+    """`<job>-<h>-g<generation>-w<rank>`, the job's name cut short to keep it a DNS-1123 label."""
+    suffix = f"-{uid_hash(uid)}-g{generation}-w{rank}"
+    return job[:POD_NAME_MAX - len(suffix)].rstrip("-.") + suffix
 
 
 def worker_pods(body: Body, placement: Mapping[str, int], generation: int) -> list[dict[str, Any]]:
@@ -194,6 +235,7 @@ def worker_pods(body: Body, placement: Mapping[str, int], generation: int) -> li
         ])
         env = [
             {"name": "FLOTILLA_JOB", "value": meta["name"]},
+            {"name": "FLOTILLA_JOB_UID", "value": meta["uid"]},
             {"name": "FLOTILLA_NAMESPACE", "value": meta["namespace"]},
             {"name": "FLOTILLA_RANK", "value": str(rank)},
             {"name": "FLOTILLA_WORLD_SIZE", "value": str(world)},
@@ -205,14 +247,14 @@ def worker_pods(body: Body, placement: Mapping[str, int], generation: int) -> li
                 limits = c.setdefault("resources", {}).setdefault("limits", {})
                 limits[names.GPU_RESOURCE] = str(per_worker)
         labels = {**(t_meta.get("labels") or {}),
-                  names.LABEL_JOB: meta["name"], names.LABEL_ROLE: names.ROLE_WORKER,
+                  names.LABEL_JOB: meta["name"], names.LABEL_JOB_UID: meta["uid"], names.LABEL_ROLE: names.ROLE_WORKER,
                   names.LABEL_GENERATION: str(generation), names.LABEL_RANK: str(rank),
                   names.LABEL_MANAGED_BY: names.MANAGED_BY}
         pods.append({
             "apiVersion": "v1",
             "kind": "Pod",
             "metadata": {
-                "name": pod_name(meta["name"], generation, rank),
+                "name": pod_name(meta["name"], meta["uid"], generation, rank),
                 "namespace": meta["namespace"],
                 "labels": labels,
                 "annotations": dict(t_meta.get("annotations") or {}),
@@ -461,9 +503,32 @@ def _switch(plan: _Plan, state: JobState, by_gen: Mapping[int, list[Body]], want
     plan.patch.update(placement=_placement_list(want), gpus=gpus, workers=gpus // state.gpus_per_worker,
                       message=reason)
     plan.patch.update(_outlook(plan.body, state, gpus, plan.now))
-    plan.actions.extend(DeletePod(plan.ns, p["metadata"]["name"]) for g, ps in by_gen.items() if g != generation
+    _retire_old(plan, by_gen, generation)
+    _create_when_free(plan, by_gen, generation, worker_pods(plan.body, want, generation))
+
+
+def _retire_old(plan: _Plan, by_gen: Mapping[int, list[Body]], generation: int) -> None:
+    """Delete the job's pods of other generations, each with its own grace period (the API server keeps a
+    terminating pod, and the scheduler its GPUs, until its containers are gone), and only the pod seen (UID)."""
+    plan.actions.extend(DeletePod(plan.ns, p["metadata"]["name"], p["metadata"].get("uid"))
+                        for g, ps in by_gen.items() if g != generation
                         for p in ps if not p["metadata"].get("deletionTimestamp"))
-    plan.actions.extend(CreatePod(m) for m in worker_pods(plan.body, want, generation))
+
+
+def _create_when_free(plan: _Plan, by_gen: Mapping[int, list[Body]], generation: int,
+                      manifests: Iterable[dict[str, Any]]) -> list[str]:
+    """Create the worker pods of `generation`, each once no pod of another generation of this job holds GPUs
+    on its node: the new worker must not start on GPUs whose old containers are still terminating.
+    Returns the nodes it waits for (a later pass creates the rest when the old pods are gone)."""
+    busy = {p["spec"]["nodeName"] for g, ps in by_gen.items() if g != generation for p in ps if holds_gpus(p)}
+    waiting = []
+    for m in manifests:
+        node = m["spec"]["nodeSelector"]["kubernetes.io/hostname"]
+        if node in busy:
+            waiting.append(node)
+        else:
+            plan.actions.append(CreatePod(m))
+    return sorted(set(waiting))
 
 
 def _settle_loans(plan: _Plan, before: int, after: int) -> None:
@@ -502,11 +567,11 @@ def _keep_running(plan: _Plan, state: JobState, by_gen: Mapping[int, list[Body]]
                   generation: int, max_restarts: int) -> list[Action]:
     """On the recorded placement: keep the pod set whole and derive the phase from it."""
     status, name = plan.status, plan.name
-    plan.actions.extend(DeletePod(plan.ns, p["metadata"]["name"]) for g, ps in by_gen.items() if g != generation
-                        for p in ps if not p["metadata"].get("deletionTimestamp"))
+    _retire_old(plan, by_gen, generation)
     mine = {p["metadata"]["name"]: p for p in by_gen.get(generation, [])}
     expected = worker_pods(plan.body, current, generation)
-    plan.actions.extend(CreatePod(m) for m in expected if m["metadata"]["name"] not in mine)
+    held_up = _create_when_free(plan, by_gen, generation,
+                                (m for m in expected if m["metadata"]["name"] not in mine))
     pod_phase = {n: (p.get("status") or {}).get("phase", "Pending") for n, p in mine.items()}
     failed = sorted(n for n, ph in pod_phase.items() if ph == "Failed")
     if failed:
@@ -521,9 +586,10 @@ def _keep_running(plan: _Plan, state: JobState, by_gen: Mapping[int, list[Body]]
         plan.patch.update(phase=phases.FAILED, message=why)
         plan.condition(names.COND_READY, "False", names.Reason.WORKER_FAILED, why)
         plan.event("Warning", names.Reason.WORKER_FAILED, why)
-        plan.actions.extend(DeletePod(plan.ns, n) for n, ph in pod_phase.items() if ph not in ("Failed", "Succeeded"))
+        plan.actions.extend(DeletePod(plan.ns, n, mine[n]["metadata"].get("uid"))
+                            for n, ph in pod_phase.items() if ph not in ("Failed", "Succeeded"))
         return plan.done(keep_creates=False)
-    if pod_phase.get(pod_name(name, generation, 0)) == "Succeeded":
+    if pod_phase.get(pod_name(name, plan.meta["uid"], generation, 0)) == "Succeeded":
         met = plan.now <= state.deadline
         plan.patch.update(phase=phases.SUCCEEDED, message="rank 0 exited successfully", gpus=0,
                           estimatedCompletion=rfc3339(plan.now), deadlineMet=met)
@@ -535,6 +601,10 @@ def _keep_running(plan: _Plan, state: JobState, by_gen: Mapping[int, list[Body]]
         return plan.done(keep_creates=False)
     all_running = len(mine) == len(expected) and all(ph == "Running" for ph in pod_phase.values())
     waiting = plan.patch.get("phase") == phases.RESHARDING
+    if held_up and not waiting:
+        msg = f"waiting for the previous worker set's pods to terminate on {', '.join(held_up)}"
+        if status.get("message") != msg:
+            plan.patch["message"] = msg
     if all_running and not waiting and status.get("phase") != phases.RUNNING:
         msg = f"{len(mine)} workers running on {_describe(current)}"
         plan.patch.update(phase=phases.RUNNING, message=msg)

@@ -14,7 +14,7 @@ from typing import Any, Iterable
 
 from flotilla.operator import training, trim
 from flotilla.operator.actions import PatchAnnotations, PatchStatus
-from flotilla.resources import names
+from flotilla.operator.pods import holds_gpus, worker_job_uid
 
 _TRIM = {"jobs": trim.trainingjob, "pods": trim.pod}
 # A pod this operator created is not created again for this long while its watch event is late.
@@ -127,12 +127,11 @@ class View:
         return False
 
     def prune(self) -> None:
-        """Forget the pods of finished jobs: a pass then plans with live ones only. (A job not seen yet
-        keeps its pods: at start-up the pods may be listed before the jobs.)"""
+        """Forget the pods of finished jobs once they hold no GPUs: a pass then plans with live ones only.
+        (A job not seen yet keeps its pods: at start-up the pods may be listed before the jobs.)"""
+        finished = {body["metadata"].get("uid") for body in self.jobs.values() if training.is_final(body)}
         for key, pod in list(self.pods.items()):
-            job = (pod["metadata"].get("labels") or {}).get(names.LABEL_JOB)
-            body = self.jobs.get(f"{pod['metadata']['namespace']}/{job}") if job else None
-            if body is not None and training.is_final(body):
+            if (uid := worker_job_uid(pod)) is not None and uid in finished and not holds_gpus(pod):
                 del self.pods[key]
 
 

@@ -4,6 +4,7 @@ from flotilla import GROUP
 
 # Labels on the objects Flotilla creates.
 LABEL_JOB = f"{GROUP}/job"
+LABEL_JOB_UID = f"{GROUP}/job-uid"  # for selectors; what owns a pod is its controller ownerReference
 LABEL_ROLE = f"{GROUP}/role"  # worker | prefill | decode
 LABEL_GENERATION = f"{GROUP}/generation"  # a TrainingJob's worker set; bumped at each reshard
 LABEL_RANK = f"{GROUP}/rank"
@@ -51,6 +52,7 @@ class Reason:
     CHECKPOINT_WRITTEN = "CheckpointWritten"
     RESTART_FROM_CHECKPOINT = "RestartFromCheckpoint"
     CREATE_FAILED = "CreateFailed"
+    POD_NAME_CONFLICT = "PodNameConflict"  # a pod the operator would create exists and is another owner's
     INVALID_SPEC = "InvalidSpec"
     DEADLINE_AT_RISK = "DeadlineAtRisk"
     ON_TRACK = "OnTrack"

@@ -21,6 +21,7 @@ class WorkerIdentity:
     rank: int
     world_size: int
     generation: int
+    job_uid: str = ""  # the TrainingJob's UID: a worker never writes to a newer job that took its job's name
 
     @classmethod
     def from_env(cls, env: dict[str, str] | None = None) -> "WorkerIdentity":
@@ -30,7 +31,8 @@ class WorkerIdentity:
         if missing:
             raise RuntimeError(f"not running as a Flotilla worker: {', '.join(missing)} not set")
         return cls(env["FLOTILLA_JOB"], env["FLOTILLA_NAMESPACE"], int(env["FLOTILLA_RANK"]),
-                   int(env["FLOTILLA_WORLD_SIZE"]), int(env.get("FLOTILLA_GENERATION", "0")))
+                   int(env["FLOTILLA_WORLD_SIZE"]), int(env.get("FLOTILLA_GENERATION", "0")),
+                   env.get("FLOTILLA_JOB_UID", ""))
 
 
 @dataclass(frozen=True)
@@ -72,8 +74,13 @@ class JobClient:
         return self.identity.world_size
 
     def _patch_annotations(self, annotations: dict[str, str]) -> None:
+        # With the job's UID in the patch the API server refuses it (uid is immutable) once the job is gone
+        # and another took its name: an orphaned worker cannot report into the new job.
+        meta: dict[str, Any] = {"annotations": annotations}
+        if self.identity.job_uid:
+            meta["uid"] = self.identity.job_uid
         self._api.patch_namespaced_custom_object(GROUP, VERSION, self.identity.namespace, PLURAL, self.identity.job,
-                                                 {"metadata": {"annotations": annotations}})
+                                                 {"metadata": meta})
 
     def report_progress(self, steps: int, steps_per_second: float, checkpoint_step: int | None = None,
                         force: bool = False) -> bool:
@@ -94,6 +101,8 @@ class JobClient:
         self._last_poll = now
         body = self._api.get_namespaced_custom_object(GROUP, VERSION, self.identity.namespace, PLURAL,
                                                       self.identity.job)
+        if self.identity.job_uid and body["metadata"].get("uid") != self.identity.job_uid:
+            return None  # another job of the same name: its requests are not ours
         annotations = body["metadata"].get("annotations") or {}
         request, ack = checkpoint.parse_request(annotations), checkpoint.parse_ack(annotations)
         acked = max(self._acked, ack["generation"] if ack else 0,

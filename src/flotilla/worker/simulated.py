@@ -48,15 +48,18 @@ class SimulatedWorkers:
             return self.custom.list_namespaced_custom_object(GROUP, VERSION, self.namespace, "trainingjobs")["items"]
         return self.custom.list_cluster_custom_object(GROUP, VERSION, "trainingjobs")["items"]
 
-    def _pods(self) -> dict[tuple[str, str, int], list[Any]]:
+    def _pods(self) -> dict[tuple[str, int], list[Any]]:
+        """(job UID, generation) -> the worker pods that job controls (an orphan is nobody's)."""
         selector = f"{names.LABEL_ROLE}={names.ROLE_WORKER}"
         pods = (self.core.list_namespaced_pod(self.namespace, label_selector=selector) if self.namespace
                 else self.core.list_pod_for_all_namespaces(label_selector=selector)).items
-        out: dict[tuple[str, str, int], list[Any]] = {}
+        out: dict[tuple[str, int], list[Any]] = {}
         for p in pods:
+            owner = next((r for r in p.metadata.owner_references or [] if r.controller), None)
+            if owner is None:
+                continue
             labels = p.metadata.labels or {}
-            key = (p.metadata.namespace, labels.get(names.LABEL_JOB, ""), int(labels.get(names.LABEL_GENERATION, -1)))
-            out.setdefault(key, []).append(p)
+            out.setdefault((owner.uid, int(labels.get(names.LABEL_GENERATION, -1))), []).append(p)
         return out
 
     def step(self, now: float | None = None) -> None:
@@ -65,12 +68,12 @@ class SimulatedWorkers:
         seen = set()
         for job in self._jobs():
             meta, spec, status = job["metadata"], job["spec"], job.get("status") or {}
-            key = f"{meta['namespace']}/{meta['name']}"
+            key = meta["uid"]  # a new job of an old name starts from nothing
             if status.get("phase") not in ("Running", "Resharding") or not status.get("placement"):
                 continue
             seen.add(key)
             generation = int(status.get("reshards", 0))
-            mine = pods.get((meta["namespace"], meta["name"], generation), [])
+            mine = pods.get((meta["uid"], generation), [])
             running = bool(mine) and len(mine) == int(status.get("workers", 0)) and all(
                 p.status.phase == "Running" for p in mine)
             run = self.runs.get(key)
@@ -93,21 +96,22 @@ class SimulatedWorkers:
             if request and request.generation > run.paused_for:
                 client.acknowledge(request, int(run.steps))
                 run.paused_for = request.generation
-                log.info("%s: checkpoint generation %d written at step %d", key, request.generation, int(run.steps))
+                log.info("%s/%s: checkpoint generation %d written at step %d", meta["namespace"], meta["name"],
+                         request.generation, int(run.steps))
             if run.steps >= spec["totalSteps"] and not run.paused_for:
                 self._finish(mine)
                 run.finished = True
-                log.info("%s: all %d steps done; workers exit", key, spec["totalSteps"])
+                log.info("%s/%s: all %d steps done; workers exit", meta["namespace"], meta["name"], spec["totalSteps"])
         for key in set(self.runs) - seen:
             del self.runs[key]
             self.clients.pop(key, None)
 
     def _client(self, meta: dict, generation: int, world: int) -> JobClient:
-        key = f"{meta['namespace']}/{meta['name']}"
+        key = meta["uid"]
         c = self.clients.get(key)
         if c is None or c.identity.generation != generation:
-            c = self.clients[key] = JobClient(WorkerIdentity(meta["name"], meta["namespace"], 0, world, generation),
-                                              api=self.custom)
+            c = self.clients[key] = JobClient(WorkerIdentity(meta["name"], meta["namespace"], 0, world, generation,
+                                                             meta["uid"]), api=self.custom)
         return c
 
     def _finish(self, pods: list[Any]) -> None:
