@@ -122,9 +122,11 @@ def test_defaults(render):
 
 def test_rbac_is_exactly_what_each_component_uses(render):
     o = render()
-    # From src/flotilla/operator: kopf watches, status patches, pods, server-side-applied Deployments, Events.
+    # From src/flotilla/operator: kopf watches, status patches, checkpoint requests (annotations on the job),
+    # pods, server-side-applied Deployments, Events.
     assert rules(o, "ClusterRole", OP) == (
         triples("flotilla.dev", ["trainingjobs", "servingdeployments"], ["list", "watch"])
+        | triples("flotilla.dev", ["trainingjobs"], ["patch"])
         | triples("flotilla.dev", ["trainingjobs/status", "servingdeployments/status"], ["patch"])
         | triples("", ["nodes"], ["list", "watch"])
         | triples("", ["pods"], ["get", "list", "watch", "create", "delete"])
