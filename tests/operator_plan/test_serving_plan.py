@@ -1,3 +1,5 @@
+import json
+
 from flotilla.operator import serving
 from flotilla.operator.actions import ApplyDeployment, PatchStatus, PostEvent
 from tests.operator_plan.builders import T0
@@ -132,18 +134,24 @@ def test_a_hand_edit_is_put_back_with_a_warning_that_says_who_owns_the_count():
     assert warning.type == "Warning" and "by hand to 5" in warning.message and "spec.planner" in warning.message
 
 
+def observed(rps):
+    return {"flotilla.dev/observed": json.dumps({"requestsPerSecond": rps, "attainment": 0.8})}
+
+
 def test_slo_at_risk_follows_the_observed_rate_against_the_plans_goodput():
-    base = {"lastPlan": {"time": "t", "reason": "r"}, "ratio": "1:2", "gpus": 6, "predictedGoodput": 8.0,
-            "prefillReplicas": 1, "decodeReplicas": 2}
-    body = sd(mode="auto", status={**base, "observed": {"requestsPerSecond": 12.0}})
+    base = {"lastPlan": {"time": "t", "reason": "r"}, "ratio": "1:2", "gpus": 6}
+    body = sd(mode="auto", status=base)
     body["spec"]["planner"] = {"mode": "auto"}
+    body["spec"]["plan"] = {"prefillReplicas": 1, "decodeReplicas": 2, "predictedGoodput": 8.0, "reason": "r"}
+    body["metadata"]["annotations"] = observed(12.0)
     actions = serving.plan_serving(body, {}, T0)
     st = next(a for a in actions if isinstance(a, PatchStatus)).status
     [risk] = [c for c in st["conditions"] if c["type"] == "SLOAtRisk"]
     assert risk["status"] == "True" and "12.00 req/s observed" in risk["message"]
     assert [a.type for a in actions if isinstance(a, PostEvent) and a.reason == "SLOAtRisk"] == ["Warning"]
     # The load falls under what the plan serves: the condition goes False, without a new Warning.
-    body["status"] = {**base, "observed": {"requestsPerSecond": 5.0}, "conditions": st["conditions"]}
+    body["status"] = {**base, "conditions": st["conditions"]}
+    body["metadata"]["annotations"] = observed(5.0)
     again = serving.plan_serving(body, {}, T0)
     st = next(a for a in again if isinstance(a, PatchStatus)).status
     assert [c["status"] for c in st["conditions"] if c["type"] == "SLOAtRisk"] == ["False"]

@@ -5,7 +5,6 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-import uuid
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Callable
 
@@ -22,7 +21,7 @@ from flotilla.operator.actions import (
     PatchStatus,
     PostEvent,
 )
-from flotilla.operator.timeutil import rfc3339
+from flotilla.operator.recorder import EventRecorder
 
 log = logging.getLogger(__name__)
 FIELD_MANAGER = "flotilla-operator"
@@ -87,6 +86,7 @@ class Kube:
         self._limit = asyncio.Semaphore(concurrency)
         self._pool = ThreadPoolExecutor(max_workers=concurrency, thread_name_prefix="kube")
         self._limiter = limiter or RateLimiter(0, 0)
+        self.events = EventRecorder(self.core, FIELD_MANAGER)
         self.requests = 0
         self.throttled_seconds = 0.0
 
@@ -165,22 +165,7 @@ class Kube:
         raise TypeError(f"unknown action {a!r}")
 
     def _event(self, a: PostEvent) -> Any:
-        now = rfc3339(time.time())
-        ns = a.involved.get("namespace") or "default"
-        body = {
-            "metadata": {"name": f"{a.involved['name']}.{uuid.uuid4().hex[:12]}", "namespace": ns},
-            "involvedObject": a.involved,
-            "reason": a.reason,
-            "message": a.message[:1024],
-            "type": a.type,
-            "source": {"component": FIELD_MANAGER},
-            "reportingComponent": FIELD_MANAGER,
-            "firstTimestamp": now,
-            "lastTimestamp": now,
-            "count": 1,
-        }
-        log.info("event %s %s/%s: %s", a.reason, ns, a.involved["name"], a.message)
-        return self.core.create_namespaced_event(ns, body)
+        return self.events.record(a.involved, a.type, a.reason, a.message)
 
 
 def _api_message(e: ApiException) -> str:
