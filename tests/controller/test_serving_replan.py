@@ -203,3 +203,19 @@ def test_the_prometheus_route_feeds_the_replanner_from_the_second_scrape(client,
     assert replanner._windows["default/chat"].requests_per_second == pytest.approx(5.0)
     bad = client.post(path, content="not { prometheus", headers=headers)
     assert bad.status_code == 422 and "Prometheus" in bad.text
+
+
+def test_a_plan_whose_apply_failed_is_applied_on_the_next_pass(setup, clock, monkeypatch):
+    from flotilla.controller.actions import ClusterActionError
+
+    replanner, actions, _ = setup
+
+    def timed_out(*_):
+        raise ClusterActionError("servingdeployments/default/chat: 504 Gateway Timeout")
+
+    monkeypatch.setattr(actions, "apply", timed_out)
+    step(replanner, clock, 18.0)  # the Replanner decides; the write times out (logged, not raised)
+    monkeypatch.undo()
+    step(replanner, clock, 18.0)  # no new decision: the same load
+    [fields] = applies(actions)
+    assert fields["spec"]["plan"]["reason"].startswith("scale up")

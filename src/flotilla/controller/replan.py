@@ -124,9 +124,8 @@ class ServingReplanner:
         fields: dict[str, Any] = {"metadata": {"annotations": {ANNOTATION_OBSERVED: observed}}}
         if plan:
             fields["spec"] = {"plan": plan}
+            self._applied[key] = plan  # before the call: a failed apply is retried with this plan next pass
         self.actions.apply(PLURAL, meta["namespace"], meta["name"], fields)
-        if plan:
-            self._applied[key] = plan
 
     def run(self, interval: float = 1.0) -> None:
         while not self._stop.wait(interval):
