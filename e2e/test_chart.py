@@ -227,6 +227,35 @@ def test_the_controller_acts_with_its_own_serviceaccount(release, namespace, tmp
         kubectl("uncordon", node, check=False)
 
 
+def test_the_controller_may_apply_spec_plan_but_not_status_nor_recreate_a_deleted_object(release, namespace, tmp_path):
+    """One writer per field, enforced by RBAC: the controller's ServiceAccount server-side applies a
+    ServingDeployment's spec.plan, may not write its status, and cannot bring back a deleted one."""
+    from kubernetes import client, config
+    from kubernetes.client.rest import ApiException
+
+    from flotilla.controller.actions import ClusterActionError
+    from flotilla.controller.kube import KubeActions
+
+    api = config.new_client_from_config(str(kubeconfig_for(CTL, release, tmp_path / "controller.kubeconfig")))
+    kubectl("apply", "-n", namespace, "-f", str(ROOT / "examples" / "servingdeployment-chat.yaml"))
+    plan = {"prefillReplicas": 1, "decodeReplicas": 3, "prefillGPUsPerInstance": 1, "decodeGPUsPerInstance": 1,
+            "predictedGoodput": 7.5, "reason": "e2e", "time": "2027-01-15T08:00:00Z"}
+    fields = {"metadata": {"annotations": {"flotilla.dev/observed": '{"requestsPerSecond": 6.0}'}},
+              "spec": {"plan": plan}}
+    actions = KubeActions(api)
+    actions.apply("servingdeployments", namespace, "chat", fields)
+    sd = get("servingdeployment", "chat", namespace)
+    assert sd["spec"]["plan"] == plan and sd["metadata"]["annotations"]["flotilla.dev/observed"]
+    with pytest.raises(ApiException) as refused:
+        client.CustomObjectsApi(api).patch_namespaced_custom_object_status(
+            "flotilla.dev", "v1alpha1", namespace, "servingdeployments", "chat", {"status": {"phase": "Ready"}})
+    assert refused.value.status == 403
+    kubectl("delete", "servingdeployment", "chat", "-n", namespace, "--wait=true", "--timeout=30s")
+    with pytest.raises(ClusterActionError):
+        actions.apply("servingdeployments", namespace, "chat", fields)
+    assert get("servingdeployment", "chat", namespace) is None
+
+
 def test_of_two_operator_replicas_exactly_one_acts_and_the_other_takes_over(release, namespace, tmp_path, log_dir,
                                                                            monkeypatch):
     from e2e.test_operator import job_manifest

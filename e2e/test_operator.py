@@ -55,8 +55,9 @@ def running_pods(ns: str, job: str) -> list[dict]:
 
 
 def events_for(ns: str, name: str) -> list[str]:
+    """The reason of every occurrence: an Event repeated N times is one Event with count N."""
     evs = items("events", ns)
-    return [e["reason"] for e in evs if e["involvedObject"]["name"] == name]
+    return [e["reason"] for e in evs if e["involvedObject"]["name"] == name for _ in range(e.get("count") or 1)]
 
 
 def test_examples_run_on_kwok_gpu_nodes(operator, namespace):

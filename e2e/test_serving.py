@@ -7,7 +7,7 @@ import time
 
 import pytest
 
-from e2e.kube import LoadDriver, apply, controller_api, get, items, wait_for
+from e2e.kube import LoadDriver, apply, controller_api, get, items, kubectl, wait_for
 
 INTERVAL = 5
 SCALE_DOWN_AFTER = 15
@@ -69,3 +69,30 @@ def test_the_pd_ratio_follows_the_load_up_fast_and_down_slowly_without_flapping(
     made = [p for p in plans if p["actor"] == "controller"]  # the others are the same changes as observed
     assert len(made) == 2, [p["reason"] for p in made]  # one up, one down: no flapping
     assert made[0]["reason"].startswith("scale down") and made[0]["inputs"]["observed"]["requests_per_second"] == 6.0
+    _the_plan_has_one_writer_and_a_users_apply_keeps_it(body, namespace)
+
+
+def _the_plan_has_one_writer_and_a_users_apply_keeps_it(body: dict, namespace: str) -> None:
+    sd = get("servingdeployment", "chat", namespace)
+    plan = sd["spec"]["plan"]
+    assert (plan["prefillReplicas"], plan["decodeReplicas"]) == (sd["status"]["prefillReplicas"],
+                                                                 sd["status"]["decodeReplicas"])
+    managed = json.loads(kubectl("get", "servingdeployment", "chat", "-n", namespace, "-o", "json",
+                                 "--show-managed-fields").stdout)["metadata"]["managedFields"]
+    owners = {m["manager"] for m in managed if "f:plan" in (m.get("fieldsV1") or {}).get("f:spec", {})}
+    assert owners == {"flotilla-controller"}, managed
+    assert not [m for m in managed if m["manager"] == "flotilla-controller" and m.get("subresource") == "status"]
+    # The user re-applies the manifest with another SLO: client-side apply (a three-way merge patch from the
+    # last-applied annotation, which never held spec.plan) and server-side apply both leave the plan alone.
+    edited = {**body, "spec": {**body["spec"], "slo": {**body["spec"]["slo"], "attainment": 0.91}}}
+    assert apply(json.dumps(edited), namespace).returncode == 0
+    assert get("servingdeployment", "chat", namespace)["spec"]["plan"] == plan
+    server_side = kubectl("apply", "--server-side", "--field-manager=user", "-n", namespace, "-f", "-",
+                          stdin=json.dumps(edited), check=False)
+    assert server_side.returncode == 0, server_side.stderr
+    assert get("servingdeployment", "chat", namespace)["spec"]["plan"] == plan
+    # Setting spec.plan yourself conflicts with the controller's ownership (unless forced).
+    hijack = {**edited, "spec": {**edited["spec"], "plan": {**plan, "decodeReplicas": plan["decodeReplicas"] + 1}}}
+    refused = kubectl("apply", "--server-side", "--field-manager=user", "-n", namespace, "-f", "-",
+                      stdin=json.dumps(hijack), check=False)
+    assert refused.returncode != 0 and "flotilla-controller" in refused.stderr

@@ -123,7 +123,7 @@ def test_defaults(render):
 def test_rbac_is_exactly_what_each_component_uses(render):
     o = render()
     # From src/flotilla/operator: kopf watches, status patches, checkpoint requests (annotations on the job),
-    # pods, server-side-applied Deployments, Events.
+    # pods, server-side-applied Deployments, Events (created, then read and patched to count repeats).
     assert rules(o, "ClusterRole", OP) == (
         triples("flotilla.dev", ["trainingjobs", "servingdeployments"], ["list", "watch"])
         | triples("flotilla.dev", ["trainingjobs"], ["patch"])
@@ -131,18 +131,18 @@ def test_rbac_is_exactly_what_each_component_uses(render):
         | triples("", ["nodes"], ["list", "watch"])
         | triples("", ["pods"], ["get", "list", "watch", "create", "delete"])
         | triples("apps", ["deployments"], ["list", "watch", "create", "patch"])
-        | triples("", ["events"], ["create"])
+        | triples("", ["events"], ["create", "get", "patch"])
         | triples("apiextensions.k8s.io", ["customresourcedefinitions"], ["list", "watch"]))
     lease_role = o[("Role", f"{OP}-leader-election")]
     assert lease_role["rules"] == [{"apiGroups": ["coordination.k8s.io"], "resources": ["leases"],
                                     "resourceNames": [OP], "verbs": ["get", "update"]}]
-    # From the controller: mirror (list/watch), checkpoint requests and spec edits (patch), cordon/taint/condition,
-    # and an Event on a Node whose health it changes.
+    # From the controller: mirror (list/watch), checkpoint requests, spec edits and spec.plan applies (patch; never
+    # create, never status), cordon/taint/condition, and an Event on a Node whose health it changes.
     assert rules(o, "ClusterRole", CTL) == (
         triples("flotilla.dev", ["trainingjobs", "servingdeployments"], ["get", "list", "watch", "patch"])
         | triples("", ["nodes"], ["get", "list", "watch", "patch"])
         | triples("", ["nodes/status"], ["patch"])
-        | triples("", ["events"], ["create"]))
+        | triples("", ["events"], ["create", "get", "patch"]))
     # Every binding names the SA of its own component; nothing is bound to the agent.
     for kind in ("ClusterRoleBinding", "RoleBinding"):
         for (k, name), b in o.items():

@@ -50,7 +50,7 @@ def test_kube_actions_patches():
     taints = [client.V1Taint(key="other", effect="NoSchedule"),
               client.V1Taint(key="flotilla.dev/unhealthy", value="old", effect="NoSchedule")]
     current = SimpleNamespace(spec=SimpleNamespace(taints=taints), metadata=SimpleNamespace(resource_version="42", uid="u1"))
-    actions.core = Recorder(current)
+    actions.core = actions.events.core = Recorder(current)
     actions.custom = Recorder()
     actions.annotate("trainingjobs", "ns", "j", "k", "v")
     assert actions.custom.calls == [("patch_namespaced_custom_object", "flotilla.dev", "v1alpha1", "ns",

@@ -1,3 +1,7 @@
+import json
+
+import pytest
+
 from flotilla.operator import serving
 from flotilla.operator.actions import ApplyDeployment, PatchStatus, PostEvent
 from tests.operator_plan.builders import T0
@@ -132,19 +136,68 @@ def test_a_hand_edit_is_put_back_with_a_warning_that_says_who_owns_the_count():
     assert warning.type == "Warning" and "by hand to 5" in warning.message and "spec.planner" in warning.message
 
 
+def observed(rps):
+    return {"flotilla.dev/observed": json.dumps({"requestsPerSecond": rps, "attainment": 0.8})}
+
+
 def test_slo_at_risk_follows_the_observed_rate_against_the_plans_goodput():
-    base = {"lastPlan": {"time": "t", "reason": "r"}, "ratio": "1:2", "gpus": 6, "predictedGoodput": 8.0,
-            "prefillReplicas": 1, "decodeReplicas": 2}
-    body = sd(mode="auto", status={**base, "observed": {"requestsPerSecond": 12.0}})
+    base = {"lastPlan": {"time": "t", "reason": "r"}, "ratio": "1:2", "gpus": 6}
+    body = sd(mode="auto", status=base)
     body["spec"]["planner"] = {"mode": "auto"}
+    body["spec"]["plan"] = {"prefillReplicas": 1, "decodeReplicas": 2, "predictedGoodput": 8.0, "reason": "r"}
+    body["metadata"]["annotations"] = observed(12.0)
     actions = serving.plan_serving(body, {}, T0)
     st = next(a for a in actions if isinstance(a, PatchStatus)).status
     [risk] = [c for c in st["conditions"] if c["type"] == "SLOAtRisk"]
     assert risk["status"] == "True" and "12.00 req/s observed" in risk["message"]
     assert [a.type for a in actions if isinstance(a, PostEvent) and a.reason == "SLOAtRisk"] == ["Warning"]
     # The load falls under what the plan serves: the condition goes False, without a new Warning.
-    body["status"] = {**base, "observed": {"requestsPerSecond": 5.0}, "conditions": st["conditions"]}
+    body["status"] = {**base, "conditions": st["conditions"]}
+    body["metadata"]["annotations"] = observed(5.0)
     again = serving.plan_serving(body, {}, T0)
     st = next(a for a in again if isinstance(a, PatchStatus)).status
     assert [c["status"] for c in st["conditions"] if c["type"] == "SLOAtRisk"] == ["False"]
     assert not [a for a in again if isinstance(a, PostEvent) and a.reason == "SLOAtRisk"]
+
+
+def test_auto_mode_deploys_spec_plan_never_status_and_mirrors_it_into_status():
+    body = auto_sd()
+    body["spec"]["plan"] = {"prefillReplicas": 3, "decodeReplicas": 5, "prefillGPUsPerInstance": 1,
+                            "decodeGPUsPerInstance": 2, "predictedGoodput": 20.5, "reason": "scale up: 18 req/s",
+                            "time": "2027-01-15T08:00:00Z"}
+    # A status that says something else (an older writer's, or a restored backup) is a report, not intent.
+    body["status"] = {"prefillReplicas": 9, "decodeReplicas": 9, "lastPlan": {"time": "t", "reason": "old"}}
+    actions = serving.plan_serving(body, {}, T0)
+    deps = {a.manifest["metadata"]["name"]: a.manifest for a in actions if isinstance(a, ApplyDeployment)}
+    assert {k: v["spec"]["replicas"] for k, v in deps.items()} == {"chat-prefill": 3, "chat-decode": 5}
+    limit = deps["chat-decode"]["spec"]["template"]["spec"]["containers"][0]["resources"]["limits"]["nvidia.com/gpu"]
+    assert limit == "2"
+    st = next(a for a in actions if isinstance(a, PatchStatus)).status
+    assert (st["prefillReplicas"], st["decodeReplicas"], st["gpus"], st["predictedGoodput"]) == (3, 5, 13, 20.5)
+    assert st["lastPlan"] == {"time": "2027-01-15T08:00:00Z", "reason": "scale up: 18 req/s"}
+    # The user changes another spec field (kubectl apply of a manifest without spec.plan): the plan holds.
+    body["spec"]["slo"]["attainment"] = 0.95
+    assert serving.target(body).replicas == {"prefill": 3, "decode": 5}
+    # In fixed mode spec.plan is ignored.
+    body["spec"]["planner"] = {"mode": "fixed", "prefillReplicas": 1, "decodeReplicas": 1}
+    assert serving.target(body).replicas == {"prefill": 1, "decode": 1}
+
+
+@pytest.mark.parametrize("raw", ["{not json", "[1, 2]", json.dumps({"requestsPerSecond": -1, "attainment": 7,
+                                                                    "ttftP90Ms": "fast", "extra": 1e9})])
+def test_a_malformed_observed_annotation_is_not_mirrored(raw):
+    body = auto_sd()
+    body["metadata"]["annotations"] = {"flotilla.dev/observed": raw}
+    st = next(a for a in serving.plan_serving(body, {}, T0) if isinstance(a, PatchStatus)).status
+    assert "observed" not in st
+
+
+def test_the_observed_mirror_deletes_the_fields_that_went():
+    body = auto_sd()
+    body["metadata"]["annotations"] = {"flotilla.dev/observed": json.dumps({"requestsPerSecond": 4.0})}
+    body["status"] = {"observed": {"requestsPerSecond": 6.0, "ttftP90Ms": 120.0}}
+    st = next(a for a in serving.plan_serving(body, {}, T0) if isinstance(a, PatchStatus)).status
+    assert st["observed"] == {"requestsPerSecond": 4.0, "ttftP90Ms": None}  # merge patch: null deletes
+    body["status"] = {**body["status"], **st, "observed": {"requestsPerSecond": 4.0}}
+    again = [a for a in serving.plan_serving(body, {}, T0) if isinstance(a, PatchStatus)]
+    assert not again or "observed" not in again[0].status

@@ -1,9 +1,11 @@
 """What the controller may do to the cluster, as one small interface.
 
 The controller never creates pods: it patches TrainingJobs and
-ServingDeployments (annotations, spec fields) and Nodes (cordon, the
-`flotilla.dev/unhealthy` taint, the `FlotillaGPUHealthy` condition); the
-operator reacts. `flotilla.controller.kube.KubeActions` does it through the
+ServingDeployments (annotations, spec fields), server-side applies the
+fields it owns (a ServingDeployment's `spec.plan` and observed-load
+annotation), and patches Nodes (cordon, the `flotilla.dev/unhealthy` taint,
+the `FlotillaGPUHealthy` condition); the operator reacts. It never writes a
+Flotilla object's status: the operator is its one writer. `flotilla.controller.kube.KubeActions` does it through the
 API server, `RecordingActions` records the calls (unit tests),
 `OfflineActions` refuses them (`--no-kubernetes`).
 """
@@ -33,8 +35,10 @@ class ClusterActions(Protocol):
     def patch_spec(self, plural: str, namespace: str, name: str, patch: dict[str, Any]) -> None:
         """Merge `patch` into a Flotilla custom object's spec."""
 
-    def patch_status(self, plural: str, namespace: str, name: str, status: dict[str, Any]) -> None:
-        """Merge `status` into a Flotilla custom object's status (the planner's ServingDeployment plan)."""
+    def apply(self, plural: str, namespace: str, name: str, fields: dict[str, Any]) -> None:
+        """Server-side apply `fields` ({"metadata": {"annotations": ...}, "spec": ...}) to an existing Flotilla
+        custom object as field manager `flotilla-controller`, taking them over from any other manager. The
+        controller then owns exactly these fields: one it applied before and leaves out now is removed."""
 
     def list_objects(self, plural: str) -> list[dict[str, Any]]:
         """Every Flotilla custom object of a kind, in all namespaces, as the API server returns them."""
@@ -67,8 +71,8 @@ class RecordingActions:
     def patch_spec(self, plural: str, namespace: str, name: str, patch: dict[str, Any]) -> None:
         self._call("patch_spec", plural, namespace, name, patch)
 
-    def patch_status(self, plural: str, namespace: str, name: str, status: dict[str, Any]) -> None:
-        self._call("patch_status", plural, namespace, name, status)
+    def apply(self, plural: str, namespace: str, name: str, fields: dict[str, Any]) -> None:
+        self._call("apply", plural, namespace, name, fields)
 
     def list_objects(self, plural: str) -> list[dict[str, Any]]:
         if self.fail is not None:
@@ -89,4 +93,4 @@ class OfflineActions:
     def _refuse(self, *_: Any, **__: Any) -> None:
         raise ClusterUnavailable("the controller runs with --no-kubernetes; cluster actions are unavailable")
 
-    annotate = patch_spec = patch_status = list_objects = set_unschedulable = set_node_health = _refuse
+    annotate = patch_spec = apply = list_objects = set_unschedulable = set_node_health = _refuse

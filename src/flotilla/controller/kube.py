@@ -32,8 +32,11 @@ from flotilla.controller.mirror import (
     parse_training_job,
 )
 from flotilla.controller.store import Store, SyncResult
+from flotilla.operator.recorder import EventRecorder
+from flotilla.resources.names import Reason
 
 log = logging.getLogger(__name__)
+FIELD_MANAGER = "flotilla-controller"
 
 
 def load_config() -> client.ApiClient:
@@ -55,6 +58,7 @@ class KubeActions:
     def __init__(self, api: client.ApiClient) -> None:
         self.custom = client.CustomObjectsApi(api)
         self.core = client.CoreV1Api(api)
+        self.events = EventRecorder(self.core, FIELD_MANAGER)
 
     def _patch_custom(self, plural: str, namespace: str, name: str, body: dict[str, Any]) -> None:
         try:
@@ -68,10 +72,16 @@ class KubeActions:
     def patch_spec(self, plural: str, namespace: str, name: str, patch: dict[str, Any]) -> None:
         self._patch_custom(plural, namespace, name, {"spec": patch})
 
-    def patch_status(self, plural: str, namespace: str, name: str, status: dict[str, Any]) -> None:
+    def apply(self, plural: str, namespace: str, name: str, fields: dict[str, Any]) -> None:
+        kind = {"trainingjobs": "TrainingJob", "servingdeployments": "ServingDeployment"}[plural]
+        body = {"apiVersion": f"{GROUP}/{VERSION}", "kind": kind, **fields,
+                "metadata": {**fields.get("metadata", {}), "name": name, "namespace": namespace}}
         try:
-            self.custom.patch_namespaced_custom_object_status(GROUP, VERSION, namespace, plural, name,
-                                                              {"status": status})
+            # An apply to an object deleted meanwhile would create it: refused (the chart gives the controller
+            # no create verb, and the spec's required fields are missing), so no ghost comes back.
+            self.custom.patch_namespaced_custom_object(
+                GROUP, VERSION, namespace, plural, name, body, field_manager=FIELD_MANAGER, force=True,
+                _content_type="application/apply-patch+yaml")
         except ApiException as e:
             raise _wrap(e, f"{plural}/{namespace}/{name}") from None
 
@@ -103,13 +113,9 @@ class KubeActions:
             self.core.patch_node_status(node, {"status": {"conditions": [{
                 "type": HEALTH_CONDITION, "status": "True" if healthy else "False", "reason": reason,
                 "message": message, "lastTransitionTime": now, "lastHeartbeatTime": now}]}})
-            self.core.create_namespaced_event("default", {
-                "metadata": {"generateName": f"{node}.flotilla-", "namespace": "default"},
-                "involvedObject": {"apiVersion": "v1", "kind": "Node", "name": node, "uid": current.metadata.uid},
-                "reason": "GPUHealthy" if healthy else "GPUUnhealthy",
-                "message": f"{reason}: {message}"[:1024], "type": "Normal" if healthy else "Warning",
-                "source": {"component": "flotilla-controller"}, "reportingComponent": "flotilla-controller",
-                "firstTimestamp": now, "lastTimestamp": now, "count": 1})
+            self.events.record({"apiVersion": "v1", "kind": "Node", "name": node, "uid": current.metadata.uid},
+                               "Normal" if healthy else "Warning",
+                               Reason.GPU_HEALTHY if healthy else Reason.GPU_UNHEALTHY, f"{reason}: {message}")
         except ApiException as e:
             raise _wrap(e, f"node/{node}") from None
 

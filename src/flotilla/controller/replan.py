@@ -3,12 +3,19 @@
 Serving pods or a router push statistics (`POST /v1/serving/{ns}/{name}/stats`, or vLLM's
 Prometheus text); every `spec.planner.intervalSeconds` each auto-mode ServingDeployment's
 latest window goes through its `Replanner` (hysteresis: up fast, down slowly, never on
-noise). A new plan is written to the object's status (`prefillReplicas`, `decodeReplicas`,
-GPUs per instance, `predictedGoodput`, `lastPlan`), where the operator, the only writer of
-Deployments, picks it up; `status.observed` is refreshed every interval. The planner is the
-one writer of the counts in auto mode; `fixed` mode turns all of this off. A pending
-`flotilla.dev/replan-request` (the admin's "re-plan now") forces an evaluation.
-Every plan change is recorded with its inputs.
+noise). The controller writes two things, server-side applied as field manager
+`flotilla-controller`, which owns them and nothing else:
+
+* `spec.plan` (prefill/decode replicas, GPUs per instance, predicted goodput, reason, time): the
+  planner's decision is desired state, so it lives in the spec, survives a restart of either
+  component and a backup/restore, and a user's apply of other fields leaves it alone;
+* the `flotilla.dev/observed` annotation: the latest window, refreshed every interval. Not in
+  the spec (it is a measurement, and would bump `metadata.generation` every interval), not in
+  status (the operator is status's only writer; it mirrors the annotation into `status.observed`).
+
+The operator, the only writer of Deployments and of status, acts on spec.plan. `fixed` mode
+turns all of this off. A pending `flotilla.dev/replan-request` (the admin's "re-plan now")
+forces an evaluation. Every plan change is recorded with its inputs.
 """
 
 from __future__ import annotations
@@ -25,8 +32,9 @@ from flotilla.controller.metrics import ControllerMetrics
 from flotilla.controller.mirror import REPLAN_REQUEST, DecisionRecord, parse_time
 from flotilla.controller.store import Store
 from flotilla.controller.views import iso
+from flotilla.resources.names import ANNOTATION_OBSERVED
 from flotilla.serving.replan import ObservedWindow, ReplanPolicy, Replanner
-from flotilla.serving.spec import plan_from_status, plan_request
+from flotilla.serving.spec import plan_field, plan_from_spec, plan_from_status, plan_request
 
 log = logging.getLogger(__name__)
 PLURAL = "servingdeployments"
@@ -50,6 +58,8 @@ class ServingReplanner:
         self._windows: dict[str, ObservedWindow] = {}
         self._evaluated: dict[str, float] = {}
         self._replanners: dict[str, Replanner] = {}
+        self._inputs: dict[str, str] = {}  # the spec each Replanner was made from
+        self._applied: dict[str, dict[str, Any]] = {}  # the spec.plan last applied, by key
         self._stop = threading.Event()
 
     def observe(self, key: str, window: ObservedWindow) -> None:
@@ -70,33 +80,34 @@ class ServingReplanner:
         meta, spec, status = body["metadata"], body["spec"], body.get("status") or {}
         key = f"{meta['namespace']}/{meta['name']}"
         planner = spec.get("planner") or {}
-        if planner.get("mode", "auto") != "auto" or "prefillReplicas" not in status:
+        # What the operator deploys: the plan in the spec, else its first plan for spec.workload (status).
+        current = plan_from_spec(spec) or plan_from_status(status)
+        if planner.get("mode", "auto") != "auto" or current is None:
             self._replanners.pop(key, None)  # fixed mode, or the operator has not made the first plan yet
+            self._applied.pop(key, None)
             return
         with self._lock:
             window = self._windows.get(key)
-        forced = _replan_pending(meta, status)
+        forced = _replan_pending(meta, spec)
         due = now - self._evaluated.get(key, float("-inf")) >= float(planner.get("intervalSeconds", 30))
         if window is None or not (due or forced):
             return
         self._evaluated[key] = now
+        inputs = _planning_inputs(spec)
         replanner = self._replanners.get(key)
-        if replanner is None:
-            current = plan_from_status(status)
-            template = plan_request(spec)
-            replanner = self._replanners[key] = Replanner(template, current, self.policy)
+        if replanner is None or self._inputs.get(key) != inputs:
+            # new, or the user changed what plans are made from (SLO, budget, profile, ...): start
+            # again from what is deployed, with the new request
+            replanner = self._replanners[key] = Replanner(plan_request(spec), current, self.policy)
+            self._inputs[key] = inputs
         decision = replanner.observe(window)
-        patch: dict[str, Any] = {"observed": observed_status(window)}
+        plan = self._applied.get(key) or spec.get("plan")
         if decision.plan is not None:
             p = decision.plan
-            old = (status.get("prefillReplicas"), status.get("decodeReplicas"))
-            patch.update(prefillReplicas=p.prefill_replicas, decodeReplicas=p.decode_replicas,
-                         prefillGPUsPerInstance=p.prefill_gpus_per_instance,
-                         decodeGPUsPerInstance=p.decode_gpus_per_instance,
-                         predictedGoodput=round(p.predicted_goodput, 3),
-                         lastPlan={"time": iso(now), "reason": decision.reason})
+            plan = plan_field(p, decision.reason, iso(now))
             record = DecisionRecord("plan", "ServingDeployment", key, decision.reason,
-                                    {"observed": asdict(window), "from": {"prefill": old[0], "decode": old[1]},
+                                    {"observed": asdict(window),
+                                     "from": {"prefill": current.prefill_replicas, "decode": current.decode_replicas},
                                      "to": {"prefill": p.prefill_replicas, "decode": p.decode_replicas,
                                             "prefillGPUsPerInstance": p.prefill_gpus_per_instance,
                                             "decodeGPUsPerInstance": p.decode_gpus_per_instance},
@@ -105,8 +116,16 @@ class ServingReplanner:
             self.metrics.decided([record])
             log.info("%s: new plan %d:%d (%s)", key, p.prefill_replicas, p.decode_replicas, decision.reason)
         elif forced:
-            patch["lastPlan"] = {"time": iso(now), "reason": f"re-plan requested: {decision.reason}"}
-        self.actions.patch_status(PLURAL, meta["namespace"], meta["name"], patch)
+            plan = plan_field(replanner.current, f"re-plan requested: {decision.reason}", iso(now))
+        observed = json.dumps(observed_status(window), sort_keys=True)
+        if plan == spec.get("plan") and (meta.get("annotations") or {}).get(ANNOTATION_OBSERVED) == observed:
+            return  # nothing new to write
+        # Everything the controller owns, every time: server-side apply removes what its manager leaves out.
+        fields: dict[str, Any] = {"metadata": {"annotations": {ANNOTATION_OBSERVED: observed}}}
+        if plan:
+            fields["spec"] = {"plan": plan}
+            self._applied[key] = plan  # before the call: a failed apply is retried with this plan next pass
+        self.actions.apply(PLURAL, meta["namespace"], meta["name"], fields)
 
     def run(self, interval: float = 1.0) -> None:
         while not self._stop.wait(interval):
@@ -119,7 +138,12 @@ class ServingReplanner:
         self._stop.set()
 
 
-def _replan_pending(meta: dict[str, Any], status: dict[str, Any]) -> bool:
+def _planning_inputs(spec: dict[str, Any]) -> str:
+    """The spec a plan is made from: everything but the plan itself."""
+    return json.dumps({k: v for k, v in spec.items() if k != "plan"}, sort_keys=True)
+
+
+def _replan_pending(meta: dict[str, Any], spec: dict[str, Any]) -> bool:
     """An admin's re-plan request newer than the last plan."""
     raw = (meta.get("annotations") or {}).get(REPLAN_REQUEST)
     if not raw:
@@ -128,5 +152,5 @@ def _replan_pending(meta: dict[str, Any], status: dict[str, Any]) -> bool:
         asked = parse_time(json.loads(raw).get("time"), REPLAN_REQUEST)
     except (ValueError, AttributeError):
         return False
-    last = parse_time((status.get("lastPlan") or {}).get("time"), "status.lastPlan.time")
+    last = parse_time((spec.get("plan") or {}).get("time"), "spec.plan.time")
     return asked is not None and (last is None or asked > last)

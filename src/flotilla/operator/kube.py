@@ -5,7 +5,6 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-import uuid
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Callable
 
@@ -23,7 +22,7 @@ from flotilla.operator.actions import (
     PostEvent,
 )
 from flotilla.operator.pods import controller_ref
-from flotilla.operator.timeutil import rfc3339
+from flotilla.operator.recorder import EventRecorder
 from flotilla.resources import names
 
 log = logging.getLogger(__name__)
@@ -89,6 +88,7 @@ class Kube:
         self._limit = asyncio.Semaphore(concurrency)
         self._pool = ThreadPoolExecutor(max_workers=concurrency, thread_name_prefix="kube")
         self._limiter = limiter or RateLimiter(0, 0)
+        self.events = EventRecorder(self.core, FIELD_MANAGER)
         self.requests = 0
         self.throttled_seconds = 0.0
 
@@ -192,22 +192,7 @@ class Kube:
         return None
 
     def _event(self, a: PostEvent) -> Any:
-        now = rfc3339(time.time())
-        ns = a.involved.get("namespace") or "default"
-        body = {
-            "metadata": {"name": f"{a.involved['name']}.{uuid.uuid4().hex[:12]}", "namespace": ns},
-            "involvedObject": a.involved,
-            "reason": a.reason,
-            "message": a.message[:1024],
-            "type": a.type,
-            "source": {"component": FIELD_MANAGER},
-            "reportingComponent": FIELD_MANAGER,
-            "firstTimestamp": now,
-            "lastTimestamp": now,
-            "count": 1,
-        }
-        log.info("event %s %s/%s: %s", a.reason, ns, a.involved["name"], a.message)
-        return self.core.create_namespaced_event(ns, body)
+        return self.events.record(a.involved, a.type, a.reason, a.message)
 
 
 def _api_message(e: ApiException) -> str:

@@ -1,4 +1,9 @@
-"""ServingDeployments: from the spec (and, later, the PD planner) to prefill/decode Deployments. Pure."""
+"""ServingDeployments: from the spec to prefill/decode Deployments and the status. Pure.
+
+In auto mode the plan is the controller's `spec.plan` (it owns that field through server-side apply),
+else the PD planner's first plan for spec.workload; the operator never writes the plan, and is the one
+writer of status, where it mirrors the plan it acts on and the controller's observed-load annotation.
+"""
 
 from __future__ import annotations
 
@@ -12,7 +17,7 @@ from flotilla.operator.training import ref, set_condition
 from flotilla.operator.timeutil import rfc3339
 from flotilla.resources import names, phases
 from flotilla.serving.planner import Plan, plan
-from flotilla.serving.spec import plan_request
+from flotilla.serving.spec import observed_from_annotation, plan_from_spec, plan_request
 
 Body = Mapping[str, Any]
 PLURAL = "servingdeployments"
@@ -54,24 +59,34 @@ def initial_plan(spec: Body) -> Plan:
 
 
 def target(body: Body) -> Target:
-    """`fixed` mode: the spec's counts. `auto` mode: the last plan in status (the planner's, which
-    the controller re-plans from observed load), else the PD planner's plan for spec.workload."""
-    spec, status = body["spec"], body.get("status") or {}
+    """`fixed` mode: the spec's counts. `auto` mode: the controller's plan in spec.plan (re-planned from
+    observed load), else the PD planner's plan for spec.workload."""
+    spec = body["spec"]
     planner = spec.get("planner") or {}
     if planner.get("mode", "auto") == "fixed":
         return Target({names.ROLE_PREFILL: int(planner["prefillReplicas"]),
                        names.ROLE_DECODE: int(planner["decodeReplicas"])},
                       {r: _pinned(spec, r) or 1 for r in ROLES}, "fixed by spec.planner")
-    if "prefillReplicas" in status and "decodeReplicas" in status:
-        return Target({names.ROLE_PREFILL: int(status["prefillReplicas"]),
-                       names.ROLE_DECODE: int(status["decodeReplicas"])},
-                      {names.ROLE_PREFILL: int(status.get("prefillGPUsPerInstance") or _pinned(spec, "prefill") or 1),
-                       names.ROLE_DECODE: int(status.get("decodeGPUsPerInstance") or _pinned(spec, "decode") or 1)},
-                      (status.get("lastPlan") or {}).get("reason", "last plan"), status.get("predictedGoodput"))
+    p = plan_from_spec(spec)
+    if p is not None:
+        return Target({names.ROLE_PREFILL: p.prefill_replicas, names.ROLE_DECODE: p.decode_replicas},
+                      {names.ROLE_PREFILL: p.prefill_gpus_per_instance, names.ROLE_DECODE: p.decode_gpus_per_instance},
+                      p.reason or "spec.plan", p.predicted_goodput or None)
     p = initial_plan(spec)
     return Target({names.ROLE_PREFILL: p.prefill_replicas, names.ROLE_DECODE: p.decode_replicas},
                   {names.ROLE_PREFILL: p.prefill_gpus_per_instance, names.ROLE_DECODE: p.decode_gpus_per_instance},
                   p.reason, p.predicted_goodput, p.slo_at_risk)
+
+
+def last_plan(body: Body, want: Target, now: float) -> dict[str, str]:
+    """status.lastPlan: the time and reason of the plan acted on (spec.plan's, else kept while the reason
+    is the same, else now)."""
+    spec, status = body["spec"], body.get("status") or {}
+    old = status.get("lastPlan") or {}
+    planned = (spec.get("plan") or {}).get("time") if (spec.get("planner") or {}).get("mode", "auto") == "auto" \
+        else None
+    return {"time": planned or (old.get("time") if old.get("reason") == want.reason else None) or rfc3339(now),
+            "reason": want.reason[:1024]}
 
 
 def deployment(body: Body, role: str, replicas: int, gpus_per_instance: int) -> dict[str, Any]:
@@ -145,6 +160,7 @@ def plan_serving(body: Body, deployments: Mapping[str, Body], now: float,
     With a `grant` from the unified pool, the Deployments hold at most `grant.budget` GPUs, and are
     not shrunk while the grant keeps more than the plan (the pool's hold-down)."""
     meta, spec, status = body["metadata"], body["spec"], body.get("status") or {}
+    observed = observed_from_annotation((meta.get("annotations") or {}).get(names.ANNOTATION_OBSERVED)) or None
     actions: list[Action] = []
     patch: dict[str, Any] = {}
     if status.get("observedGeneration") != meta.get("generation"):
@@ -165,9 +181,9 @@ def plan_serving(body: Body, deployments: Mapping[str, Body], now: float,
     try:
         want = target(body)
     except ValueError as e:
-        return refuse("NoPlan", f"the planner found no plan: {e}")
+        return refuse(names.Reason.NO_PLAN, f"the planner found no plan: {e}")
     if want.gpus > int(spec["maxGPUs"]):
-        return refuse("OverBudget", f"the plan needs {want.gpus} GPUs, more than spec.maxGPUs={spec['maxGPUs']}")
+        return refuse(names.Reason.OVER_BUDGET, f"the plan needs {want.gpus} GPUs, more than spec.maxGPUs={spec['maxGPUs']}")
 
     budget, deploy = int(spec["maxGPUs"]), want
     if grant is not None:
@@ -203,12 +219,15 @@ def plan_serving(body: Body, deployments: Mapping[str, Body], now: float,
     }
     if want.predicted_goodput is not None:
         desired["predictedGoodput"] = round(float(want.predicted_goodput), 3)
+    desired["lastPlan"] = last_plan(body, want, now)
     patch.update({k: v for k, v in desired.items() if status.get(k) != v})
+    if (status.get("observed") or None) != observed:
+        # a merge patch keeps keys it does not name: name the ones that went (null deletes them)
+        patch["observed"] = {**{k: None for k in status.get("observed") or {}}, **observed} if observed else None
     if not status.get("lastPlan"):
-        patch["lastPlan"] = {"time": rfc3339(now), "reason": want.reason}
         actions.append(PostEvent(involved(body), "Normal", names.Reason.SCALED,
                                  f"prefill:decode {want.ratio} on {want.gpus} GPUs: {want.reason}"))
-    at_risk, why = _slo_at_risk(want, status)
+    at_risk, why = _slo_at_risk(want, observed)
     if grant is not None and grant.gpus < want.gpus and not at_risk:
         at_risk, why = True, f"the pool grants {grant.gpus} of the {want.gpus} GPUs the plan needs: {grant.reason}"
     was = next((c.get("status") for c in status.get("conditions") or [] if c.get("type") == names.COND_SLO_AT_RISK),
@@ -230,10 +249,10 @@ def plan_serving(body: Body, deployments: Mapping[str, Body], now: float,
     return actions
 
 
-def _slo_at_risk(want: Target, status: Mapping[str, Any]) -> tuple[bool, str]:
+def _slo_at_risk(want: Target, observed_load: Mapping[str, float] | None) -> tuple[bool, str]:
     """At risk when the plan cannot serve the rate it was made for within maxGPUs: the planner says so
     for the first plan; afterwards, the observed rate exceeds the plan's predicted goodput."""
-    observed = float((status.get("observed") or {}).get("requestsPerSecond") or 0.0)
+    observed = float((observed_load or {}).get("requestsPerSecond") or 0.0)
     goodput = float(want.predicted_goodput or 0.0)
     if observed and goodput and observed > goodput:
         return True, (f"the plan within maxGPUs serves {goodput:.2f} req/s within the SLO; "

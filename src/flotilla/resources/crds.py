@@ -212,6 +212,21 @@ def _serving_deployment_schema() -> Schema:
                 rules=[rule("self.mode != 'fixed' || (has(self.prefillReplicas) && has(self.decodeReplicas))",
                             "spec.planner.prefillReplicas and decodeReplicas are required when mode is fixed")],
             ),
+            "plan": obj(
+                {
+                    "prefillReplicas": integer(minimum=0),
+                    "decodeReplicas": integer(minimum=0),
+                    "prefillGPUsPerInstance": integer(minimum=1, maximum=16),
+                    "decodeGPUsPerInstance": integer(minimum=1, maximum=16),
+                    "predictedGoodput": number("Requests/s predicted to meet the SLO with this plan.", minimum=0),
+                    "reason": string("Why the planner chose it.", max_length=1024),
+                    "time": string("When the planner chose it.", fmt="date-time"),
+                },
+                "The planner's current plan, written by the controller (server-side apply, field manager "
+                "flotilla-controller) in auto mode; the operator deploys it. Leave it out of your manifests. "
+                "Ignored in fixed mode.",
+                required=["prefillReplicas", "decodeReplicas"],
+            ),
         },
         required=["slo", "workload", "prefill", "decode", "maxGPUs"],
         rules=[rule("!has(self.minGPUs) || self.minGPUs <= self.maxGPUs",
@@ -235,9 +250,10 @@ def _serving_deployment_schema() -> Schema:
                 "ttftP90Ms": number(minimum=0),
                 "tpotP90Ms": number(minimum=0),
                 "attainment": number(minimum=0, maximum=1),
-            }),
+            }, "The controller's latest load window (its flotilla.dev/observed annotation), mirrored."),
             "predictedGoodput": number("Requests/s predicted to meet the SLO with the current plan.", minimum=0),
-            "lastPlan": obj({"time": string(fmt="date-time"), "reason": string(max_length=1024)}),
+            "lastPlan": obj({"time": string(fmt="date-time"), "reason": string(max_length=1024)},
+                            "The time and reason of the plan deployed (spec.plan's in auto mode)."),
             "pool": obj({
                 "grantedGPUs": integer("GPUs the unified pool grants now.", minimum=0),
                 "demandedGPUs": integer("The plan's GPUs within minGPUs..maxGPUs, in whole instances.", minimum=0),

@@ -24,6 +24,9 @@ ANNOTATION_PROGRESS = f"{GROUP}/progress"
 
 # On a serving Deployment: the replicas the operator set; a different spec.replicas is a hand edit.
 ANNOTATION_PLANNED_REPLICAS = f"{GROUP}/planned-replicas"
+# On a ServingDeployment: the controller's latest observed load window (JSON, see docs/serving.md),
+# server-side applied by the controller; the operator mirrors it into status.observed.
+ANNOTATION_OBSERVED = f"{GROUP}/observed"
 
 # Node health.
 NODE_CONDITION_HEALTHY = "FlotillaGPUHealthy"
@@ -67,3 +70,11 @@ class Reason:
     RETURNED_GPUS = "ReturnedGPUs"
     LENT_GPUS = "LentGPUs"  # a TrainingJob shrank to lend GPUs to serving
     GOT_GPUS_BACK = "GotGPUsBack"
+    NO_PLAN = "NoPlan"  # the PD planner found no plan for the spec
+    OVER_BUDGET = "OverBudget"  # the plan needs more than spec.maxGPUs
+    GPU_HEALTHY = "GPUHealthy"  # on a Node: the controller's health verdict
+    GPU_UNHEALTHY = "GPUUnhealthy"
+
+
+# Every reason above: an Event with any other reason is refused (flotilla.operator.events).
+REASONS = frozenset(v for k, v in vars(Reason).items() if k.isupper() and isinstance(v, str))
