@@ -38,7 +38,7 @@ class FakeCore:
             raise client.ApiException(status=409, reason="Conflict")
         del self.pods[name]
 
-    def create_namespaced_event(self, namespace, body):
+    def create_namespaced_event(self, namespace, body, **_):
         self.events.append(body)
         return body
 
@@ -49,7 +49,7 @@ def run(kube, actions):
 
 def kube_with(core):
     kube = Kube(client.ApiClient(), concurrency=2)
-    kube.core = core
+    kube.core = kube.events.core = core
     return kube
 
 
