@@ -113,6 +113,18 @@ class KubeActions:
         except ApiException as e:
             raise _wrap(e, f"node/{node}") from None
 
+    def post_event(self, involved: dict[str, Any], type_: str, reason: str, message: str) -> None:
+        now = datetime.now(timezone.utc).isoformat().replace("+00:00", "Z")
+        ns = involved.get("namespace") or "default"
+        try:
+            self.core.create_namespaced_event(ns, {
+                "metadata": {"generateName": f"{involved['name']}.flotilla-", "namespace": ns},
+                "involvedObject": involved, "reason": reason, "message": message[:1024], "type": type_,
+                "source": {"component": "flotilla-controller"}, "reportingComponent": "flotilla-controller",
+                "firstTimestamp": now, "lastTimestamp": now, "count": 1})
+        except ApiException as e:
+            raise _wrap(e, f"event on {involved.get('kind')}/{involved['name']}") from None
+
 
 @dataclass(frozen=True)
 class MirroredKind:

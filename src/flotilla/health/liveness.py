@@ -133,7 +133,9 @@ class Liveness:
                 scopes.setdefault(f"domain/{domains[node]}", []).append(node)
         findings: list[PipelineFinding] = []
         held: set[str] = set()
-        for scope, members in scopes.items():
+        for scope, members in scopes.items():   # the cluster first: a fault of all of it covers its domains
+            if scope != CLUSTER and CLUSTER in self.open:
+                continue
             silent = sorted(n for n in members if silence[n] > self.timeout)
             quiet = [n for n in members if silence[n] > self.quiet_after]
             is_cluster = scope == CLUSTER
