@@ -59,8 +59,8 @@ def run(args: argparse.Namespace) -> int:
     from flotilla.serving.replan import ReplanPolicy
 
     try:
-        budget = TaintBudgetConfig(fraction=args.taint_budget_fraction, domain_fraction=args.taint_budget_domain_fraction,
-                                   window=args.taint_budget_window)
+        budget = TaintBudgetConfig(fraction=args.taint_budget_fraction,
+                                   domain_fraction=args.taint_budget_domain_fraction, window=args.taint_budget_window)
     except ValueError as e:
         raise SystemExit(f"flotilla controller: {e}") from None
 
