@@ -9,6 +9,7 @@ from flotilla.controller.actions import RecordingActions
 from flotilla.controller.health import HealthResponder
 from flotilla.controller.metrics import ControllerMetrics
 from flotilla.controller.mirror import parse_node, parse_training_job
+from flotilla.health.budget import TaintBudget, TaintBudgetConfig
 from flotilla.health.samples import Sample
 
 
@@ -45,8 +46,9 @@ def test_a_lost_heartbeat_is_transient_and_clears_by_rule(responder, clock):
     for t in range(3):
         clock.now = NOW + t
         responder.accept([Sample(clock.now, n, "heartbeat", 1.0) for n in ("a", "b")])
-    clock.now += 5  # b falls silent; a keeps beating
-    responder.accept([Sample(clock.now, "a", "heartbeat", 1.0)])
+    for _ in range(5):  # b falls silent; a keeps beating (a controller that saw nothing for 5 s would have stalled)
+        clock.now += 1
+        responder.accept([Sample(clock.now, "a", "heartbeat", 1.0)])
     lost = [c for c in calls(responder, "set_node_health") if c[1] == "b"]
     assert lost and lost[0][2] is False and lost[0][5] == "NoSchedule"
     # A silent node cannot be trusted to write a checkpoint: its job restarts from the last one.
@@ -56,3 +58,132 @@ def test_a_lost_heartbeat_is_transient_and_clears_by_rule(responder, clock):
         responder.accept([Sample(clock.now, n, "heartbeat", 1.0) for n in ("a", "b")])
     assert [c[2] for c in calls(responder, "set_node_health") if c[1] == "b"] == [False, True]
 
+
+
+# -- a fleet of 20 nodes in two racks, for pipeline faults and the taint budget ----------------------------------
+
+FLEET = [f"g{i:02d}" for i in range(20)]
+
+
+@pytest.fixture
+def fleet(store, clock):
+    for i, name in enumerate(FLEET):
+        store.upsert_node(parse_node(node(name, labels={"flotilla.dev/rack": "r1" if i < 10 else "r2"})))
+    for i in range(0, 20, 2):
+        store.upsert_job(parse_training_job(training_job(f"t{i}", placement={FLEET[i]: 4, FLEET[i + 1]: 4})))
+    return HealthResponder(store, RecordingActions(), ControllerMetrics(store), clock=clock,
+                           budget=TaintBudget(TaintBudgetConfig(window=600.0)), pod=("flotilla", "controller-0"))
+
+
+def beat(responder, clock, seconds, nodes=FLEET, skew=0.0):
+    for _ in range(seconds):
+        clock.now += 1
+        responder.accept([Sample(clock.now + skew, n, "heartbeat", 1.0) for n in nodes])
+
+
+def idle(responder, clock, seconds):
+    for _ in range(seconds):
+        clock.now += 1
+        responder.tick()
+
+
+def metric(responder, name, **labels):
+    return responder.metrics.registry.get_sample_value(name, labels or None)
+
+
+@pytest.mark.parametrize("stall", [5, 60])
+def test_a_stalled_pipeline_taints_nothing_and_shows_in_the_condition_metrics_and_an_event(fleet, clock, store, stall):
+    beat(fleet, clock, 5)
+    idle(fleet, clock, stall)                               # Redis paused: nothing arrives
+    assert calls(fleet, "set_node_health") == [] and calls(fleet, "annotate") == []
+    [cond] = fleet.conditions()
+    assert (cond["type"], cond["status"], cond["reason"]) == ("IngestHealthy", "False", "NoDelivery")
+    assert metric(fleet, "flotilla_ingest_pipeline_healthy") == 0
+    assert metric(fleet, "flotilla_ingest_pipeline_stalls_total", reason="no-delivery") == 1
+    assert metric(fleet, "flotilla_health_actions_suppressed_total", reason="pipeline-fault") == 20
+    [event] = calls(fleet, "post_event")
+    assert event[1]["name"] == "controller-0" and event[2:4] == ("Warning", "IngestStalled")
+    beat(fleet, clock, 40)                                   # delivery resumes
+    assert calls(fleet, "set_node_health") == [] and calls(fleet, "annotate") == []
+    assert fleet.conditions()[0]["status"] == "True" and metric(fleet, "flotilla_ingest_pipeline_healthy") == 1
+    assert [c[3] for c in calls(fleet, "post_event")] == ["IngestStalled", "IngestResumed"]
+    kinds = [r.kind for r in store.decisions(limit=50).items]
+    assert "pipeline-fault" in kinds and "pipeline-resumed" in kinds and "detection" not in kinds
+
+
+def test_a_controller_restarted_with_a_backlog_taints_nothing(store, clock):
+    for name in FLEET:
+        store.upsert_node(parse_node(node(name)))
+    responder = HealthResponder(store, RecordingActions(), ControllerMetrics(store), clock=clock)
+    backlog = [Sample(clock.now - 20 + t, n, "heartbeat", 1.0) for t in range(20) for n in FLEET]
+    backlog.append(Sample(clock.now - 12, "g03", "xid", 79.0, gpu=1))
+    for i in range(0, len(backlog), 100):
+        responder.accept(backlog[i:i + 100])
+    beat(responder, clock, 30)
+    assert [c[1] for c in calls(responder, "set_node_health")] == ["g03"]   # the XID in the backlog only
+
+
+@pytest.mark.parametrize("skew", [30.0, -30.0])
+def test_agent_clocks_30_s_off_taint_nothing(fleet, clock, skew):
+    beat(fleet, clock, 60, skew=skew)
+    assert calls(fleet, "set_node_health") == []
+    assert fleet.conditions()[0]["status"] == "True"
+
+
+def test_the_taint_budget_holds_back_faults_beyond_it_and_frees_after_its_window(fleet, clock, store):
+    beat(fleet, clock, 3)
+    fleet.accept([Sample(clock.now, n, "xid", 79.0, gpu=0) for n in FLEET[:6]])   # six nodes "fail" at once
+    # 10 % of 20 nodes = 2 nodes in 10 minutes
+    assert [c[1] for c in calls(fleet, "set_node_health")] == ["g00", "g01"]
+    assert len(calls(fleet, "annotate")) == 1              # g00 and g01 hold one job: one request
+    held = [r for r in store.decisions(limit=100).items if r.kind == "action-suppressed"]
+    assert sorted(r.object for r in held) == ["g02", "g03", "g04", "g05"]
+    assert all("taint budget" in r.reason for r in held)
+    assert metric(fleet, "flotilla_health_actions_suppressed_total", reason="taint-budget") == 4
+    clock.now += 601
+    fleet.accept([Sample(clock.now, "g12", "xid", 79.0, gpu=0)])
+    assert [c[1] for c in calls(fleet, "set_node_health")] == ["g00", "g01", "g12"]
+
+
+def test_the_domain_budget_holds_within_one_rack(store, clock):
+    for i, name in enumerate(FLEET):
+        store.upsert_node(parse_node(node(name, labels={"flotilla.dev/rack": f"r{i // 4}"})))
+    responder = HealthResponder(store, RecordingActions(), ControllerMetrics(store), clock=clock,
+                                budget=TaintBudget(TaintBudgetConfig(fraction=1.0, domain_fraction=0.5)))
+    responder.accept([Sample(clock.now, n, "xid", 79.0, gpu=0) for n in FLEET[:4]])   # all of rack r0
+    assert [c[1] for c in calls(responder, "set_node_health")] == ["g00", "g01"]
+
+
+def test_a_held_back_transient_fault_clears_without_untainting(fleet, clock):
+    fleet.budget = TaintBudget(TaintBudgetConfig(fraction=0.05, min_nodes=0))   # 5 % of 20 = 1 node
+    beat(fleet, clock, 5)
+    beat(fleet, clock, 6, nodes=FLEET[2:])        # g00 and g01 fall silent: one taint, one held back
+    assert [c[1:3] for c in calls(fleet, "set_node_health")] == [("g00", False)]
+    beat(fleet, clock, 40)                         # both come back and clear by rule
+    assert [c[1:3] for c in calls(fleet, "set_node_health")] == [("g00", False), ("g00", True)]
+
+
+def test_one_job_on_two_failing_nodes_gets_one_restart_request(fleet, clock):
+    beat(fleet, clock, 3)
+    fleet.accept([Sample(clock.now, "g00", "xid", 79.0, gpu=0)])
+    fleet.accept([Sample(clock.now, "g01", "xid", 48.0, gpu=0)])
+    assert len(calls(fleet, "set_node_health")) == 2
+    assert len(calls(fleet, "annotate")) == 1
+
+
+def test_the_ingest_condition_is_in_the_cluster_answer(controller, store, clock):
+    from fastapi.testclient import TestClient
+
+    from controller_fixtures import READER, auth
+    from flotilla.controller.api import create_app
+
+    responder = HealthResponder(store, RecordingActions(), controller.metrics, clock=clock)
+    controller.conditions = responder.conditions
+    beat(responder, clock, 3, nodes=["a", "b", "c"])
+    idle(responder, clock, 5)
+    with TestClient(create_app(controller)) as client:
+        [cond] = client.get("/v1/cluster", headers=auth(READER)).json()["conditions"]
+        assert (cond["type"], cond["status"], cond["reason"]) == ("IngestHealthy", "False", "NoDelivery")
+        assert cond["lastTransitionTime"].endswith("Z") and "3 of 3" in cond["message"]
+        text = client.get("/metrics", headers=auth(READER)).text
+        assert "flotilla_ingest_pipeline_healthy 0.0" in text

@@ -42,17 +42,33 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="a smaller serving plan must fit the highest rate seen this long (default 1800)")
     parser.add_argument("--stragglers", choices=("report", "evict"), default="report",
                         help="report a straggler only, or also taint its node and move its jobs (default: report)")
+    parser.add_argument("--taint-budget-fraction", type=float, default=0.10, metavar="F",
+                        help="taint at most this fraction of all nodes (at least 1) per budget window; faults "
+                             "beyond it are recorded and counted, not acted on (default 0.10)")
+    parser.add_argument("--taint-budget-domain-fraction", type=float, default=0.50, metavar="F",
+                        help="taint at most this fraction of one topology domain's nodes (at least 1) per budget "
+                             "window (default 0.50)")
+    parser.add_argument("--taint-budget-window", type=float, default=600.0, metavar="SECONDS",
+                        help="the taint budget's sliding window (default 600)")
 
 
 def run(args: argparse.Namespace) -> int:
     logging.getLogger("alembic.runtime.plugins").setLevel(logging.WARNING)  # logs at import; say nothing useful
     from flotilla.controller.service import ControllerService, Settings
+    from flotilla.health.budget import TaintBudgetConfig
     from flotilla.serving.replan import ReplanPolicy
+
+    try:
+        budget = TaintBudgetConfig(fraction=args.taint_budget_fraction,
+                                   domain_fraction=args.taint_budget_domain_fraction, window=args.taint_budget_window)
+    except ValueError as e:
+        raise SystemExit(f"flotilla controller: {e}") from None
 
     settings = Settings(host=args.host, port=args.port, redis_url=args.redis_url,
                         kubernetes=not args.no_kubernetes, sample_retention_s=args.sample_retention,
                         ingest_limit=args.ingest_limit, cors_origins=tuple(args.cors_origin),
                         health=not args.no_health, straggler_action=args.stragglers, replan=not args.no_replan,
+                        taint_budget=budget,
                         replan_policy=ReplanPolicy(scale_down_delay_s=args.scale_down_after,
                                                    peak_memory_s=args.peak_memory))
     if args.db_url:

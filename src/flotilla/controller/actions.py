@@ -50,6 +50,9 @@ class ClusterActions(Protocol):
                         effect: str = "NoSchedule") -> None:
         """Set the FlotillaGPUHealthy condition; add (unhealthy) or remove (healthy) the unhealthy taint."""
 
+    def post_event(self, involved: dict[str, Any], type_: str, reason: str, message: str) -> None:
+        """Post an Event about `involved` ({"kind", "name", "namespace", ...}), e.g. the controller's own Pod."""
+
 
 @dataclass
 class RecordingActions:
@@ -86,6 +89,9 @@ class RecordingActions:
                         effect: str = "NoSchedule") -> None:
         self._call("set_node_health", node, healthy, reason, message, effect)
 
+    def post_event(self, involved: dict[str, Any], type_: str, reason: str, message: str) -> None:
+        self._call("post_event", involved, type_, reason, message)
+
 
 class OfflineActions:
     """For `--no-kubernetes`: every action fails with a message saying why."""
@@ -93,4 +99,4 @@ class OfflineActions:
     def _refuse(self, *_: Any, **__: Any) -> None:
         raise ClusterUnavailable("the controller runs with --no-kubernetes; cluster actions are unavailable")
 
-    annotate = patch_spec = apply = list_objects = set_unschedulable = set_node_health = _refuse
+    annotate = patch_spec = apply = list_objects = set_unschedulable = set_node_health = post_event = _refuse

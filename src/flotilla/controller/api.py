@@ -70,6 +70,8 @@ class Controller:
     on_return_to_service: Callable[[str], None] | None = None
     # Takes a ServingDeployment's (namespace/name) observed window; None when re-planning is off.
     serving_stats: Callable[[str, ObservedWindow], None] | None = None
+    # The controller's own conditions (IngestHealthy from the health responder); None when health is off.
+    conditions: Callable[[], list[dict[str, Any]]] | None = None
 
 
 class ApiError(Exception):
@@ -304,8 +306,9 @@ def create_app(ctl: Controller) -> FastAPI:
 
     @app.get("/v1/cluster", tags=["cluster"], summary="GPU capacity, allocation and free; deadline outlook; node health")
     def cluster(_: Reader) -> dict[str, Any]:
+        conditions = ctl.conditions() if ctl.conditions is not None else []
         return {"capacity": store.capacity(), "outlook": store.outlook_counts(), "nodes": store.node_health_counts(),
-                "time": now_iso()}
+                "conditions": conditions, "time": now_iso()}
 
     @app.get("/v1/cluster/domains", tags=["cluster"], summary="GPU capacity, allocation and free by topology domain")
     def domains(_: Reader, limit: Limit = 100, cursor: Cursor = None) -> dict[str, Any]:

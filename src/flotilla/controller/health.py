@@ -10,6 +10,17 @@ A sink of the ingest pipeline. Every batch goes through one `HealthMonitor`
 * confirmed straggler: recorded, and acted on like a fault only with `straggler_action="evict"`;
 * cleared (transient findings, by rule): condition back to True, taint removed.
 
+Two limits keep a fault of the pipeline or of the detectors from draining the fleet:
+
+* **Pipeline faults.** The monitor reports silences many nodes share (and the
+  controller's own stalls) as pipeline findings, never as node faults. The responder
+  keeps the `IngestHealthy` condition (in `GET /v1/cluster`), the gauge
+  `flotilla_ingest_pipeline_healthy`, the counter `flotilla_ingest_pipeline_stalls_total`,
+  a decision-history record, a log line and an Event on the controller's Pod.
+* **The taint budget** (`flotilla.health.budget`): a fault beyond it is recorded
+  (`action-suppressed`), counted in `flotilla_health_actions_suppressed_total{reason="taint-budget"}`
+  and logged, and the node is neither tainted nor are its jobs asked to move.
+
 Every decision and its evidence goes into the decision history. Returning a node to
 service after a non-transient fault is the admin's `POST /v1/nodes/{name}/return-to-service`,
 which calls `release`.
@@ -23,14 +34,17 @@ import threading
 import time
 from typing import Callable, Literal, Sequence
 
-from flotilla.controller import checkpoints
+from flotilla.controller import checkpoints, views
 from flotilla.controller.actions import ClusterActionError, ClusterActions
 from flotilla.controller.metrics import ControllerMetrics
 from flotilla.controller.mirror import DecisionRecord
 from flotilla.controller.store import Store
+from flotilla.health.budget import TaintBudget
 from flotilla.health.decision import HealthDecision
+from flotilla.health.liveness import PipelineFinding
 from flotilla.health.monitor import HealthMonitor
 from flotilla.health.samples import Sample
+from flotilla.resources.names import Reason
 
 log = logging.getLogger(__name__)
 TERMINAL = ("Succeeded", "Failed", "Rejected")
@@ -39,34 +53,52 @@ TERMINAL = ("Succeeded", "Failed", "Rejected")
 class HealthResponder:
     def __init__(self, store: Store, actions: ClusterActions, metrics: ControllerMetrics,
                  monitor: HealthMonitor | None = None, straggler_action: Literal["report", "evict"] = "report",
-                 clock: Callable[[], float] = time.time, job_map_ttl: float = 2.0) -> None:
+                 clock: Callable[[], float] = time.time, job_map_ttl: float = 2.0,
+                 budget: TaintBudget | None = None, pod: tuple[str, str] | None = None) -> None:
+        """`pod`: the controller's own (namespace, name), for Events about the pipeline; None: no Events."""
         self.store, self.actions, self.metrics = store, actions, metrics
         self.monitor = monitor or HealthMonitor()
         self.straggler_action = straggler_action
         self.clock = clock
+        self.budget = budget or TaintBudget()
+        self.pod = pod
         self._lock = threading.Lock()  # ingest arrives from HTTP worker threads and the Redis consumer
+        self._act_lock = threading.Lock()  # actions in decision order; the budget's check and spend together
         self._job_of: dict[str, str] = {}
-        self._job_map_at = float("-inf")
+        self._domains: dict[str, str] = {}
+        self._maps_at = float("-inf")
         self._job_map_ttl = job_map_ttl
+        self._held: set[str] = set()  # nodes whose fault the budget held back (never tainted by us)
+        self._open: dict[str, PipelineFinding] = {}
+        self.ingest_condition = _condition(True, "Delivering", "metric samples arrive", clock())
         self._stop = threading.Event()
 
     # -- the ingest sink ------------------------------------------------------
 
     def accept(self, samples: Sequence[Sample]) -> None:
         now = self.clock()
+        self._refresh_maps(now)
         with self._lock:
-            decisions = self.monitor.observe(self._with_jobs(samples, now), now)
-        self._act(decisions)
+            decisions = self.monitor.observe(self._with_jobs(samples), now)
+            findings = self.monitor.take_pipeline_findings()
+        self._act(decisions, findings)
 
     def tick(self) -> None:
         now = self.clock()
+        self._refresh_maps(now)
         with self._lock:
             decisions = self.monitor.observe((), now)
-        self._act(decisions)
+            findings = self.monitor.take_pipeline_findings()
+        self._act(decisions, findings)
 
     def release(self, node: str) -> None:
         with self._lock:
             self.monitor.release(node)
+        self._held.discard(node)
+
+    def conditions(self) -> list[dict[str, str | None]]:
+        """The controller's own conditions, for `GET /v1/cluster`."""
+        return [dict(self.ingest_condition)]
 
     def run(self, interval: float = 1.0) -> None:
         while not self._stop.wait(interval):
@@ -78,34 +110,42 @@ class HealthResponder:
     def stop(self) -> None:
         self._stop.set()
 
-    def _with_jobs(self, samples: Sequence[Sample], now: float) -> list[Sample]:
+    def _refresh_maps(self, now: float) -> None:
+        """node -> job (for samples without one) and node -> topology domain, re-read every few seconds."""
+        if now - self._maps_at > self._job_map_ttl:
+            self._job_of, self._domains, self._maps_at = self.store.job_of_node(), self.store.node_domains(), now
+            self.monitor.domains = self._domains
+
+    def _with_jobs(self, samples: Sequence[Sample]) -> list[Sample]:
         """Samples from agents that do not know their node's job get it from the allocation."""
         if all(s.job is not None for s in samples):
             return list(samples)
-        if now - self._job_map_at > self._job_map_ttl:
-            self._job_of, self._job_map_at = self.store.job_of_node(), now
         return [s if s.job is not None or s.node not in self._job_of
                 else dataclasses.replace(s, job=self._job_of[s.node]) for s in samples]
 
     # -- acting -----------------------------------------------------------------
 
-    def _act(self, decisions: list[HealthDecision]) -> None:
-        for d in decisions:
-            try:
-                self._act_one(d)
-            except ClusterActionError as e:
-                log.error("could not act on %s %s for node %s: %s", d.kind, d.state, d.node, e)
+    def _act(self, decisions: list[HealthDecision], findings: list[PipelineFinding]) -> None:
+        with self._act_lock:
+            for f in findings:
+                self._report_pipeline(f)
+            for d in decisions:
+                try:
+                    self._act_one(d)
+                except ClusterActionError as e:
+                    log.error("could not act on %s %s for node %s: %s", d.kind, d.state, d.node, e)
 
     def _act_one(self, d: HealthDecision) -> None:
         acts = d.kind == "fault" or self.straggler_action == "evict"
         inputs = {"evidence": d.evidence, "job": d.job, "transient": d.transient, "checkpointable": d.checkpointable,
                   "detectedAt": d.ts}
         if d.state == "cleared":
-            if acts:
+            if acts and d.node not in self._held:
                 self.actions.set_node_health(d.node, True, "Cleared", d.reason)
                 self.store.set_node_fields(d.node, healthy=True, taint=None, health_reason=None, health_message=None)
             self._record(DecisionRecord("health-cleared", "Node", d.node, d.reason, inputs, actor="controller"))
             log.info("node %s: %s cleared (%s)", d.node, d.kind, d.reason)
+            self._held.discard(d.node)
             return
         self.metrics.detected(d.kind, max(0.0, self.clock() - d.ts))
         kind = "detection" if d.kind == "fault" else "straggler"
@@ -113,6 +153,19 @@ class HealthResponder:
         log.warning("node %s: %s confirmed: %s (evidence %s)", d.node, d.kind, d.reason, d.evidence)
         if not acts:
             return
+        domain = self._domains.get(d.node, d.node)
+        held = self.budget.check(self.clock(), d.node, domain, len(self._domains.keys() | {d.node}),
+                                 sum(1 for x in self._domains.values() if x == domain) or 1)
+        if held is not None:
+            self._held.add(d.node)
+            self.metrics.health_actions_suppressed.labels("taint-budget").inc()
+            self._record(DecisionRecord("action-suppressed", "Node", d.node, held, inputs | {"detection": d.reason},
+                                        actor="controller"))
+            log.warning("node %s: %s %s NOT acted on (no taint, no checkpoint request): %s; the decision is in "
+                        "the history, an admin decides", d.node, d.kind, d.reason, held)
+            return
+        self.budget.spend(self.clock(), d.node, domain)
+        self._held.discard(d.node)
         effect = "NoSchedule" if d.transient or d.kind == "straggler" else "NoExecute"
         reason = _condition_reason(d)
         self.actions.set_node_health(d.node, False, reason, d.reason, effect=effect)
@@ -125,9 +178,58 @@ class HealthResponder:
                                 f"{d.kind} on node {d.node}: {d.reason}", not d.checkpointable,
                                 actor="controller", requested_by="controller")
 
+    def _report_pipeline(self, f: PipelineFinding) -> None:
+        inputs = {"reason": f.reason, "silent": list(f.silent), "watched": f.watched, "since": f.since,
+                  "state": f.state}
+        if f.state == "open":
+            self._open[f.scope] = f
+            self.metrics.ingest_pipeline_stalls.labels(f.reason).inc()
+            self.metrics.health_actions_suppressed.labels("pipeline-fault").inc(len(f.silent))
+            self.metrics.ingest_pipeline_healthy.set(0)
+            self.ingest_condition = _condition(False, _camel(f.reason), f.message, f.ts)
+            log.warning("metric pipeline fault (%s): %s", f.scope, f.message)
+            self._record(DecisionRecord("pipeline-fault", "Controller", f.scope, f.message, inputs, actor="controller"))
+            self._event("Warning", Reason.INGEST_STALLED, f.message)
+            return
+        if f.reason == "controller-stalled":
+            self.metrics.ingest_pipeline_stalls.labels(f.reason).inc()
+            log.warning("health: %s", f.message)
+            self._record(DecisionRecord("pipeline-fault", "Controller", f.scope, f.message, inputs, actor="controller"))
+            self._event("Warning", Reason.CONTROLLER_STALLED, f.message)
+            return
+        self._open.pop(f.scope, None)
+        log.info("metric pipeline (%s): %s", f.scope, f.message)
+        self._record(DecisionRecord("pipeline-resumed", "Controller", f.scope, f.message, inputs, actor="controller"))
+        if self._open:   # another scope is still silent
+            latest = max(self._open.values(), key=lambda o: o.ts)
+            self.ingest_condition = _condition(False, _camel(latest.reason), latest.message, f.ts)
+            return
+        self.metrics.ingest_pipeline_healthy.set(1)
+        self.ingest_condition = _condition(True, "Resumed", f.message, f.ts)
+        self._event("Normal", Reason.INGEST_RESUMED, f.message)
+
+    def _event(self, type_: str, reason: str, message: str) -> None:
+        if self.pod is None:
+            return
+        namespace, name = self.pod
+        try:
+            self.actions.post_event({"apiVersion": "v1", "kind": "Pod", "namespace": namespace, "name": name},
+                                    type_, reason, message)
+        except ClusterActionError as e:
+            log.warning("could not post Event %s on pod %s/%s: %s", reason, namespace, name, e)
+
     def _record(self, decision: DecisionRecord) -> None:
         self.store.record([decision])
         self.metrics.decided([decision])
+
+
+def _condition(healthy: bool, reason: str, message: str, ts: float) -> dict[str, str | None]:
+    return {"type": "IngestHealthy", "status": "True" if healthy else "False", "reason": reason, "message": message,
+            "lastTransitionTime": views.iso(ts)}
+
+
+def _camel(text: str) -> str:
+    return "".join(part.capitalize() for part in text.split("-"))
 
 
 def _condition_reason(d: HealthDecision) -> str:

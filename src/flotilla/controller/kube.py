@@ -119,6 +119,12 @@ class KubeActions:
         except ApiException as e:
             raise _wrap(e, f"node/{node}") from None
 
+    def post_event(self, involved: dict[str, Any], type_: str, reason: str, message: str) -> None:
+        try:
+            self.events.record(involved, type_, reason, message)
+        except ApiException as e:
+            raise _wrap(e, f"event on {involved.get('kind')}/{involved['name']}") from None
+
 
 @dataclass(frozen=True)
 class MirroredKind:

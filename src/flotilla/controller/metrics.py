@@ -23,6 +23,9 @@ read at scrape time by `StateCollector`, so it is right after a restart; events
 | flotilla_ingest_samples_total, flotilla_ingest_batches_total | counter | transport: http, redis (batches also result) |
 | flotilla_ingest_lag_seconds | gauge | transport (now minus the newest sample's time, at ingest) |
 | flotilla_ingest_pending_entries | gauge | (Redis entries delivered to the group, not yet acked) |
+| flotilla_ingest_pipeline_healthy | gauge | (1 while samples arrive; 0 while a pipeline fault is open) |
+| flotilla_ingest_pipeline_stalls_total | counter | reason: no-delivery, shared-silence, controller-stalled |
+| flotilla_health_actions_suppressed_total | counter | reason: taint-budget, pipeline-fault |
 | flotilla_api_request_duration_seconds | histogram | method, route, status |
 """
 
@@ -117,6 +120,16 @@ class ControllerMetrics:
         self.ingest_pending = Gauge("flotilla_ingest_pending_entries",
                                     "Redis stream entries delivered to the consumer group and not yet acked",
                                     registry=r)
+        self.ingest_pipeline_healthy = Gauge("flotilla_ingest_pipeline_healthy",
+                                             "1 while metric samples arrive; 0 while a pipeline fault is open",
+                                             registry=r)
+        self.ingest_pipeline_healthy.set(1)
+        self.ingest_pipeline_stalls = Counter("flotilla_ingest_pipeline_stalls",
+                                              "Silences of the metric pipeline (not of nodes)", ["reason"], registry=r)
+        self.health_actions_suppressed = Counter("flotilla_health_actions_suppressed",
+                                                 "Health verdicts or actions held back (node silences inside a "
+                                                 "pipeline fault; taints beyond the taint budget)", ["reason"],
+                                                 registry=r)
         self.api_latency = Histogram("flotilla_api_request_duration_seconds", "REST API request latency",
                                      ["method", "route", "status"], buckets=LATENCY_BUCKETS, registry=r)
 

@@ -21,6 +21,7 @@ from flotilla.controller.ingest import Ingestor, RedisConsumer, Retention, Sampl
 from flotilla.controller.metrics import ControllerMetrics
 from flotilla.controller.replan import ServingReplanner
 from flotilla.controller.store import Store
+from flotilla.health.budget import TaintBudget, TaintBudgetConfig
 from flotilla.serving.replan import ReplanPolicy
 
 if TYPE_CHECKING:
@@ -52,6 +53,10 @@ class Settings:
     replan: bool = True  # re-plan auto-mode ServingDeployments from pushed statistics (needs Kubernetes)
     replan_policy: ReplanPolicy = field(default_factory=ReplanPolicy)
     straggler_action: str = "report"  # report | evict
+    taint_budget: TaintBudgetConfig = field(default_factory=TaintBudgetConfig)
+    # The controller's own Pod (downward API), for Events about the metric pipeline; unset: no such Events.
+    pod_namespace: str | None = field(default_factory=lambda: os.environ.get("POD_NAMESPACE") or None)
+    pod_name: str | None = field(default_factory=lambda: os.environ.get("POD_NAME") or None)
 
 
 class ControllerService:
@@ -80,7 +85,9 @@ class ControllerService:
             self.sync = kube.Sync(api_client, self.store, self.metrics)
         self.replanner = (ServingReplanner(actions, self.store, self.metrics, settings.replan_policy)
                           if settings.replan and settings.kubernetes else None)
-        self.health = (HealthResponder(self.store, actions, self.metrics, straggler_action=settings.straggler_action)
+        pod = (settings.pod_namespace, settings.pod_name) if settings.pod_namespace and settings.pod_name else None
+        self.health = (HealthResponder(self.store, actions, self.metrics, straggler_action=settings.straggler_action,
+                                       budget=TaintBudget(settings.taint_budget), pod=pod)
                        if settings.health else None)
         if self.health is not None:
             sinks.append(self.health)
@@ -90,7 +97,8 @@ class ControllerService:
             metrics=self.metrics, ingestor=self.ingestor, policy=settings.policy, body_limit=settings.body_limit,
             ingest_limit=settings.ingest_limit, cors_origins=settings.cors_origins,
             on_return_to_service=self.health.release if self.health is not None else None,
-            serving_stats=self.replanner.observe if self.replanner is not None else None)
+            serving_stats=self.replanner.observe if self.replanner is not None else None,
+            conditions=self.health.conditions if self.health is not None else None)
         self.app = create_app(self.controller)
         self.consumer = (RedisConsumer(settings.redis_url, self.ingestor, f"{socket.gethostname()}-{os.getpid()}")
                          if settings.redis_url else None)

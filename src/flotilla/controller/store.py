@@ -259,6 +259,11 @@ class Store:
                 best[node] = (gpus, job)
         return {node: job for node, (_, job) in best.items()}
 
+    def node_domains(self) -> dict[str, str]:
+        """node -> its topology domain, for every node."""
+        with self.session() as s:
+            return {name: domain for name, domain in s.execute(sa.select(NodeRow.name, NodeRow.domain))}
+
     def jobs_on_node(self, node: str) -> list[TrainingJobRow]:
         with self.session() as s:
             return list(s.scalars(sa.select(TrainingJobRow).join(AllocationRow, AllocationRow.job == TrainingJobRow.key)

@@ -1,11 +1,20 @@
 """The streaming entry point: samples in, health decisions out.
 
 The controller calls `HealthMonitor.observe(samples, now)` with every batch it
-ingests (and may call it with no samples, so that silence is noticed). Hard
-signals (a hardware XID, an uncorrectable ECC error, a GPU gone, a lost
-heartbeat) are confirmed at once; once per `interval` of `now` the monitor
-builds one frame per training job from the latest values and runs the
+ingests, `now` being when the batch arrived, and at least once per interval with no
+samples, so that silence is noticed. Hard signals (a hardware XID, an uncorrectable
+ECC error, a GPU gone) are confirmed at once; once per `interval` of `now` the
+monitor judges liveness (`flotilla.health.liveness`: by arrival, with silences that
+many nodes share reported as pipeline faults in `take_pipeline_findings()`, never as
+node faults), builds one frame per training job from the latest values and runs the
 peer-group outlier detector and the straggler detector on it.
+
+Agent clocks are trusted for nothing but evidence. A sample's age at arrival is
+measured against its node's own clock offset (`liveness.ClockOffsets`); a sample
+older than `stale_after` at arrival (a replayed backlog), or from a node whose clock offset
+is not settled yet (just after a start, while a backlog is caught up), is evidence about the past:
+its hard signals are still decided (broken hardware stays broken), but it feeds no
+peer comparison.
 
 Each node carries at most one active decision. A node confirmed faulty is no
 longer used as a peer. Transient findings (see `metrics.Metric.transient`, lost
@@ -17,11 +26,12 @@ heartbeats, stragglers) clear by rule once the node has looked normal for
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Iterable, Literal, Sequence
+from typing import Any, Iterable, Literal, Mapping, Sequence
 
 import numpy as np
 
 from flotilla.health.decision import HealthDecision
+from flotilla.health.liveness import ClockOffsets, Liveness, PipelineFinding
 from flotilla.health.metrics import BY_NAME, COMPARED, COMPARED_INDEX, HARDWARE_XIDS, NO_CHECKPOINT_XIDS
 from flotilla.health.peers import PeerOutlierDetector
 from flotilla.health.samples import Sample
@@ -40,17 +50,22 @@ class MonitorConfig:
     threshold: float = 3.0           # windowed robust z-score above which a machine is an outlier
     clip: float = 8.0                # |z| cap per evaluation, so one wild sample cannot decide alone
     stale_after: float = 3.0         # seconds a value stays usable without a newer one
-    heartbeat_timeout: float = 2.5   # seconds without a heartbeat that make it lost
+    heartbeat_timeout: float = 2.5   # seconds without a heartbeat arriving that make it lost (at two evaluations)
+    shared_silence_fraction: float = 0.55  # share of a scope's nodes silent together = a pipeline fault
+    shared_silence_min_nodes: int = 3      # ... and at least this many (all of the cluster always counts)
+    clock_window: float = 600.0      # seconds of arrivals over which each agent's clock offset is estimated
     straggler_window: int = 15       # evaluations
     straggler_continuity: int = 5
     straggler_margin: float = 0.10   # step time this much above the peers' median
     clear_after: int = 30            # evaluations a transient finding must look normal before it clears
 
     def __post_init__(self) -> None:
-        for name in ("interval", "threshold", "clip", "stale_after", "heartbeat_timeout", "straggler_margin"):
+        for name in ("interval", "threshold", "clip", "stale_after", "heartbeat_timeout", "straggler_margin",
+                     "shared_silence_fraction", "clock_window"):
             if not getattr(self, name) > 0:
                 raise ValueError(f"monitor config field {name!r} must be positive")
-        for name in ("window", "continuity", "straggler_window", "straggler_continuity", "clear_after"):
+        for name in ("window", "continuity", "straggler_window", "straggler_continuity", "clear_after",
+                     "shared_silence_min_nodes"):
             if getattr(self, name) < 1:
                 raise ValueError(f"monitor config field {name!r} must be at least 1")
 
@@ -86,7 +101,13 @@ class HealthMonitor:
         self._latest: dict[str, dict[tuple[int, int | None], tuple[float, float]]] = {}
         self._new_steps: dict[Rank, float] = {}
         self._ranks: dict[str, set[Rank]] = {}
-        self._heartbeat: dict[str, float] = {}
+        self.domains: Mapping[str, str] = {}   # node -> topology domain, for shared silences (set by the caller)
+        self.liveness = Liveness(interval=self.config.interval, timeout=self.config.heartbeat_timeout,
+                                 shared_fraction=self.config.shared_silence_fraction,
+                                 shared_min_nodes=self.config.shared_silence_min_nodes)
+        self._clocks = ClockOffsets(self.config.clock_window, self.config.stale_after)
+        self._heartbeat_ts: dict[str, float] = {}   # the agent's own time of its latest heartbeat (evidence only)
+        self._pipeline: list[PipelineFinding] = []
         self._gpu_count: dict[str, float] = {}
         self._gpu_expected: dict[str, float] = {}
         self._ecc: dict[Rank, float] = {}
@@ -95,8 +116,9 @@ class HealthMonitor:
     # -- public -------------------------------------------------------------
 
     def observe(self, samples: Iterable[Sample], now: float) -> list[HealthDecision]:
-        """Ingest samples; evaluate the peer groups when an interval has passed since the last evaluation."""
-        out = self._ingest(samples)
+        """Ingest samples that arrived at `now`; evaluate when an interval has passed since the last evaluation."""
+        self._pipeline += self.liveness.called(now)
+        out = self._ingest(samples, now)
         if now - self._last_eval >= self.config.interval:
             out += self._evaluate(now, self._frames(now))
         return out
@@ -104,14 +126,20 @@ class HealthMonitor:
     def observe_frames(self, frames: Sequence[JobFrame], samples: Iterable[Sample], now: float) -> list[HealthDecision]:
         """Like `observe`, for a caller that already holds the per-job frames (the fleet simulator):
         `samples` then need only carry the hard signals; every call evaluates."""
-        return self._ingest(samples) + self._evaluate(now, frames)
+        self._pipeline += self.liveness.called(now)
+        return self._ingest(samples, now) + self._evaluate(now, frames)
+
+    def take_pipeline_findings(self) -> list[PipelineFinding]:
+        """Pipeline faults opened or closed since the last call (see `flotilla.health.liveness`)."""
+        out, self._pipeline = self._pipeline, []
+        return out
 
     def release(self, node: str) -> None:
         """Return a node to service: forget its decision; counters it showed become its new baseline, and its
         heartbeat is watched again from its next one."""
         self.active.pop(node, None)
         self._calm.pop(node, None)
-        self._heartbeat.pop(node, None)
+        self.liveness.forget(node)
         if node in self._gpu_count:
             self._gpu_expected[node] = self._gpu_count[node]
         for rank, value in self._ecc.items():
@@ -120,32 +148,44 @@ class HealthMonitor:
 
     # -- ingest and hard signals -------------------------------------------
 
-    def _ingest(self, samples: Iterable[Sample]) -> list[HealthDecision]:
+    def _ingest(self, samples: Iterable[Sample], now: float) -> list[HealthDecision]:
+        samples = list(samples)
+        freshest: dict[str, float] = {}
+        for s in samples:  # the batch's newest sample of each node first: older ones in it are then a backlog
+            lag = now - s.ts
+            if lag < freshest.get(s.node, np.inf):
+                freshest[s.node] = lag
+        for node, lag in freshest.items():
+            self._clocks.update(node, now, lag)
+        stale_after = self.config.stale_after
         out: list[HealthDecision] = []
         for s in samples:
             metric = BY_NAME.get(s.metric)
             if metric is None:
                 continue
             self._node_job[s.node] = s.job
-            if metric.kind == "compared":
-                self._latest.setdefault(s.node, {})[(COMPARED_INDEX[s.metric], s.gpu)] = (s.ts, s.value)
+            if metric.kind == "hard":
+                decision = self._hard(s, now)
+                if decision is not None:
+                    out.append(decision)
+            elif self._clocks.age(s.node, now, s.ts) > stale_after:
+                continue   # replayed: evidence about the past, not for comparing peers now
+            elif metric.kind == "compared":
+                self._latest.setdefault(s.node, {})[(COMPARED_INDEX[s.metric], s.gpu)] = (now, s.value)
             elif metric.kind == "step":
                 if s.job is not None:
                     self._new_steps[(s.node, s.gpu)] = s.value
                     self._ranks.setdefault(s.job, set()).add((s.node, s.gpu))
-            elif metric.kind == "hard":
-                decision = self._hard(s)
-                if decision is not None:
-                    out.append(decision)
         return out
 
-    def _hard(self, s: Sample) -> HealthDecision | None:
+    def _hard(self, s: Sample, now: float) -> HealthDecision | None:
         node, value = s.node, s.value
         if s.metric == "heartbeat":
             if value == 0:  # the agent stopped on purpose: its silence from now on is no fault
-                self._heartbeat.pop(node, None)
+                self.liveness.forget(node)
             else:
-                self._heartbeat[node] = max(s.ts, self._heartbeat.get(node, s.ts))
+                self.liveness.beat(node, now)
+                self._heartbeat_ts[node] = max(s.ts, self._heartbeat_ts.get(node, s.ts))
             return None
         if s.metric == "xid":
             code = int(value)
@@ -223,18 +263,25 @@ class HealthMonitor:
         out: list[HealthDecision] = []
         for frame in frames:
             out += self._evaluate_job(now, frame)
-        timeout = self.config.heartbeat_timeout
-        for node, last in self._heartbeat.items():
-            silent = now - last
-            current = self.active.get(node)
-            if current is not None and current.reason == "heartbeat-lost":
-                out.append(self._settle(now, node, silent <= timeout))
-            elif silent > timeout:
-                out.append(self._confirm(now, node, "fault", "heartbeat-lost",
-                                         {"metric": "heartbeat", "window": round(timeout / self.config.interval, 3),
-                                          "score": round(silent, 3), "last_seen": last},
-                                         transient=True, checkpointable=False))
+        out += self._judge_liveness(now)
         return [d for d in out if d is not None]
+
+    def _judge_liveness(self, now: float) -> list[HealthDecision | None]:
+        timeout = self.config.heartbeat_timeout
+        lost, findings = self.liveness.evaluate(now, self.domains)
+        self._pipeline += findings
+        out: list[HealthDecision | None] = []
+        for node, current in list(self.active.items()):
+            if current.reason == "heartbeat-lost" and self.liveness.watched(node):
+                out.append(self._settle(now, node, self.liveness.silence(node, now) <= timeout))
+        for node in lost:
+            silent = self.liveness.silence(node, now)
+            out.append(self._confirm(now, node, "fault", "heartbeat-lost",
+                                     {"metric": "heartbeat", "window": round(timeout / self.config.interval, 3),
+                                      "score": round(silent, 3), "last_seen": round(now - silent, 3),
+                                      "last_sample_ts": self._heartbeat_ts.get(node)},
+                                     transient=True, checkpointable=False))
+        return out
 
     def _evaluate_job(self, now: float, frame: JobFrame) -> list[HealthDecision]:
         group = self._groups.get(frame.job)

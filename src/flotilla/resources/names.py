@@ -74,6 +74,9 @@ class Reason:
     OVER_BUDGET = "OverBudget"  # the plan needs more than spec.maxGPUs
     GPU_HEALTHY = "GPUHealthy"  # on a Node: the controller's health verdict
     GPU_UNHEALTHY = "GPUUnhealthy"
+    INGEST_STALLED = "IngestStalled"  # on the controller's Pod: the metric pipeline delivers nothing
+    INGEST_RESUMED = "IngestResumed"
+    CONTROLLER_STALLED = "ControllerStalled"
 
 
 # Every reason above: an Event with any other reason is refused (flotilla.operator.events).
