@@ -8,7 +8,8 @@ and writes them as JSON lines. One sample is
      "gpu": 0 | null, "metric": "gpu_util", "value": 97.0}
 
 Transport encodings (both carry a JSON array of samples):
-  * Redis Streams: XADD to stream `STREAM` with one field `FIELD`.
+  * Redis Streams: XADD to stream `STREAM` with field `FIELD`, and `TOKEN_FIELD` (the agent's
+    ServiceAccount token) where the controller checks who speaks for which node.
   * HTTP: POST /v1/ingest with body {"node": str, "samples": [...]}.
 """
 
@@ -21,6 +22,7 @@ from typing import Any, Iterable
 
 STREAM = "flotilla:metrics"
 FIELD = "samples"
+TOKEN_FIELD = "token"
 
 
 @dataclass(frozen=True, slots=True)
