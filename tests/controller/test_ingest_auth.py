@@ -188,6 +188,14 @@ def test_samples_from_anyone_but_the_bound_agent_are_refused(secured, token, sta
 
 
 @sqlite_only
+def test_a_post_without_a_token_is_counted_as_unauthenticated(secured):
+    client, _, metrics, _ = secured
+    assert client.post("/v1/ingest", json={"node": "a", "samples": []}).status_code == 401
+    assert client.post("/v1/serving/default/s1/stats", json={}).status_code == 401
+    assert (rejected(metrics, "http", "unauthenticated"), rejected(metrics, "stats", "unauthenticated")) == (1, 1)
+
+
+@sqlite_only
 def test_admin_may_post_samples_for_any_node(secured):
     client, sink, _, _ = secured
     r = client.post("/v1/ingest", json={"node": "a", "samples": [heartbeat("b")]}, headers=auth(ADMIN))

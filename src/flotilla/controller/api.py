@@ -234,7 +234,12 @@ def create_app(ctl: Controller) -> FastAPI:
     def ingest_caller(transport: str) -> Callable[..., Identity]:
         """Any holder of a valid token; what it may post is `ctl.ingest_policy`'s decision (see refuse)."""
         def check(creds: Annotated[HTTPAuthorizationCredentials | None, Depends(bearer)]) -> Identity:
-            who = authenticate(creds)
+            try:
+                who = authenticate(creds)
+            except ApiError as e:
+                if e.status == 401:  # no bearer token at all
+                    ctl.ingestor.rejected(transport, UNAUTHENTICATED_REFUSAL.reason)
+                raise
             if who is None:
                 refuse(transport, "an unknown caller", UNAUTHENTICATED_REFUSAL)
             assert who is not None
