@@ -40,7 +40,7 @@ from flotilla.controller.ingest_auth import UNAUTHENTICATED_REFUSAL, IngestPolic
 from flotilla.controller.metrics import ControllerMetrics
 from flotilla.controller.mirror import REPLAN_REQUEST, DecisionRecord, parse_time
 from flotilla.controller.store import OUTLOOKS, Store
-from flotilla.health.samples import Sample
+from flotilla.health.samples import MAX_GPU_INDEX, Sample
 from flotilla.serving.replan import ObservedWindow
 
 log = logging.getLogger(__name__)
@@ -114,7 +114,7 @@ class SampleIn(Strict):
     metric: StrictStr = Field(min_length=1, max_length=128)
     value: StrictFloat | StrictInt
     job: StrictStr | None = Field(None, max_length=512)
-    gpu: StrictInt | None = None
+    gpu: StrictInt | None = Field(None, ge=0, le=MAX_GPU_INDEX)
 
 
 class IngestBody(Strict):
