@@ -169,3 +169,21 @@ class LoadDriver:
     def __exit__(self, *exc):
         self._stop.set()
         self.thread.join()
+
+
+def node_bound_token(namespace: str, service_account: str, node: str, audience: str = "flotilla-controller",
+                     duration: str = "1h") -> str:
+    """A ServiceAccount token bound to a pod scheduled on `node`, as an agent's projected token is: the API
+    server's TokenReview then names the node (user.extra["authentication.kubernetes.io/node-name"]). The
+    ServiceAccount and the pod (`<sa>-on-<node>`, never started for real on a KWOK node) are made if missing;
+    deleting the pod revokes the token."""
+    pod = f"{service_account}-on-{node}"[:63].rstrip("-")
+    manifest = json.dumps({"apiVersion": "v1", "kind": "List", "items": [
+        {"apiVersion": "v1", "kind": "ServiceAccount", "metadata": {"name": service_account}},
+        {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": pod},
+         "spec": {"nodeName": node, "serviceAccountName": service_account, "automountServiceAccountToken": False,
+                  "tolerations": [{"operator": "Exists"}],
+                  "containers": [{"name": "agent", "image": "e2e.invalid/agent"}]}}]})
+    kubectl("apply", "-n", namespace, "-f", "-", stdin=manifest)
+    return kubectl("create", "token", service_account, "-n", namespace, "--bound-object-kind", "Pod",
+                   "--bound-object-name", pod, "--audience", audience, f"--duration={duration}").stdout.strip()

@@ -306,9 +306,11 @@ def test_upgrade_and_uninstall_leave_no_orphans(release):
     ns = release
     chart = str(ROOT / "charts" / "flotilla")
     tokens = get("secret", f"{FULL}-tokens", ns)["data"]
+    certificate = get("secret", f"{CTL}-tls", ns)["data"]
     helm("upgrade", RELEASE, chart, "-n", ns, "--reuse-values", "--set", "operator.replicas=3")
     assert get("deployment", OP, ns)["spec"]["replicas"] == 3
     assert get("secret", f"{FULL}-tokens", ns)["data"] == tokens, "an upgrade must keep the API tokens"
+    assert get("secret", f"{CTL}-tls", ns)["data"] == certificate, "an upgrade must keep the CA agents trust"
     # Turning a component off removes its objects.
     helm("upgrade", RELEASE, chart, "-n", ns, "--reuse-values", "--set", "agent.enabled=false")
     assert get("daemonset", AGENT, ns) is None and get("serviceaccount", AGENT, ns) is None
@@ -321,7 +323,7 @@ def test_upgrade_and_uninstall_leave_no_orphans(release):
     except AssertionError:
         assert release_objects(ns) == []  # names the orphans
     for kind, name in (("clusterrole", OP), ("clusterrole", CTL), ("clusterrolebinding", OP),
-                       ("clusterrolebinding", CTL)):
+                       ("clusterrolebinding", CTL), ("clusterrole", f"{FULL}-stats-poster")):
         assert get(kind, name, "") is None
     assert get("lease", OP, ns) is None
     # CRDs stay, by Helm's rule for crds/: deleting them would delete every TrainingJob in the cluster.

@@ -122,3 +122,59 @@ def test_http_controller_down_is_a_publish_error():
 def test_buffer_rejects_a_zero_capacity():
     with pytest.raises(ValueError, match="capacity"):
         BufferedPublisher(RedisTransport("redis://127.0.0.1:1/0"), capacity=0)
+
+
+@pytest.mark.redis
+def test_redis_entries_carry_the_token_read_at_every_send(redis_url, tmp_path):
+    from flotilla.health.samples import TOKEN_FIELD
+
+    token = tmp_path / "token"
+    token.write_text("projected-1\n")
+    transport = RedisTransport(redis_url, stream="t:token", token_file=token)
+    transport.send(samples(1))
+    token.write_text("projected-2\n")  # the kubelet rotated it
+    transport.send(samples(1))
+    entries = redis.Redis.from_url(redis_url).xrange("t:token")
+    assert [fields[TOKEN_FIELD.encode()] for _, fields in entries] == [b"projected-1", b"projected-2"]
+    token.unlink()
+    with pytest.raises(PublishError, match="cannot read the token file"):
+        transport.send(samples(1))  # kept in the buffer, sent once the token is back
+
+
+def make_ca_and_server_cert(tmp_path):
+    """A CA and a localhost serving certificate signed by it (openssl), as the chart's genCA/genSignedCert make."""
+    import subprocess
+
+    def openssl(*args):
+        subprocess.run(["openssl", *args], check=True, capture_output=True)
+
+    openssl("req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1", "-subj", "/CN=test-ca",
+            "-keyout", str(tmp_path / "ca.key"), "-out", str(tmp_path / "ca.crt"))
+    openssl("req", "-newkey", "rsa:2048", "-nodes", "-subj", "/CN=localhost",
+            "-keyout", str(tmp_path / "tls.key"), "-out", str(tmp_path / "tls.csr"))
+    (tmp_path / "ext").write_text("subjectAltName=IP:127.0.0.1,DNS:localhost\nextendedKeyUsage=serverAuth\n")
+    openssl("x509", "-req", "-in", str(tmp_path / "tls.csr"), "-CA", str(tmp_path / "ca.crt"), "-CAkey",
+            str(tmp_path / "ca.key"), "-CAcreateserial", "-days", "1", "-extfile", str(tmp_path / "ext"),
+            "-out", str(tmp_path / "tls.crt"))
+    return tmp_path / "ca.crt", tmp_path / "tls.crt", tmp_path / "tls.key"
+
+
+def test_https_controller_is_verified_against_the_ca_file(tmp_path):
+    import ssl
+
+    ca, cert, key = make_ca_and_server_cert(tmp_path)
+    handler = type("Handler", (Ingest,), {"failures": 0, "bodies": [], "auth": []})
+    server = ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    context.load_cert_chain(cert, key)
+    server.socket = context.wrap_socket(server.socket, server_side=True)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    url = f"https://127.0.0.1:{server.server_address[1]}"
+    try:
+        HttpTransport(url, "n1", ca_file=ca, retries=0).send(samples(1))
+        assert len(handler.bodies) == 1
+        with pytest.raises(PublishError, match="CERTIFICATE_VERIFY_FAILED"):
+            HttpTransport(url, "n1", retries=0).send(samples(1))  # the system trust store does not know our CA
+    finally:
+        server.shutdown()
+        server.server_close()

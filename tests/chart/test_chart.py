@@ -24,6 +24,11 @@ OPTIONS = {
     "single-operator": ["--set", "operator.replicas=1,operator.leaderElection.enabled=false"],
     "watch-namespaces": ["--set", "operator.watchNamespaces={team-a,team-b}"],
     "token-review": ["--set", "controller.tokenReview.enabled=true,controller.tokenReview.admins={alice}"],
+    "shared-ingest": ["--set", "controller.ingestAuth=shared"],
+    "shared-ingest-plain-http": ["--set", "controller.ingestAuth=shared,controller.tls.enabled=false"],
+    "stats-posters": ["--set", "controller.statsPosters={serving/router,gw/gateway}"],
+    "existing-tls": ["--set", "controller.tls.existingSecret=my-cert"],
+    "redis-tokenreview": ["--set", "redis.url=redis://redis:6379/0,agent.tokenExpirationSeconds=600"],
     "host-driver": ["--set", "agent.nvml.hostDriverPath=/run/nvidia/driver/usr/lib64,agent.nvml.runtimeClassName=nvidia"],
     "registry": ["--set", "image.registry=registry.example.com/flotilla/,image.tag=1.2.3"],
     "service-nodeport": ["--set", "controller.service.type=NodePort"],
@@ -87,6 +92,7 @@ def test_defaults(render):
     o = render()
     assert {k for k, _ in o} == {"ServiceAccount", "Secret", "PersistentVolumeClaim", "ClusterRole", "ClusterRoleBinding",
                                   "Role", "RoleBinding", "Lease", "Service", "Deployment", "DaemonSet", "ConfigMap"}
+    assert ("Secret", f"{CTL}-tls") in o and ("ClusterRole", "rel-flotilla-stats-poster") in o
     # Operator: two replicas behind the chart's own Lease, a liveness probe that works while waiting.
     dep = o[("Deployment", OP)]
     assert dep["spec"]["replicas"] == 2
@@ -101,7 +107,13 @@ def test_defaults(render):
     assert volumes["data"]["persistentVolumeClaim"]["claimName"] == CTL
     assert volumes["tokens"]["secret"]["secretName"] == "rel-flotilla-tokens"
     assert (ctl["livenessProbe"]["httpGet"]["path"], ctl["readinessProbe"]["httpGet"]["path"]) == ("/healthz", "/readyz")
-    assert o[("Service", CTL)]["spec"]["ports"][0]["port"] == 8080
+    assert all(ctl[p]["httpGet"]["scheme"] == "HTTPS" for p in ("livenessProbe", "readinessProbe", "startupProbe"))
+    assert o[("Service", CTL)]["spec"]["ports"][0] == {"name": "https", "port": 8080, "targetPort": "https"}
+    # Production ingest auth: node-bound agent tokens, checked by TokenReview; HTTPS with the chart's certificate.
+    assert {"--ingest-auth=tokenreview", "--token-audience=flotilla-controller",
+            "--agent-service-accounts=flotilla-system/rel-flotilla-agent", "--tls-cert-file=/etc/flotilla/tls/tls.crt",
+            "--tls-key-file=/etc/flotilla/tls/tls.key"} <= set(ctl["args"])
+    assert volumes["tls"]["secret"]["secretName"] == f"{CTL}-tls"
     tokens = o[("Secret", "rel-flotilla-tokens")]["stringData"]
     lines = tokens["tokens"].split()
     assert [line.split(",")[1:] for line in lines] == [["admin", "admin"], ["ingest", "agent"], ["read", "metrics"]]
@@ -114,7 +126,14 @@ def test_defaults(render):
     assert all(t["operator"] == "Exists" and "effect" not in t for t in ds["tolerations"])
     assert ds["automountServiceAccountToken"] is False
     agent = container(o, "DaemonSet", AGENT)
-    assert "--controller-url=http://rel-flotilla-controller.flotilla-system.svc:8080" in agent["args"]
+    assert {"--controller-url=https://rel-flotilla-controller.flotilla-system.svc:8080",
+            "--token-file=/var/run/secrets/flotilla/token", "--ca-file=/var/run/secrets/flotilla/ca.crt"} <= set(agent["args"])
+    # The agent's token: projected, bound to its pod (so to its node), made for the controller, short-lived.
+    credentials = {v["name"]: v for v in ds["volumes"]}["credentials"]["projected"]["sources"]
+    assert credentials == [
+        {"serviceAccountToken": {"audience": "flotilla-controller", "expirationSeconds": 3600, "path": "token"}},
+        {"secret": {"name": f"{CTL}-tls", "items": [{"key": "ca.crt", "path": "ca.crt"}]}}]
+    assert {"name": "credentials", "mountPath": "/var/run/secrets/flotilla", "readOnly": True} in agent["volumeMounts"]
     assert env(agent)["NODE_NAME"] == {"fieldRef": {"fieldPath": "spec.nodeName"}}
     assert env(agent)["NVIDIA_DRIVER_CAPABILITIES"] == "utility"
     assert o[("ServiceAccount", AGENT)]["automountServiceAccountToken"] is False
@@ -142,7 +161,11 @@ def test_rbac_is_exactly_what_each_component_uses(render):
         triples("flotilla.dev", ["trainingjobs", "servingdeployments"], ["get", "list", "watch", "patch"])
         | triples("", ["nodes"], ["get", "list", "watch", "patch"])
         | triples("", ["nodes/status"], ["patch"])
-        | triples("", ["events"], ["create", "get", "patch"]))
+        | triples("", ["events"], ["create", "get", "patch"])
+        | triples("authentication.k8s.io", ["tokenreviews"], ["create"])
+        | triples("authorization.k8s.io", ["subjectaccessreviews"], ["create"]))
+    # Posting serving statistics: the (virtual) subresource the controller's SubjectAccessReview asks about.
+    assert rules(o, "ClusterRole", "rel-flotilla-stats-poster") == {("flotilla.dev", "servingdeployments/stats", "update")}
     # Every binding names the SA of its own component; nothing is bound to the agent.
     for kind in ("ClusterRoleBinding", "RoleBinding"):
         for (k, name), b in o.items():
@@ -158,8 +181,11 @@ def test_redis(render):
         c = container(o, kind, name)
         assert env(c)["REDIS_URL"] == "redis://redis:6379/0" and "--redis-url=$(REDIS_URL)" in c["args"]
     agent = container(o, "DaemonSet", AGENT)
-    assert not any(a.startswith("--controller-url") for a in agent["args"]) and "volumeMounts" in agent
-    assert all(m["name"] != "token" for m in agent["volumeMounts"])
+    assert not any(a.startswith("--controller-url") or a.startswith("--ca-file") for a in agent["args"])
+    # Stream entries carry the agent's node-bound token (tokenreview is the default).
+    assert "--token-file=/var/run/secrets/flotilla/token" in agent["args"]
+    volumes = {v["name"]: v for v in o[("DaemonSet", AGENT)]["spec"]["template"]["spec"]["volumes"]}
+    assert [list(s) for s in volumes["credentials"]["projected"]["sources"]] == [["serviceAccountToken"]]
     secret = env(container(render(*OPTIONS["redis-secret"]), "DaemonSet", AGENT))["REDIS_URL"]
     assert secret == {"secretKeyRef": {"name": "redis-auth", "key": "url"}}
 
@@ -185,17 +211,21 @@ def test_persistence_options(render):
 
 def test_existing_token_secret(render):
     o = render(*OPTIONS["existing-tokens"])
-    assert not any(k == "Secret" for k, _ in o)
-    ctl_volumes = o[("Deployment", CTL)]["spec"]["template"]["spec"]["volumes"]
-    agent_volumes = o[("DaemonSet", AGENT)]["spec"]["template"]["spec"]["volumes"]
-    assert {v["secret"]["secretName"] for v in ctl_volumes + agent_volumes if "secret" in v} == {"my-tokens"}
+    assert [name for k, name in o if k == "Secret"] == [f"{CTL}-tls"]  # the certificate only
+    ctl_volumes = {v["name"]: v for v in o[("Deployment", CTL)]["spec"]["template"]["spec"]["volumes"]}
+    assert ctl_volumes["tokens"]["secret"]["secretName"] == "my-tokens"
+    o = render(*OPTIONS["existing-tokens"], "--set", "controller.ingestAuth=shared")
+    agent_volumes = {v["name"]: v for v in o[("DaemonSet", AGENT)]["spec"]["template"]["spec"]["volumes"]}
+    assert agent_volumes["credentials"]["projected"]["sources"][0]["secret"]["name"] == "my-tokens"
 
 
 def test_service_monitor_scrapes_with_the_read_token(render):
     sm = render(*OPTIONS["service-monitor"])[("ServiceMonitor", CTL)]
     assert sm["metadata"]["labels"]["release"] == "prom"
     endpoint = sm["spec"]["endpoints"][0]
-    assert (endpoint["port"], endpoint["path"]) == ("http", "/metrics")
+    assert (endpoint["port"], endpoint["path"], endpoint["scheme"]) == ("https", "/metrics", "https")
+    assert endpoint["tlsConfig"] == {"ca": {"secret": {"name": f"{CTL}-tls", "key": "ca.crt"}},
+                                     "serverName": f"{CTL}.flotilla-system.svc"}
     assert endpoint["authorization"]["credentials"] == {"name": "rel-flotilla-tokens", "key": "metrics-token"}
 
 
@@ -281,6 +311,11 @@ INVALID = [
      "operator.replicas > 1 needs operator.leaderElection.enabled=true"),
     (["--set", "controller.enabled=false"], "agent.enabled needs controller.enabled or redis.url"),
     (["--set", "controller.tokenReview.enabled=true"], "controller.tokenReview.enabled needs controller.tokenReview.admins"),
+    (["--set", "controller.ingestAuth=open"], "at '/controller/ingestAuth'"),
+    (["--set", "controller.statsPosters={router}"], "at '/controller/statsPosters/0'"),
+    (["--set", "agent.tokenExpirationSeconds=60"], "at '/agent/tokenExpirationSeconds'"),
+    (["--set", "controller.ingestAuth=shared,controller.statsPosters={serving/router}"],
+     "controller.statsPosters needs controller.ingestAuth=tokenreview"),
     (["--set", "controller.enabled=false,agent.enabled=false,metrics.serviceMonitor.enabled=true"],
      "metrics.serviceMonitor.enabled needs controller.enabled"),
 ]
@@ -307,3 +342,57 @@ def test_schema_covers_every_default_value():
                 walk(sub, s["properties"][key], f"{path}{key}.")
 
     walk(values, schema, "")
+
+
+def test_ingest_auth_and_tls_options(render):
+    # shared: the development mode; the agent presents the chart's shared agent token, no review RBAC.
+    o = render(*OPTIONS["shared-ingest"])
+    ctl = container(o, "Deployment", CTL)
+    assert "--ingest-auth=shared" in ctl["args"] and not any(a.startswith("--agent-service-accounts") for a in ctl["args"])
+    assert not rules(o, "ClusterRole", CTL) & {("authentication.k8s.io", "tokenreviews", "create"),
+                                               ("authorization.k8s.io", "subjectaccessreviews", "create")}
+    assert ("ClusterRole", "rel-flotilla-stats-poster") not in o
+    sources = {v["name"]: v for v in o[("DaemonSet", AGENT)]["spec"]["template"]["spec"]["volumes"]}["credentials"]
+    assert sources["projected"]["sources"][0] == {"secret": {"name": "rel-flotilla-tokens",
+                                                             "items": [{"key": "agent-token", "path": "token"}]}}
+    # plain HTTP: no certificate anywhere, agents given no CA.
+    o = render(*OPTIONS["shared-ingest-plain-http"])
+    assert ("Secret", f"{CTL}-tls") not in o
+    ctl = container(o, "Deployment", CTL)
+    assert not any(a.startswith("--tls-") for a in ctl["args"]) and ctl["readinessProbe"]["httpGet"]["scheme"] == "HTTP"
+    agent = container(o, "DaemonSet", AGENT)
+    assert "--controller-url=http://rel-flotilla-controller.flotilla-system.svc:8080" in agent["args"]
+    assert not any(a.startswith("--ca-file") for a in agent["args"])
+    # statistics posters: bound to the stats-poster ClusterRole.
+    binding = render(*OPTIONS["stats-posters"])[("ClusterRoleBinding", "rel-flotilla-stats-poster")]
+    assert binding["roleRef"]["name"] == "rel-flotilla-stats-poster"
+    assert [(s["kind"], s["namespace"], s["name"]) for s in binding["subjects"]] == [
+        ("ServiceAccount", "serving", "router"), ("ServiceAccount", "gw", "gateway")]
+    # a user-supplied certificate: no chart-made Secret; controller and agents use the named one.
+    o = render(*OPTIONS["existing-tls"])
+    assert ("Secret", f"{CTL}-tls") not in o
+    ctl_volumes = {v["name"]: v for v in o[("Deployment", CTL)]["spec"]["template"]["spec"]["volumes"]}
+    assert ctl_volumes["tls"]["secret"]["secretName"] == "my-cert"
+    agent_volumes = {v["name"]: v for v in o[("DaemonSet", AGENT)]["spec"]["template"]["spec"]["volumes"]}
+    assert agent_volumes["credentials"]["projected"]["sources"][1]["secret"]["name"] == "my-cert"
+    # Redis with tokenreview: the token's lifetime as set.
+    o = render(*OPTIONS["redis-tokenreview"])
+    agent_volumes = {v["name"]: v for v in o[("DaemonSet", AGENT)]["spec"]["template"]["spec"]["volumes"]}
+    assert agent_volumes["credentials"]["projected"]["sources"][0]["serviceAccountToken"]["expirationSeconds"] == 600
+
+
+def test_the_chart_made_certificate_is_signed_by_its_ca_for_the_service_names(render, tmp_path):
+    import base64
+    import subprocess
+
+    data = render()[("Secret", f"{CTL}-tls")]["data"]
+    for key in ("tls.crt", "ca.crt"):
+        (tmp_path / key).write_bytes(base64.b64decode(data[key]))
+    r = subprocess.run(["openssl", "verify", "-CAfile", str(tmp_path / "ca.crt"), str(tmp_path / "tls.crt")],
+                       capture_output=True, text=True)
+    assert r.returncode == 0, r.stdout + r.stderr
+    names = subprocess.run(["openssl", "x509", "-in", str(tmp_path / "tls.crt"), "-noout", "-ext", "subjectAltName"],
+                           capture_output=True, text=True, check=True).stdout
+    for name in (f"DNS:{CTL}.flotilla-system.svc", f"DNS:{CTL}.flotilla-system.svc.cluster.local", "DNS:localhost",
+                 "IP Address:127.0.0.1"):
+        assert name in names

@@ -104,3 +104,11 @@ def test_store_sink_metrics_and_retention(redis_url, stream, store, clock):
     assert max(s.ts for s in store.latest_samples("a")) == NOW - 6
     assert Retention(store, max_age_s=600).run_once() == 5
     assert len(store.latest_samples("a")) == 5
+
+
+def test_a_sample_with_an_impossible_gpu_index_is_malformed():
+    from flotilla.health.samples import decode_batch
+
+    for gpu in (-1, 2 ** 70):
+        with pytest.raises(ValueError, match="'gpu' must be an integer from 0 to 65535"):
+            decode_batch(json.dumps([{"ts": NOW, "node": "a", "metric": "m", "value": 1.0, "gpu": gpu}]))

@@ -77,3 +77,91 @@ def test_kube_actions_errors(status, error):
     actions.core = Recorder(fail=ApiException(status=status, reason="nope"))
     with pytest.raises(error):
         actions.set_unschedulable("n1", True)
+
+
+class FakeReviews:
+    """AuthenticationV1Api/AuthorizationV1Api stand-ins: answers per token, every request recorded."""
+
+    def __init__(self, answers=None, fail=None, allowed=True):
+        self.answers, self.fail, self.allowed, self.requests = answers or {}, fail, allowed, []
+
+    def __call__(self, _api):
+        return self
+
+    def create_token_review(self, body, _request_timeout=None):
+        self.requests.append((body.spec.token, body.spec.audiences, _request_timeout))
+        if self.fail is not None:
+            raise self.fail
+        user, audiences = self.answers.get(body.spec.token, (None, []))
+        return SimpleNamespace(status=SimpleNamespace(authenticated=user is not None, user=user, audiences=audiences))
+
+    def create_subject_access_review(self, body, _request_timeout=None):
+        self.requests.append(body.spec)
+        if self.fail is not None:
+            raise self.fail
+        return SimpleNamespace(status=SimpleNamespace(allowed=self.allowed, denied=None))
+
+
+AGENT_USER = client.V1UserInfo(
+    username="system:serviceaccount:flotilla-system:flotilla-agent", uid="sa-uid",
+    groups=["system:serviceaccounts", "system:authenticated"],
+    extra={"authentication.kubernetes.io/node-name": ["gpu-node-0001"],
+           "authentication.kubernetes.io/pod-name": ["agent-x"]})
+
+
+def test_token_reviewer_asks_for_the_audience_and_reads_the_bound_node(monkeypatch):
+    from flotilla.controller import kube
+
+    fake = FakeReviews({"agent": (AGENT_USER, ["flotilla-controller"]),
+                        "wrong-audience": (AGENT_USER, ["https://kubernetes.default.svc"]),
+                        "admin": (client.V1UserInfo(username="alice"), ["flotilla-controller"])})
+    monkeypatch.setattr(kube.client, "AuthenticationV1Api", fake)
+    review = kube.token_reviewer(client.ApiClient(), {"alice"}, audience="flotilla-controller", readers=False)
+    who = review("agent")
+    assert (who.name, who.role, who.kubernetes, who.node) == (AGENT_USER.username, "none", True, "gpu-node-0001")
+    assert who.groups == ("system:serviceaccounts", "system:authenticated") and who.uid == "sa-uid"
+    assert dict(who.extra)["authentication.kubernetes.io/pod-name"] == ("agent-x",)
+    assert fake.requests == [("agent", ["flotilla-controller"], kube.REVIEW_TIMEOUT_S)]
+    assert review("agent") == who and len(fake.requests) == 1  # cached by the token's hash
+    assert review("wrong-audience") is None  # the answer must name our audience
+    assert review("admin").role == "admin" and review("admin").node is None
+    assert review("unknown") is None and review("unknown") is None
+    assert len([r for r in fake.requests if r[0] == "unknown"]) == 1  # refusals are cached too (briefly)
+    readers = kube.token_reviewer(client.ApiClient(), set(), audience="flotilla-controller", readers=True)
+    assert readers("agent").role == "read"  # --tokenreview-admins given: every Kubernetes identity may read
+
+
+@pytest.mark.parametrize("fail", [ApiException(status=500, reason="etcd down"), ApiException(status=403, reason="no"),
+                                  ConnectionRefusedError("refused")])
+def test_an_unanswered_review_is_unavailable_not_a_refusal(monkeypatch, fail, caplog):
+    from flotilla.controller import kube
+    from flotilla.controller.auth import Identity, ReviewUnavailable
+    from flotilla.controller.ingest_auth import StatsAccess
+
+    monkeypatch.setattr(kube.client, "AuthenticationV1Api", FakeReviews(fail=fail))
+    monkeypatch.setattr(kube.client, "AuthorizationV1Api", FakeReviews(fail=fail))
+    with pytest.raises(ReviewUnavailable):
+        kube.token_reviewer(client.ApiClient(), set(), audience="a", readers=False)("secret-token-value")
+    with pytest.raises(ReviewUnavailable):
+        kube.access_reviewer(client.ApiClient())(Identity("u", "none", kubernetes=True), StatsAccess("ns", "s"))
+    assert "secret-token-value" not in caplog.text
+
+
+def test_access_reviewer_asks_about_the_stats_subresource_as_the_caller(monkeypatch):
+    from flotilla.controller import kube
+    from flotilla.controller.auth import Identity
+    from flotilla.controller.ingest_auth import StatsAccess
+
+    fake = FakeReviews(allowed=False)
+    monkeypatch.setattr(kube.client, "AuthorizationV1Api", fake)
+    allowed = kube.access_reviewer(client.ApiClient())
+    router = Identity("system:serviceaccount:serving:router", "none", kubernetes=True, groups=("g",), uid="u1",
+                      extra=(("authentication.kubernetes.io/pod-name", ("router-0",)),))
+    assert allowed(router, StatsAccess("default", "s1")) is False
+    assert allowed(router, StatsAccess("default", "s1")) is False and len(fake.requests) == 1  # cached
+    [spec] = fake.requests
+    assert (spec.user, spec.groups, spec.uid) == (router.name, ["g"], "u1")
+    assert spec.extra == {"authentication.kubernetes.io/pod-name": ["router-0"]}
+    ra = spec.resource_attributes
+    assert (ra.group, ra.resource, ra.subresource, ra.verb, ra.namespace, ra.name) == (
+        "flotilla.dev", "servingdeployments", "stats", "update", "default", "s1")

@@ -36,7 +36,25 @@ helm.sh/chart: {{ printf "%s-%s" .root.Chart.Name .root.Chart.Version }}
 {{- end -}}
 
 {{- define "flotilla.controllerURL" -}}
-http://{{ include "flotilla.name" (dict "root" . "component" "controller") }}.{{ .Release.Namespace }}.svc:{{ .Values.controller.service.port }}
+{{ include "flotilla.controllerScheme" . }}://{{ include "flotilla.name" (dict "root" . "component" "controller") }}.{{ .Release.Namespace }}.svc:{{ .Values.controller.service.port }}
+{{- end -}}
+
+{{/* The controller's port: https with controller.tls.enabled (the port's name says so too, for meshes). */}}
+{{- define "flotilla.controllerScheme" -}}
+{{- if .Values.controller.tls.enabled -}}https{{- else -}}http{{- end -}}
+{{- end -}}
+
+{{- define "flotilla.tlsSecret" -}}
+{{- .Values.controller.tls.existingSecret | default (include "flotilla.name" (dict "root" . "component" "controller-tls")) -}}
+{{- end -}}
+
+{{- define "flotilla.tokenReviewIngest" -}}
+{{- if eq .Values.controller.ingestAuth "tokenreview" -}}true{{- end -}}
+{{- end -}}
+
+{{/* The agents' ServiceAccount as the controller's --agent-service-accounts names it. */}}
+{{- define "flotilla.agentServiceAccount" -}}
+{{ .Release.Namespace }}/{{ include "flotilla.name" (dict "root" . "component" "agent") }}
 {{- end -}}
 
 {{/* Env var REDIS_URL from the value or the named Secret; nothing when Redis is not configured. */}}
@@ -67,6 +85,9 @@ http://{{ include "flotilla.name" (dict "root" . "component" "controller") }}.{{
 {{- end -}}
 {{- if and .Values.agent.enabled (not .Values.controller.enabled) (not (include "flotilla.redisEnabled" .)) -}}
 {{- fail "agent.enabled needs controller.enabled or redis.url/redis.existingSecret: the agents have nowhere to publish" -}}
+{{- end -}}
+{{- if and .Values.controller.statsPosters (ne .Values.controller.ingestAuth "tokenreview") -}}
+{{- fail "controller.statsPosters needs controller.ingestAuth=tokenreview: with shared ingest auth any agent token may post statistics" -}}
 {{- end -}}
 {{- if and .Values.controller.tokenReview.enabled (not .Values.controller.tokenReview.admins) -}}
 {{- fail "controller.tokenReview.enabled needs controller.tokenReview.admins (usernames that get the admin role)" -}}

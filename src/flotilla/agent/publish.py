@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import logging
+import ssl
 import time
 from collections import deque
 from pathlib import Path
@@ -19,7 +20,7 @@ from typing import Callable, Protocol, Sequence
 import httpx
 import redis
 
-from flotilla.health.samples import FIELD, STREAM, Sample, encode_batch
+from flotilla.health.samples import FIELD, STREAM, TOKEN_FIELD, Sample, encode_batch
 
 log = logging.getLogger(__name__)
 
@@ -34,16 +35,34 @@ class Transport(Protocol):
     def close(self) -> None: ...
 
 
-class RedisTransport:
-    """XADD one entry per batch to `stream`, trimming it to about `maxlen` entries."""
+def read_token(token_file: Path | None) -> str | None:
+    """The bearer token, read at every send: a projected ServiceAccount token is rotated by the kubelet."""
+    if token_file is None:
+        return None
+    try:
+        return token_file.read_text().strip()
+    except OSError as e:
+        raise PublishError(f"cannot read the token file {token_file}: {e}") from e
 
-    def __init__(self, url: str, stream: str = STREAM, maxlen: int = 100_000, timeout: float = 2.0) -> None:
+
+class RedisTransport:
+    """XADD one entry per batch to `stream`, trimming it to about `maxlen` entries. With a token file, each entry
+    also carries the token (field TOKEN_FIELD): a controller with --ingest-auth tokenreview drops entries whose
+    token is not bound to their samples' node."""
+
+    def __init__(self, url: str, stream: str = STREAM, maxlen: int = 100_000, timeout: float = 2.0,
+                 token_file: str | Path | None = None) -> None:
         self.stream, self.maxlen = stream, maxlen
+        self.token_file = Path(token_file) if token_file else None
         self.client = redis.Redis.from_url(url, socket_timeout=timeout, socket_connect_timeout=timeout)
 
     def send(self, batch: Sequence[Sample]) -> None:
+        entry = {FIELD: encode_batch(batch)}
+        token = read_token(self.token_file)
+        if token:
+            entry[TOKEN_FIELD] = token
         try:
-            self.client.xadd(self.stream, {FIELD: encode_batch(batch)}, maxlen=self.maxlen, approximate=True)
+            self.client.xadd(self.stream, entry, maxlen=self.maxlen, approximate=True)
         except redis.RedisError as e:
             raise PublishError(f"redis: {e}") from e
 
@@ -55,16 +74,17 @@ class HttpTransport:
     """POST /v1/ingest {"node", "samples"}; retries with exponential backoff, then gives up for this flush."""
 
     def __init__(self, base_url: str, node: str, token_file: str | Path | None = None, retries: int = 3,
-                 backoff: float = 0.2, timeout: float = 2.0, sleep: Callable[[float], None] = time.sleep) -> None:
+                 backoff: float = 0.2, timeout: float = 2.0, sleep: Callable[[float], None] = time.sleep,
+                 ca_file: str | Path | None = None) -> None:
         self.node, self.retries, self.backoff, self.sleep = node, retries, backoff, sleep
         self.token_file = Path(token_file) if token_file else None
-        self.client = httpx.Client(base_url=base_url.rstrip("/"), timeout=timeout)
+        # An https controller URL is verified against ca_file (the chart's CA), else the system's trust store.
+        verify: ssl.SSLContext | bool = ssl.create_default_context(cafile=str(ca_file)) if ca_file else True
+        self.client = httpx.Client(base_url=base_url.rstrip("/"), timeout=timeout, verify=verify)
 
     def _headers(self) -> dict[str, str]:
-        if self.token_file is None:
-            return {}
-        # read at every send: the token may be rotated (a projected service-account token)
-        return {"Authorization": f"Bearer {self.token_file.read_text().strip()}"}
+        token = read_token(self.token_file)
+        return {"Authorization": f"Bearer {token}"} if token else {}
 
     def send(self, batch: Sequence[Sample]) -> None:
         body = '{"node":%s,"samples":%s}' % (json.dumps(self.node), encode_batch(batch))

@@ -36,7 +36,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     target = parser.add_mutually_exclusive_group(required=True)
     target.add_argument("--redis-url", help="publish to this Redis (XADD to the metrics stream)")
     target.add_argument("--controller-url", help="publish to this controller (POST /v1/ingest)")
-    parser.add_argument("--token-file", help="bearer token for the controller, re-read at every request")
+    parser.add_argument("--token-file",
+                        help="bearer token for the controller, re-read at every send (a projected ServiceAccount "
+                             "token); with --redis-url each stream entry carries it")
+    parser.add_argument("--ca-file", help="CA certificate(s) to verify an https --controller-url with (PEM)")
     parser.add_argument("--stream", default=STREAM, help=f"Redis stream (default {STREAM})")
     parser.add_argument("--maxlen", type=int, default=100_000, help="approximate Redis stream length cap")
     parser.add_argument("--interval", type=float, default=1.0, help="seconds between samples")
@@ -84,8 +87,9 @@ def run(args: argparse.Namespace) -> int:
     intake = StepIntake(args.node, args.step_port) if args.step_port else None
     if intake is not None:
         sources.append(intake)
-    transport: Transport = (RedisTransport(args.redis_url, args.stream, args.maxlen) if args.redis_url
-                            else HttpTransport(args.controller_url, args.node, args.token_file))
+    transport: Transport = (RedisTransport(args.redis_url, args.stream, args.maxlen, token_file=args.token_file)
+                            if args.redis_url
+                            else HttpTransport(args.controller_url, args.node, args.token_file, ca_file=args.ca_file))
     publisher = BufferedPublisher(transport, args.buffer, args.batch)
     agent = Agent(args.node, sources, publisher, lambda: (intake.job if intake and intake.job else args.job))
     stop = threading.Event()

@@ -4,6 +4,11 @@ State: SQLite under $FLOTILLA_DATA (default ./.flotilla/) unless --db-url names
 PostgreSQL (postgresql://user:pass@host/db). The database is created and
 migrated on start. Tokens: --tokens-file, lines '<token>,<role>,<name>' with
 role read|ingest|admin; created with one admin token if missing.
+
+Ingest: --ingest-auth shared (the default, for development) lets any ingest
+token post for any node; --ingest-auth tokenreview (production) accepts samples
+only from agents' node-bound ServiceAccount tokens, for their own node, and
+serving statistics only from callers allowed to update servingdeployments/stats.
 """
 
 from __future__ import annotations
@@ -11,6 +16,8 @@ from __future__ import annotations
 import argparse
 import logging
 from pathlib import Path
+
+from flotilla.controller.ingest_auth import DEFAULT_AGENT_SERVICE_ACCOUNT, DEFAULT_AUDIENCE, MODES, SHARED
 
 HELP = "Run the controller: REST admin API, metrics, ingest and decision history"
 
@@ -24,8 +31,19 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--no-kubernetes", action="store_true",
                         help="run without a cluster: no object sync, cluster actions answer 503")
     parser.add_argument("--tokenreview-admins", metavar="USERS",
-                        help="also accept tokens the API server vouches for (TokenReview); comma-separated "
-                             "usernames get admin, everyone else read")
+                        help="also accept tokens the API server vouches for (TokenReview, made for "
+                             "--token-audience); comma-separated usernames get admin, everyone else read")
+    parser.add_argument("--ingest-auth", choices=MODES, default=SHARED,
+                        help="who may post samples and serving statistics: shared (any ingest token, for any node; "
+                             "development only) or tokenreview (an agent's node-bound ServiceAccount token, for its "
+                             "own node only; statistics need update on servingdeployments/stats). Default shared")
+    parser.add_argument("--token-audience", default=DEFAULT_AUDIENCE, metavar="AUDIENCE",
+                        help=f"the audience Kubernetes tokens must be made for (default {DEFAULT_AUDIENCE})")
+    parser.add_argument("--agent-service-accounts", default=DEFAULT_AGENT_SERVICE_ACCOUNT, metavar="NS/NAME,...",
+                        help="ServiceAccounts whose node-bound tokens may post samples with --ingest-auth "
+                             f"tokenreview (default {DEFAULT_AGENT_SERVICE_ACCOUNT})")
+    parser.add_argument("--tls-cert-file", type=Path, help="serve HTTPS with this certificate (PEM; with --tls-key-file)")
+    parser.add_argument("--tls-key-file", type=Path, help="the private key of --tls-cert-file (PEM)")
     parser.add_argument("--sample-retention", type=float, default=6 * 3600.0, metavar="SECONDS",
                         help="drop metric samples older than this (default 6 h); decisions are kept")
     parser.add_argument("--ingest-limit", type=int, default=4 * 1024 * 1024, metavar="BYTES",
@@ -69,6 +87,10 @@ def run(args: argparse.Namespace) -> int:
                         ingest_limit=args.ingest_limit, cors_origins=tuple(args.cors_origin),
                         health=not args.no_health, straggler_action=args.stragglers, replan=not args.no_replan,
                         taint_budget=budget,
+                        ingest_auth=args.ingest_auth, token_audience=args.token_audience,
+                        agent_service_accounts=frozenset(sa.strip() for sa in args.agent_service_accounts.split(",")
+                                                         if sa.strip()),
+                        tls_cert_file=args.tls_cert_file, tls_key_file=args.tls_key_file,
                         replan_policy=ReplanPolicy(scale_down_delay_s=args.scale_down_after,
                                                    peak_memory_s=args.peak_memory))
     if args.db_url:
@@ -77,5 +99,9 @@ def run(args: argparse.Namespace) -> int:
         settings.tokens_file = args.tokens_file
     if args.tokenreview_admins is not None:
         settings.tokenreview_admins = frozenset(u.strip() for u in args.tokenreview_admins.split(",") if u.strip())
+    try:
+        settings.check()
+    except ValueError as e:
+        raise SystemExit(f"flotilla controller: {e}") from None
     ControllerService(settings).serve()
     return 0

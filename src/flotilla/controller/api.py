@@ -13,6 +13,7 @@ request, a cordoned node) does not act again.
 
 import hashlib
 import json
+import logging
 import threading
 import time
 from dataclasses import dataclass, field
@@ -26,20 +27,23 @@ from fastapi.responses import JSONResponse, Response
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from pydantic import AwareDatetime, BaseModel, ConfigDict, Field, StrictBool, StrictFloat, StrictInt, StrictStr
+from starlette.concurrency import run_in_threadpool
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from flotilla.controller import checkpoints, views, vllm
 from flotilla.controller.actions import ClusterActionError, ClusterActions, ClusterUnavailable, ObjectNotFound
-from flotilla.controller.auth import Identity, TokenAuthenticator
+from flotilla.controller.auth import Identity, ReviewUnavailable, TokenAuthenticator
 from flotilla.controller.db import current_revision, head_revision
 from flotilla.controller.ingest import Ingestor
+from flotilla.controller.ingest_auth import UNAUTHENTICATED_REFUSAL, IngestPolicy, Refusal
 from flotilla.controller.metrics import ControllerMetrics
 from flotilla.controller.mirror import REPLAN_REQUEST, DecisionRecord, parse_time
 from flotilla.controller.store import OUTLOOKS, Store
-from flotilla.health.samples import Sample
+from flotilla.health.samples import MAX_GPU_INDEX, Sample
 from flotilla.serving.replan import ObservedWindow
 
+log = logging.getLogger(__name__)
 TERMINAL = ("Succeeded", "Failed", "Rejected")
 HISTORY_IN_DETAIL = 20
 
@@ -63,6 +67,7 @@ class Controller:
     metrics: ControllerMetrics
     ingestor: Ingestor
     policy: Policy = field(default_factory=Policy)
+    ingest_policy: IngestPolicy = field(default_factory=IngestPolicy)  # who may post samples and statistics
     body_limit: int = 64 * 1024
     ingest_limit: int = 4 * 1024 * 1024
     cors_origins: Sequence[str] = ()
@@ -75,9 +80,9 @@ class Controller:
 
 
 class ApiError(Exception):
-    def __init__(self, status: int, message: str) -> None:
+    def __init__(self, status: int, message: str, headers: dict[str, str] | None = None) -> None:
         super().__init__(message)
-        self.status, self.message = status, message
+        self.status, self.message, self.headers = status, message, headers
 
 
 def error(status: int, message: str, headers: dict[str, str] | None = None) -> JSONResponse:
@@ -111,7 +116,7 @@ class SampleIn(Strict):
     metric: StrictStr = Field(min_length=1, max_length=128)
     value: StrictFloat | StrictInt
     job: StrictStr | None = Field(None, max_length=512)
-    gpu: StrictInt | None = None
+    gpu: StrictInt | None = Field(None, ge=0, le=MAX_GPU_INDEX)
 
 
 class IngestBody(Strict):
@@ -205,23 +210,56 @@ def create_app(ctl: Controller) -> FastAPI:
                               "outlook, training jobs, serving deployments, node health, the decision audit trail, "
                               "and metric ingest from node agents. Authenticate with `Authorization: Bearer <token>`.")
     store, actions, policy = ctl.store, ctl.actions, ctl.policy
-    bearer = HTTPBearer(auto_error=False, description="a token from the controller's tokens file")
+    bearer = HTTPBearer(auto_error=False, description="a token from the controller's tokens file, or a "
+                                                      "Kubernetes ServiceAccount token made for the controller's "
+                                                      "audience (TokenReview)")
+
+    def authenticate(creds: HTTPAuthorizationCredentials | None) -> Identity | None:
+        if creds is None or creds.scheme.lower() != "bearer" or not creds.credentials:
+            raise ApiError(401, "missing bearer token (Authorization: Bearer <token>)")
+        try:
+            return ctl.auth.identify(creds.credentials)
+        except ReviewUnavailable:
+            raise ApiError(503, "cannot check the token now: the Kubernetes API did not answer its review; "
+                                "retry later", {"Retry-After": "5"}) from None
 
     def identity(needed: str) -> Callable[..., Identity]:
         def check(creds: Annotated[HTTPAuthorizationCredentials | None, Depends(bearer)]) -> Identity:
-            if creds is None or creds.scheme.lower() != "bearer" or not creds.credentials:
-                raise ApiError(401, "missing bearer token (Authorization: Bearer <token>)")
-            who = ctl.auth.identify(creds.credentials)
+            who = authenticate(creds)
             if who is None:
-                raise ApiError(401, "unknown or expired token")
+                raise ApiError(401, UNAUTHENTICATED_REFUSAL.message)
             if not who.may(needed):
                 raise ApiError(403, f"this route needs the {needed!r} role; token {who.name!r} has {who.role!r}")
             return who
         return check
 
+    def ingest_caller(transport: str) -> Callable[..., Identity]:
+        """Any holder of a valid token; what it may post is `ctl.ingest_policy`'s decision (see refuse)."""
+        def check(creds: Annotated[HTTPAuthorizationCredentials | None, Depends(bearer)]) -> Identity:
+            try:
+                who = authenticate(creds)
+            except ApiError as e:
+                if e.status == 401:  # no bearer token at all
+                    ctl.ingestor.rejected(transport, UNAUTHENTICATED_REFUSAL.reason)
+                raise
+            if who is None:
+                refuse(transport, "an unknown caller", UNAUTHENTICATED_REFUSAL)
+            assert who is not None
+            return who
+        return check
+
+    def refuse(transport: str, who: str, why: Refusal | None) -> None:
+        """Count, log and answer a refused post; nothing when `why` is None."""
+        if why is None:
+            return
+        ctl.ingestor.rejected(transport, why.reason)
+        log.warning("refused %s post from %s (%s): %s", transport, who, why.reason, why.message)
+        raise ApiError(why.status, why.message)
+
     Reader = Annotated[Identity, Depends(identity("read"))]
     Admin = Annotated[Identity, Depends(identity("admin"))]
-    Agent = Annotated[Identity, Depends(identity("ingest"))]
+    Agent = Annotated[Identity, Depends(ingest_caller("http"))]
+    StatsPoster = Annotated[Identity, Depends(ingest_caller("stats"))]
     Limit = Annotated[int, Query(ge=1, le=1000, description="page size")]
     Cursor = Annotated[str | None, Query(max_length=512, description="nextCursor of the previous page")]
     IdemKey = Annotated[str | None, Header(alias="Idempotency-Key", min_length=1, max_length=255,
@@ -229,7 +267,7 @@ def create_app(ctl: Controller) -> FastAPI:
 
     @app.exception_handler(ApiError)
     async def _api_error(_: Request, e: ApiError) -> JSONResponse:
-        headers = {"WWW-Authenticate": "Bearer"} if e.status == 401 else None
+        headers = {"WWW-Authenticate": "Bearer"} if e.status == 401 else e.headers
         return error(e.status, e.message, headers)
 
     @app.exception_handler(StarletteHTTPException)
@@ -548,20 +586,29 @@ def create_app(ctl: Controller) -> FastAPI:
 
     @app.post("/v1/ingest", tags=["agents"], status_code=202,
               summary="Metric samples from a node agent (the fallback when Redis is not used)")
-    def ingest(_: Agent, body: IngestBody) -> dict[str, Any]:
+    def ingest(who: Agent, body: IngestBody) -> dict[str, Any]:
+        refuse("http", who.name, ctl.ingest_policy.samples(who, {body.node, *(s.node for s in body.samples)}))
         samples = []
         for i, s in enumerate(body.samples):
             try:
                 samples.append(Sample.from_dict(s.model_dump()))
             except ValueError as e:
-                ctl.ingestor.rejected("http")
+                ctl.ingestor.rejected("http", "malformed")
                 raise ApiError(422, f"samples[{i}]: {e}") from None
         ctl.ingestor.ingest("http", samples)
         return {"accepted": len(samples)}
 
+    def may_post_stats(who: Identity, namespace: str, name: str) -> None:
+        try:
+            refuse("stats", who.name, ctl.ingest_policy.stats(who, namespace, name))
+        except ReviewUnavailable:
+            raise ApiError(503, "cannot check the caller's access now: the Kubernetes API did not answer its "
+                                "review; retry later", {"Retry-After": "5"}) from None
+
     @app.post("/v1/serving/{namespace}/{name}/stats", tags=["serving"], status_code=202,
               summary="Serving statistics of one window (request rate, lengths, TTFT/TPOT), for the re-planner")
-    def serving_stats(_: Agent, namespace: str, name: str, body: ServingStatsBody) -> dict[str, Any]:
+    def serving_stats(who: StatsPoster, namespace: str, name: str, body: ServingStatsBody) -> dict[str, Any]:
+        may_post_stats(who, namespace, name)
         serving_or_404(namespace, name)
         if ctl.serving_stats is None:
             raise ApiError(409, "re-planning is off in this controller (--no-replan or --no-kubernetes)")
@@ -579,7 +626,9 @@ def create_app(ctl: Controller) -> FastAPI:
     @app.post("/v1/serving/{namespace}/{name}/stats/prometheus", tags=["serving"], status_code=202,
               summary="vLLM's Prometheus metrics (text exposition format), scraped by a router or sidecar; "
                       "two scrapes make one statistics window")
-    async def serving_stats_prometheus(_: Agent, namespace: str, name: str, request: Request) -> dict[str, Any]:
+    async def serving_stats_prometheus(who: StatsPoster, namespace: str, name: str, request: Request
+                                       ) -> dict[str, Any]:
+        await run_in_threadpool(may_post_stats, who, namespace, name)  # a SubjectAccessReview may take a while
         serving_or_404(namespace, name)
         if ctl.serving_stats is None:
             raise ApiError(409, "re-planning is off in this controller (--no-replan or --no-kubernetes)")

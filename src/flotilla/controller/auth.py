@@ -9,6 +9,11 @@ role is `read` (GET routes and /metrics), `admin` (everything) or `ingest`
 (only POST /v1/ingest, for node agents). name identifies the holder in the
 audit trail; the token itself is never logged or stored. The file is re-read
 when it changes, so a rotated Secret takes effect without a restart.
+
+Tokens the file does not know go to the optional reviewer (a TokenReview, see
+`flotilla.controller.kube.token_reviewer`), which answers with a Kubernetes
+identity: username, groups and, for a token bound to a pod on a node, that node.
+What an identity may ingest is decided by `flotilla.controller.ingest_auth`.
 """
 
 from __future__ import annotations
@@ -23,12 +28,24 @@ from pathlib import Path
 from typing import Callable
 
 ROLES = ("read", "ingest", "admin")
+NO_ROLE = "none"  # a Kubernetes identity that may use no route by role (what ingest_auth grants it, it may)
+
+
+class ReviewUnavailable(Exception):
+    """The API server could not say who a token belongs to (down, timed out, or refused the review): ask later."""
 
 
 @dataclass(frozen=True)
 class Identity:
     name: str
     role: str
+    # Vouched for by the API server (TokenReview): name is the Kubernetes username.
+    kubernetes: bool = False
+    # The node a bound token names (TokenReview's extra NODE_NAME_EXTRA); None for any other token.
+    node: str | None = None
+    groups: tuple[str, ...] = ()
+    uid: str = ""
+    extra: tuple[tuple[str, tuple[str, ...]], ...] = ()  # TokenReview's user.extra, for SubjectAccessReviews
 
     def may(self, needed: str) -> bool:
         """admin may do everything; read may read; ingest may only ingest."""
@@ -85,6 +102,7 @@ class TokenAuthenticator:
             self._mtime = mtime
 
     def identify(self, token: str) -> Identity | None:
+        """-> the token's holder, None when nobody vouches for it; raises ReviewUnavailable (from the reviewer)."""
         if self.path is not None:
             try:
                 self._reload()

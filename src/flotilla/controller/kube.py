@@ -1,4 +1,4 @@
-"""Glue to the Kubernetes API: the mirror sync loop, `KubeActions`, and TokenReview.
+"""Glue to the Kubernetes API: the mirror sync loop, `KubeActions`, TokenReview and SubjectAccessReview.
 
 Thin by design (parsing is `flotilla.controller.mirror`, storage is
 `flotilla.controller.store`); exercised by the e2e suite against a real API server.
@@ -20,7 +20,8 @@ from kubernetes import client, config, watch
 from kubernetes.client.rest import ApiException
 
 from flotilla.controller.actions import ClusterActionError, ObjectNotFound
-from flotilla.controller.auth import Identity
+from flotilla.controller.auth import NO_ROLE, Identity, ReviewUnavailable
+from flotilla.controller.ingest_auth import NODE_NAME_EXTRA, StatsAccess
 from flotilla.controller.metrics import ControllerMetrics
 from flotilla.controller.mirror import (
     GROUP,
@@ -201,30 +202,107 @@ class Sync:
         self._stop.set()
 
 
-def token_reviewer(api: client.ApiClient, admins: set[str], ttl_s: float = 60.0) -> Callable[[str], Identity | None]:
-    """Accept ServiceAccount (and other) tokens the API server vouches for: role admin for usernames in
-    `admins`, read otherwise. Answers are cached by the token's hash for ttl_s."""
+REVIEW_TIMEOUT_S = 5.0
+
+
+class _TtlCache:
+    """Answers by key for a short time; bounded (cleared when full: a flood of new tokens cannot grow it)."""
+
+    def __init__(self, ttl_s: float, negative_ttl_s: float, size: int = 10_000) -> None:
+        self.ttl_s, self.negative_ttl_s, self.size = ttl_s, negative_ttl_s, size
+        self._lock = threading.Lock()
+        self._answers: dict[Any, tuple[float, Any]] = {}
+
+    def get(self, key: Any) -> tuple[bool, Any]:
+        with self._lock:
+            hit = self._answers.get(key)
+        if hit is None or hit[0] <= time.monotonic():
+            return False, None
+        return True, hit[1]
+
+    def put(self, key: Any, answer: Any) -> None:
+        ttl = self.ttl_s if answer else self.negative_ttl_s
+        with self._lock:
+            if len(self._answers) >= self.size:
+                self._answers.clear()
+            self._answers[key] = (time.monotonic() + ttl, answer)
+
+
+def _review_failed(what: str, e: Exception) -> ReviewUnavailable:
+    if isinstance(e, ApiException):
+        detail = f"{e.status} {e.reason}"
+        if e.status in (401, 403):
+            detail += " (the controller's ServiceAccount needs create on tokenreviews and subjectaccessreviews)"
+    else:
+        detail = f"{type(e).__name__}: {e}"
+    log.warning("%s failed: %s", what, detail)
+    return ReviewUnavailable(f"{what} failed: {detail}")
+
+
+def token_reviewer(api: client.ApiClient, admins: set[str], *, audience: str, readers: bool,
+                   ttl_s: float = 30.0, negative_ttl_s: float = 5.0) -> Callable[[str], Identity | None]:
+    """Accept tokens the API server vouches for (TokenReview) that were made for `audience`.
+
+    The identity carries the username, groups, extra and, for a token bound to a pod on a node, the node
+    (`NODE_NAME_EXTRA`). Role: admin for usernames in `admins`; read for the others when `readers`, else none
+    (what such an identity may ingest is `flotilla.controller.ingest_auth`'s decision). Answers are cached by
+    the token's hash (ttl_s; refusals negative_ttl_s); the token is never logged or stored. Raises
+    ReviewUnavailable when the API server does not answer (the caller asks again later)."""
     auth = client.AuthenticationV1Api(api)
-    cache: dict[bytes, tuple[float, Identity | None]] = {}
+    cache = _TtlCache(ttl_s, negative_ttl_s)
+    no_role = "read" if readers else NO_ROLE
 
     def review(token: str) -> Identity | None:
         digest = hashlib.sha256(token.encode()).digest()
-        hit = cache.get(digest)
-        if hit is not None and hit[0] > time.monotonic():
-            return hit[1]
+        found, who = cache.get(digest)
+        if found:
+            return who
         try:
             status = auth.create_token_review(
-                client.V1TokenReview(spec=client.V1TokenReviewSpec(token=token))).status
-        except ApiException as e:
-            log.warning("TokenReview failed: %s %s", e.status, e.reason)
-            return None
+                client.V1TokenReview(spec=client.V1TokenReviewSpec(token=token, audiences=[audience])),
+                _request_timeout=REVIEW_TIMEOUT_S).status
+        except Exception as e:  # ApiException, connection errors, timeouts: all mean "ask again later"
+            raise _review_failed("TokenReview", e) from None
         who = None
-        if status.authenticated and status.user is not None:
-            name = status.user.username
-            who = Identity(name, "admin" if name in admins else "read")
-        if len(cache) > 10_000:
-            cache.clear()
-        cache[digest] = (time.monotonic() + ttl_s, who)
+        # The API server checks the audience; a reviewer must still check the answer names it.
+        if status.authenticated and status.user is not None and audience in (status.audiences or []):
+            user = status.user
+            extra = {k: tuple(v or ()) for k, v in (user.extra or {}).items()}
+            node = extra.get(NODE_NAME_EXTRA, ())
+            who = Identity(user.username, "admin" if user.username in admins else no_role, kubernetes=True,
+                           node=node[0] if len(node) == 1 else None, groups=tuple(user.groups or ()),
+                           uid=user.uid or "", extra=tuple(sorted(extra.items())))
+        cache.put(digest, who)
         return who
 
     return review
+
+
+def access_reviewer(api: client.ApiClient, ttl_s: float = 10.0, negative_ttl_s: float = 5.0
+                    ) -> Callable[[Identity, StatsAccess], bool]:
+    """May this Kubernetes identity do `access` (a SubjectAccessReview)? Cached briefly per identity and object;
+    raises ReviewUnavailable when the API server does not answer."""
+    authz = client.AuthorizationV1Api(api)
+    cache = _TtlCache(ttl_s, negative_ttl_s)
+
+    def allowed(who: Identity, access: StatsAccess) -> bool:
+        key = (who, access)
+        found, answer = cache.get(key)
+        if found:
+            return bool(answer)
+        spec = client.V1SubjectAccessReviewSpec(
+            user=who.name, groups=list(who.groups), uid=who.uid or None,
+            extra={k: list(v) for k, v in who.extra} or None,
+            resource_attributes=client.V1ResourceAttributes(
+                group=access.group, resource=access.resource, subresource=access.subresource, verb=access.verb,
+                namespace=access.namespace, name=access.name))
+        try:
+            status = authz.create_subject_access_review(client.V1SubjectAccessReview(spec=spec),
+                                                        _request_timeout=REVIEW_TIMEOUT_S).status
+        except Exception as e:
+            raise _review_failed("SubjectAccessReview", e) from None
+        answer = bool(status.allowed) and not status.denied
+        cache.put(key, answer)
+        return answer
+
+    return allowed

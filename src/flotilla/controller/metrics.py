@@ -21,6 +21,7 @@ read at scrape time by `StateCollector`, so it is right after a restart; events
 | flotilla_detection_events_total | counter | type |
 | flotilla_detection_latency_seconds | histogram | |
 | flotilla_ingest_samples_total, flotilla_ingest_batches_total | counter | transport: http, redis (batches also result) |
+| flotilla_ingest_rejected_total | counter | transport: http, redis, stats; reason: malformed, unauthenticated, forbidden, node-mismatch, no-node-claim |
 | flotilla_ingest_lag_seconds | gauge | transport (now minus the newest sample's time, at ingest) |
 | flotilla_ingest_pending_entries | gauge | (Redis entries delivered to the group, not yet acked) |
 | flotilla_ingest_pipeline_healthy | gauge | (1 while samples arrive; 0 while a pipeline fault is open) |
@@ -115,6 +116,8 @@ class ControllerMetrics:
         self.ingest_samples = Counter("flotilla_ingest_samples", "Samples ingested", ["transport"], registry=r)
         self.ingest_batches = Counter("flotilla_ingest_batches", "Sample batches received", ["transport", "result"],
                                       registry=r)
+        self.ingest_rejected = Counter("flotilla_ingest_rejected", "Sample batches and statistics refused, by why",
+                                       ["transport", "reason"], registry=r)
         self.ingest_lag = Gauge("flotilla_ingest_lag_seconds", "Now minus the newest sample's time, at ingest",
                                 ["transport"], registry=r)
         self.ingest_pending = Gauge("flotilla_ingest_pending_entries",
@@ -152,5 +155,6 @@ class ControllerMetrics:
         if samples:
             self.ingest_lag.labels(transport).set(max(0.0, now - max(s.ts for s in samples)))
 
-    def rejected(self, transport: str) -> None:
+    def rejected(self, transport: str, reason: str) -> None:
         self.ingest_batches.labels(transport, "rejected").inc()
+        self.ingest_rejected.labels(transport, reason).inc()

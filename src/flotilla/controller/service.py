@@ -18,6 +18,13 @@ from flotilla.controller.auth import TokenAuthenticator, create_tokens_file
 from flotilla.controller.db import create_engine, upgrade
 from flotilla.controller.health import HealthResponder
 from flotilla.controller.ingest import Ingestor, RedisConsumer, Retention, SampleSink, SampleStoreSink
+from flotilla.controller.ingest_auth import (
+    DEFAULT_AGENT_SERVICE_ACCOUNT,
+    DEFAULT_AUDIENCE,
+    SHARED,
+    TOKENREVIEW,
+    IngestPolicy,
+)
 from flotilla.controller.metrics import ControllerMetrics
 from flotilla.controller.replan import ServingReplanner
 from flotilla.controller.store import Store
@@ -42,7 +49,12 @@ class Settings:
     host: str = "127.0.0.1"
     port: int = 8080
     kubernetes: bool = True
-    tokenreview_admins: frozenset[str] | None = None  # None: TokenReview off
+    tokenreview_admins: frozenset[str] | None = None  # None: Kubernetes tokens give no admin or read role
+    ingest_auth: str = SHARED  # shared (development) | tokenreview (production): see flotilla.controller.ingest_auth
+    token_audience: str = DEFAULT_AUDIENCE
+    agent_service_accounts: frozenset[str] = frozenset({DEFAULT_AGENT_SERVICE_ACCOUNT})
+    tls_cert_file: Path | None = None
+    tls_key_file: Path | None = None
     sample_retention_s: float = 6 * 3600.0
     retention_every_s: float = 300.0
     body_limit: int = 64 * 1024
@@ -58,11 +70,20 @@ class Settings:
     pod_namespace: str | None = field(default_factory=lambda: os.environ.get("POD_NAMESPACE") or None)
     pod_name: str | None = field(default_factory=lambda: os.environ.get("POD_NAME") or None)
 
+    def check(self) -> None:
+        """Raise ValueError naming the flag when settings cannot work together."""
+        if self.ingest_auth == TOKENREVIEW and not self.kubernetes:
+            raise ValueError("--ingest-auth tokenreview needs the Kubernetes API (TokenReview): drop --no-kubernetes")
+        if (self.tls_cert_file is None) != (self.tls_key_file is None):
+            raise ValueError("--tls-cert-file and --tls-key-file go together")
+        IngestPolicy(SHARED, self.agent_service_accounts)  # each --agent-service-accounts entry is ns/name
+
 
 class ControllerService:
     """`flotilla controller`: build with Settings, then `serve()` (blocks) or `start()`/`stop()` around an app."""
 
     def __init__(self, settings: Settings, extra_sinks: Sequence[SampleSink] = ()) -> None:
+        settings.check()
         self.settings = settings
         engine = create_engine(settings.db_url)
         upgrade(engine)  # an upgraded controller migrates its database, keeping the history
@@ -74,14 +95,20 @@ class ControllerService:
             log.info("created %s with a new admin token (read it from the file)", settings.tokens_file)
         actions: ClusterActions = OfflineActions()
         reviewer = None
+        ingest_policy = IngestPolicy(SHARED, settings.agent_service_accounts)
         self.sync: Sync | None = None
         if settings.kubernetes:
             from flotilla.controller import kube  # only with a cluster: keeps --no-kubernetes free of kubeconfig
 
             api_client = kube.load_config()
             actions = kube.KubeActions(api_client)
-            if settings.tokenreview_admins is not None:
-                reviewer = kube.token_reviewer(api_client, set(settings.tokenreview_admins))
+            if settings.tokenreview_admins is not None or settings.ingest_auth == TOKENREVIEW:
+                reviewer = kube.token_reviewer(api_client, set(settings.tokenreview_admins or ()),
+                                               audience=settings.token_audience,
+                                               readers=settings.tokenreview_admins is not None)
+            if settings.ingest_auth == TOKENREVIEW:
+                ingest_policy = IngestPolicy(TOKENREVIEW, settings.agent_service_accounts,
+                                             kube.access_reviewer(api_client))
             self.sync = kube.Sync(api_client, self.store, self.metrics)
         self.replanner = (ServingReplanner(actions, self.store, self.metrics, settings.replan_policy)
                           if settings.replan and settings.kubernetes else None)
@@ -92,16 +119,18 @@ class ControllerService:
         if self.health is not None:
             sinks.append(self.health)
         self.ingestor = Ingestor(sinks, self.metrics)
+        authenticator = TokenAuthenticator(settings.tokens_file, reviewer)
         self.controller = Controller(
-            store=self.store, actions=actions, auth=TokenAuthenticator(settings.tokens_file, reviewer),
+            store=self.store, actions=actions, auth=authenticator, ingest_policy=ingest_policy,
             metrics=self.metrics, ingestor=self.ingestor, policy=settings.policy, body_limit=settings.body_limit,
             ingest_limit=settings.ingest_limit, cors_origins=settings.cors_origins,
             on_return_to_service=self.health.release if self.health is not None else None,
             serving_stats=self.replanner.observe if self.replanner is not None else None,
             conditions=self.health.conditions if self.health is not None else None)
         self.app = create_app(self.controller)
-        self.consumer = (RedisConsumer(settings.redis_url, self.ingestor, f"{socket.gethostname()}-{os.getpid()}")
-                         if settings.redis_url else None)
+        entry_auth = {"auth": authenticator, "policy": ingest_policy} if settings.ingest_auth == TOKENREVIEW else {}
+        self.consumer = (RedisConsumer(settings.redis_url, self.ingestor, f"{socket.gethostname()}-{os.getpid()}",
+                                       **entry_auth) if settings.redis_url else None)
         self.retention = Retention(self.store, settings.sample_retention_s)
         self._stop = threading.Event()
 
@@ -139,8 +168,17 @@ class ControllerService:
 
     def serve(self) -> None:
         self.start()
+        tls = self.settings.tls_cert_file
+        if self.settings.ingest_auth == TOKENREVIEW and tls is None:
+            log.warning("--ingest-auth tokenreview without --tls-cert-file: agents' tokens cross the network in "
+                        "plain HTTP")
+        if self.settings.ingest_auth == SHARED:
+            log.warning("--ingest-auth shared: any ingest token may post samples for any node and statistics for "
+                        "any ServingDeployment (development only; production uses --ingest-auth tokenreview)")
         try:
             uvicorn.run(self.app, host=self.settings.host, port=self.settings.port, log_level="info",
-                        access_log=False)  # access logs off: no request line with query strings in logs
+                        access_log=False,  # access logs off: no request line with query strings in logs
+                        ssl_certfile=str(tls) if tls else None,
+                        ssl_keyfile=str(self.settings.tls_key_file) if tls else None)
         finally:
             self.stop()

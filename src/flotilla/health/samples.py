@@ -8,7 +8,8 @@ and writes them as JSON lines. One sample is
      "gpu": 0 | null, "metric": "gpu_util", "value": 97.0}
 
 Transport encodings (both carry a JSON array of samples):
-  * Redis Streams: XADD to stream `STREAM` with one field `FIELD`.
+  * Redis Streams: XADD to stream `STREAM` with field `FIELD`, and `TOKEN_FIELD` (the agent's
+    ServiceAccount token) where the controller checks who speaks for which node.
   * HTTP: POST /v1/ingest with body {"node": str, "samples": [...]}.
 """
 
@@ -21,6 +22,8 @@ from typing import Any, Iterable
 
 STREAM = "flotilla:metrics"
 FIELD = "samples"
+TOKEN_FIELD = "token"
+MAX_GPU_INDEX = 65_535  # a device index; bounded so that every database's integer column holds it
 
 
 @dataclass(frozen=True, slots=True)
@@ -49,8 +52,8 @@ class Sample:
         job, gpu = d.get("job"), d.get("gpu")
         if job is not None and not isinstance(job, str):
             raise ValueError("sample field 'job' must be a string or null")
-        if gpu is not None and (isinstance(gpu, bool) or not isinstance(gpu, int)):
-            raise ValueError("sample field 'gpu' must be an integer or null")
+        if gpu is not None and (isinstance(gpu, bool) or not isinstance(gpu, int) or not 0 <= gpu <= MAX_GPU_INDEX):
+            raise ValueError(f"sample field 'gpu' must be an integer from 0 to {MAX_GPU_INDEX} or null")
         return cls(float(ts), node, metric, float(value), job, gpu)
 
     def to_dict(self) -> dict[str, Any]:
