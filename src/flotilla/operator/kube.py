@@ -9,10 +9,12 @@ import uuid
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Callable
 
+import urllib3
 from kubernetes import client
 from kubernetes.client.rest import ApiException
 
 from flotilla import GROUP, VERSION
+from flotilla.kubeapi import DEFAULT_TIMEOUT_SECONDS, NotLeader
 from flotilla.operator.actions import (
     Action,
     ApplyDeployment,
@@ -77,16 +79,22 @@ class Kube:
     """Thin executor. Idempotent: creating what exists and deleting what is gone are no-ops.
 
     Calls run in a thread pool of `concurrency` threads (the client is synchronous), at most
-    `concurrency` in flight and no faster than the rate limiter allows.
+    `concurrency` in flight and no faster than the rate limiter allows. Each call has a timeout (the
+    client's, see flotilla.kubeapi, bounded by the Lease when fenced); should the client not keep it, the
+    call is given up `TIMEOUT_GRACE_SECONDS` later anyway, so that an object is never in flight for good.
     """
 
-    def __init__(self, api: client.ApiClient, concurrency: int = 16, limiter: RateLimiter | None = None):
+    TIMEOUT_GRACE_SECONDS = 5.0
+
+    def __init__(self, api: client.ApiClient, concurrency: int = 16, limiter: RateLimiter | None = None,
+                 timeout: float = DEFAULT_TIMEOUT_SECONDS):
         self.core = client.CoreV1Api(api)
         self.apps = client.AppsV1Api(api)
         self.custom = client.CustomObjectsApi(api)
         self._limit = asyncio.Semaphore(concurrency)
         self._pool = ThreadPoolExecutor(max_workers=concurrency, thread_name_prefix="kube")
         self._limiter = limiter or RateLimiter(0, 0)
+        self.timeout = timeout
         self.requests = 0
         self.throttled_seconds = 0.0
 
@@ -117,8 +125,14 @@ class Kube:
                 self.throttled_seconds += wait
                 await asyncio.sleep(wait)
             self.requests += 1
+            call = asyncio.get_running_loop().run_in_executor(self._pool, self._call, action)
             try:
-                return await asyncio.get_running_loop().run_in_executor(self._pool, self._call, action)
+                return await asyncio.wait_for(call, self.timeout + self.TIMEOUT_GRACE_SECONDS)
+            except NotLeader as e:  # fenced: not sent
+                log.warning("%s not sent: %s", type(action).__name__, e)
+            except (TimeoutError, asyncio.TimeoutError, urllib3.exceptions.TimeoutError) as e:
+                log.warning("%s %s timed out (%s); it is planned again on a later pass", type(action).__name__,
+                            _target(action), type(e).__name__)
             except ApiException as e:
                 message = _api_message(e)
                 # Objects in a namespace being deleted: expected while it goes, not worth a warning.
@@ -181,6 +195,15 @@ class Kube:
         }
         log.info("event %s %s/%s: %s", a.reason, ns, a.involved["name"], a.message)
         return self.core.create_namespaced_event(ns, body)
+
+
+def _target(a: Action) -> str:
+    meta = getattr(a, "manifest", None)
+    if meta is not None:
+        return f"{meta['metadata'].get('namespace')}/{meta['metadata'].get('name')}"
+    if isinstance(a, PostEvent):
+        return f"{a.involved.get('namespace')}/{a.involved.get('name')}"
+    return f"{getattr(a, 'namespace', '')}/{getattr(a, 'name', '')}"
 
 
 def _api_message(e: ApiException) -> str:
