@@ -131,3 +131,46 @@ def test_a_pod_deleted_during_an_outage_goes_at_the_first_list_after_it(monkeypa
         assert list(view.pods) == ["ns/j-g0-w0"] and set(lister.calls) == {"pods"}
 
     asyncio.run(asyncio.wait_for(scenario(), timeout=5))
+
+
+class Pages:
+    """Stands in for urllib3 behind the real client: answers lists page by page, recording the URLs."""
+
+    def __init__(self, pages):
+        self.pages, self.urls = list(pages), []
+
+    def request(self, method, url, headers=None, body=None, post_params=None, _request_timeout=None):
+        import json
+
+        import urllib3
+        from kubernetes.client import rest
+
+        self.urls.append((method, url, _request_timeout))
+        return rest.RESTResponse(urllib3.HTTPResponse(body=json.dumps(self.pages.pop(0)).encode(), status=200,
+                                                      headers={"Content-Type": "application/json"},
+                                                      preload_content=False))
+
+
+def test_the_lister_pages_through_with_the_watch_selector_and_names_each_items_kind():
+    from kubernetes import client
+
+    from flotilla.kubeapi import ApiClient
+    from flotilla.operator.relist import Lister
+
+    api = ApiClient(client.Configuration(host="http://127.0.0.1:1"), timeout=7)
+    api.rest_client = Pages([
+        {"apiVersion": "v1", "kind": "PodList", "metadata": {"continue": "tok"},
+         "items": [{"metadata": {"name": "a", "namespace": "ns"}}]},
+        {"apiVersion": "v1", "kind": "PodList", "metadata": {}, "items": [{"metadata": {"name": "b", "namespace": "ns"}}]},
+        {"apiVersion": "flotilla.dev/v1alpha1", "kind": "TrainingJobList", "metadata": {},
+         "items": [{"metadata": {"name": "j", "namespace": "team"}}]},
+    ])
+    lister = Lister(api, ["team"], "app.kubernetes.io/managed-by=flotilla")
+    pods = lister.list("pods")
+    assert [(p["kind"], p["apiVersion"], p["metadata"]["name"]) for p in pods] == [("Pod", "v1", "a"), ("Pod", "v1", "b")]
+    assert [j["kind"] for j in lister.list("jobs")] == ["TrainingJob"]
+    first, second, jobs = api.rest_client.urls
+    assert "/api/v1/namespaces/team/pods?" in first[1] and "labelSelector=app.kubernetes.io" in first[1]
+    assert "limit=500" in first[1] and "continue=" not in first[1] and "continue=tok" in second[1]
+    assert "/apis/flotilla.dev/v1alpha1/namespaces/team/trainingjobs?" in jobs[1]
+    assert {t for _, _, t in api.rest_client.urls} == {7}
