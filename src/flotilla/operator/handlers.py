@@ -30,6 +30,7 @@ from flotilla.allocation import Allocator
 from flotilla.operator.actions import Action, CreatePod, PatchAnnotations, PatchStatus
 from flotilla.operator.kube import Kube, RateLimiter
 from flotilla.operator.reconcile import plan
+from flotilla.operator import relist
 from flotilla.operator.relist import Lister, Relister
 from flotilla.operator.view import View, key_of
 from flotilla.pool import PoolPolicy
@@ -103,6 +104,7 @@ async def startup(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) ->
     settings.watching.connect_timeout = ours.api_timeout
     settings.watching.server_timeout = WATCH_SECONDS
     settings.watching.client_timeout = WATCH_SECONDS + ours.api_timeout
+    settings.watching.chunk_size = relist.PAGE  # each page of a big list fits in one request's timeout
     settings.persistence.finalizer = f"{GROUP}/operator"
     # Only the pods and Deployments Flotilla made: filtered by the API server, not after the fact.
     settings.watching.label_selectors["", "v1", "pods"] = SELECTOR
