@@ -17,6 +17,7 @@ import socket
 from typing import Any, Protocol
 
 from kubernetes import client, config
+from kubernetes.client import rest
 
 DEFAULT_TIMEOUT_SECONDS = 10.0
 READS = frozenset({"GET", "HEAD", "OPTIONS"})
@@ -24,6 +25,10 @@ READS = frozenset({"GET", "HEAD", "OPTIONS"})
 
 class NotLeader(Exception):
     """A write was refused before it was sent: this replica's Lease may already belong to another."""
+
+
+class ApiTimeout(TimeoutError):
+    """An API call got no answer within its timeout (whether it took effect is not known)."""
 
 
 class Fence(Protocol):
@@ -50,7 +55,10 @@ class ApiClient(client.ApiClient):
         timeout = self.timeout if _request_timeout is None else _request_timeout
         if self.fence is not None and method.upper() not in READS:
             timeout = _bounded(timeout, self.fence.bound(_total(timeout)))
-        return super().call_api(method, url, header_params, body, post_params, _request_timeout=timeout)
+        try:
+            return super().call_api(method, url, header_params, body, post_params, _request_timeout=timeout)
+        except rest.urllib3.exceptions.TimeoutError as e:  # the urllib3 the client sends with
+            raise ApiTimeout(f"{method} {url.split('?')[0]}: no answer within {_total(timeout):.1f} s") from e
 
 
 def _total(timeout: Any) -> float:

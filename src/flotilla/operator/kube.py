@@ -9,7 +9,6 @@ import uuid
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Callable
 
-import urllib3
 from kubernetes import client
 from kubernetes.client.rest import ApiException
 
@@ -130,9 +129,9 @@ class Kube:
                 return await asyncio.wait_for(call, self.timeout + self.TIMEOUT_GRACE_SECONDS)
             except NotLeader as e:  # fenced: not sent
                 log.warning("%s not sent: %s", type(action).__name__, e)
-            except (TimeoutError, asyncio.TimeoutError, urllib3.exceptions.TimeoutError) as e:
+            except TimeoutError as e:  # the client's (ApiTimeout) or, should it not keep it, ours
                 log.warning("%s %s timed out (%s); it is planned again on a later pass", type(action).__name__,
-                            _target(action), type(e).__name__)
+                            _target(action), e or f"no answer within {self.timeout + self.TIMEOUT_GRACE_SECONDS:.0f} s")
             except ApiException as e:
                 message = _api_message(e)
                 # Objects in a namespace being deleted: expected while it goes, not worth a warning.
