@@ -168,7 +168,7 @@ class View:
         is at least as new. Returns the keys dropped."""
         store = getattr(self, kind)
         listed = {key_of(o): o for o in objects}
-        dropped = []
+        dropped, changed = [], False
         for key in set(store) | set(listed):
             k = (kind, key)
             if self._arrived.get(k, float("-inf")) >= requested_at:
@@ -181,7 +181,9 @@ class View:
             written = self._written.get(k)
             if written:  # the list is newer than the answers that came before it was requested
                 written[:] = [w for w in written if w.answered_at is None or w.answered_at >= requested_at]
+            before = store.get(key)
             self.put(kind, listed[key])
+            changed = changed or store[key] != before
         if kind == "pods":  # created before the list was requested and not in it: gone since
             for key, at in list(self._created.items()):
                 if at < requested_at and key not in listed:
@@ -189,7 +191,7 @@ class View:
         for k, at in list(self._arrived.items()):  # forget deletions the list has confirmed
             if k[0] == kind and at < requested_at and k[1] not in store:
                 del self._arrived[k]
-        if dropped:
+        if dropped or changed:  # a change the watch missed
             self.wake.set()
         return sorted(dropped)
 
