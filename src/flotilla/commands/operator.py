@@ -133,7 +133,8 @@ def _elector(args: argparse.Namespace):
 
     identity = f"{os.environ.get('POD_NAME') or socket.gethostname()}_{uuid.uuid4().hex[:8]}"
     # The Lease calls go on a client of their own: renewing is not fenced, and never waits behind the writes.
-    api = kubeapi.connect(USER_AGENT, identity, timeout=args.api_timeout)
+    # No retries inside urllib3: each try is bounded by the renew deadline, and the elector tries again itself.
+    api = kubeapi.connect(USER_AGENT, identity, timeout=args.api_timeout, retries=False)
     try:
         return LeaderElector(client.CoordinationV1Api(api), args.lease_namespace, args.lease_name, identity,
                              duration_s=args.lease_duration, renew_every_s=args.lease_duration / 5,
