@@ -60,13 +60,15 @@ def test_a_finished_job_keeps_only_its_identity_and_its_pods_are_pruned():
     assert sorted(view.pods) == ["ns/" + wname("early", 0, 0), "ns/" + wname("live", 0, 0)]
 
 
-def test_an_older_copy_does_not_replace_a_newer_one():
+def test_events_are_taken_in_the_order_they_arrive_and_resource_versions_are_opaque():
     view = View()
-    newer = trainingjob("j", status={"phase": "Admitted"})
-    newer["metadata"]["resourceVersion"] = "7"
-    view.put("jobs", newer)
-    view.record("jobs", {"type": "MODIFIED", "object": trainingjob("j")})  # resourceVersion 1
-    assert view.jobs["ns/j"]["status"]["phase"] == "Admitted"
+    first = trainingjob("j", status={"phase": "Admitted"})
+    first["metadata"]["resourceVersion"] = "b7f0"  # opaque: not a number (an etcd-less API server's)
+    view.put("jobs", first)
+    second = trainingjob("j", status={"phase": "Running"})
+    second["metadata"]["resourceVersion"] = "a1"  # "smaller" as a string and not a number: still the newer
+    view.record("jobs", {"type": "MODIFIED", "object": second})
+    assert view.jobs["ns/j"]["status"]["phase"] == "Running"
     view.record("jobs", {"type": "DELETED", "object": trainingjob("j")})
     assert view.jobs == {} and view.wake.is_set()
 

@@ -43,9 +43,16 @@ def test_patches_in_flight_show_until_answered_and_survive_a_newer_event():
     answer = with_version(trainingjob("a", status={"phase": "Admitted", "gpus": 2}), 6)
     view.settle("jobs", "ns/a", answer)
     assert view.jobs["ns/a"]["status"] == {"phase": "Admitted", "gpus": 2}
-    # Later events are taken as they come; an older one does not replace the answer.
+    # Events are taken as they come, but what the patches set stays shown over a late one (from before
+    # the patch landed) until the watch shows the write.
     view.record("jobs", {"type": "MODIFIED", "object": event})
-    assert view.jobs["ns/a"]["status"]["gpus"] == 2
+    assert view.jobs["ns/a"]["status"] == {"phase": "Admitted"}
+    assert view.jobs["ns/a"]["metadata"]["annotations"] == {"rank0": "progress", "x": "1"}
+    shown = with_version(trainingjob("a", status={"phase": "Admitted", "gpus": 2}, annotations={"x": "1"}), 6)
+    view.record("jobs", {"type": "MODIFIED", "object": shown})
+    later = with_version(trainingjob("a", status={"phase": "Running"}), 7)  # someone else's write after ours
+    view.record("jobs", {"type": "MODIFIED", "object": later})
+    assert view.jobs["ns/a"]["status"] == {"phase": "Running"} and not view._written
 
 
 def test_a_failed_write_leaves_the_object_as_last_seen():

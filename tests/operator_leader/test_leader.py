@@ -44,25 +44,27 @@ class FakeLeases:
         self.lease: dict | None = None
         self.version = 0
         self.down = False
+        self.timeouts: list[float] = []
 
-    def _check(self):
+    def _check(self, timeout):
+        self.timeouts.append(timeout)
         if self.down:
             raise ApiException(status=503)
 
-    def read_namespaced_lease(self, name, namespace):
-        self._check()
+    def read_namespaced_lease(self, name, namespace, _request_timeout=None):
+        self._check(_request_timeout)
         if self.lease is None:
             raise ApiException(status=404)
         return {"metadata": {"resourceVersion": str(self.version)}, "spec": dict(self.lease["spec"])}
 
-    def create_namespaced_lease(self, namespace, body):
-        self._check()
+    def create_namespaced_lease(self, namespace, body, _request_timeout=None):
+        self._check(_request_timeout)
         if self.lease is not None:
             raise ApiException(status=409)
         self.lease, self.version = body, self.version + 1
 
-    def replace_namespaced_lease(self, name, namespace, body):
-        self._check()
+    def replace_namespaced_lease(self, name, namespace, body, _request_timeout=None):
+        self._check(_request_timeout)
         if body["metadata"]["resourceVersion"] != str(self.version):
             raise ApiException(status=409)
         self.lease, self.version = body, self.version + 1
@@ -122,10 +124,10 @@ def test_hold_gives_up_before_the_lease_could_be_taken():
 
 
 def test_hold_gives_up_at_once_when_another_holds_the_lease():
-    api, clock = FakeLeases(), Clock()
-    a, b = elector(api, "a", clock), elector(api, "b", clock)
+    api, clock_a, clock_b = FakeLeases(), Clock(), Clock()
+    a, b = elector(api, "a", clock_a), elector(api, "b", clock_b)
     assert a.try_once() and not b.try_once()
-    clock.t = 20.0  # a paused (say, a long GC or a partition) past the lease duration, b took over
+    clock_a.t, clock_b.t = 5.0, 20.0  # b saw no renewal for 20 s (a partition between a and the API server)
     assert b.try_once()
     with pytest.raises(LostLeadership, match="now held by b"):
         asyncio.run(asyncio.wait_for(a.hold(), timeout=5))

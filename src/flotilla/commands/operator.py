@@ -19,6 +19,7 @@ import yaml
 from flotilla.allocation import policies
 from flotilla.pool import PoolPolicy
 
+log = logging.getLogger("flotilla.operator")
 HELP = "Run the operator: reconcile TrainingJobs, ServingDeployments and Nodes"
 
 
@@ -42,6 +43,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="restarts from the last checkpoint after a worker fails, before the job fails (default 3)")
     parser.add_argument("--namespace", action="append", default=[],
                         help="watch only this namespace (repeatable); default: all namespaces")
+    parser.add_argument("--api-timeout", type=float, default=10.0, metavar="SECONDS",
+                        help="give up an API call after this long; a write that timed out is planned again on a "
+                             "later pass (default: %(default)s)")
+    parser.add_argument("--relist-seconds", type=float, default=60.0, metavar="SECONDS",
+                        help="list everything watched this often, to drop objects deleted while a watch was "
+                             "down (default: %(default)s); also done soon after any watch re-lists")
     parser.add_argument("--liveness", default="http://0.0.0.0:8081/healthz",
                         help="liveness endpoint URL, or '' for none (default: %(default)s)")
     lease = parser.add_argument_group("leader election (for several replicas: exactly one acts)")
@@ -51,31 +58,44 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     lease.add_argument("--lease-namespace", default=os.environ.get("POD_NAMESPACE") or "default",
                        help="(default: $POD_NAMESPACE, else %(default)s)")
     lease.add_argument("--lease-duration", type=int, default=15, metavar="SECONDS",
-                       help="a standby takes over this long after the leader stops renewing (default: %(default)s)")
+                       help="a standby takes over this long after the leader stops renewing; the leader stops "
+                            "writing and steps down (exit 1) when it has not renewed for 2/3 of it "
+                            "(default: %(default)s)")
 
 
 def run(args: argparse.Namespace) -> int:
     import kopf
 
+    from flotilla import kubeapi
     from flotilla.operator import handlers
 
     for flag, value, least in (("--concurrency", args.concurrency, 1), ("--qps", args.qps, 0),
-                               ("--burst", args.burst, 1)):
+                               ("--burst", args.burst, 1), ("--api-timeout", args.api_timeout, 0.1),
+                               ("--relist-seconds", args.relist_seconds, 1)):
         if value < least:
             raise SystemExit(f"{flag} must be at least {least}, got {value}")
+    elector = _elector(args) if args.leader_elect else None
+    identity = elector.identity if elector else kubeapi.default_identity()
     handlers.configure(handlers.Settings(allocator=policies.get(args.policy), resync_seconds=args.resync,
                                          concurrency=args.concurrency, qps=args.qps, burst=args.burst,
-                                         max_restarts=args.max_restarts, pool=pool_policy(args)))
+                                         max_restarts=args.max_restarts, pool=pool_policy(args),
+                                         api_timeout=args.api_timeout, relist_seconds=args.relist_seconds,
+                                         namespaces=list(args.namespace), identity=identity,
+                                         fence=elector.fence if elector else None))
     logging.getLogger("kopf.objects").setLevel(logging.WARNING)
+    log.info("operator %s: requests carry User-Agent %s/%s", identity, handlers.USER_AGENT, identity)
 
     def operator(liveness: str | None):
         return kopf.operator(standalone=True, clusterwide=not args.namespace, namespaces=args.namespace or [],
                              liveness_endpoint=liveness)
 
-    if not args.leader_elect:
+    if elector is None:
         asyncio.run(operator(args.liveness or None))
         return 0
-    return asyncio.run(_elected(args, lambda: operator(None)))
+    from flotilla.operator.leader import run_elected
+
+    # While waiting, kopf does not run: the liveness endpoint is served by the election loop throughout.
+    return asyncio.run(run_elected(elector, lambda: operator(None), args.liveness or None))
 
 
 def pool_policy(args: argparse.Namespace) -> PoolPolicy | None:
@@ -101,23 +121,23 @@ def pool_policy(args: argparse.Namespace) -> PoolPolicy | None:
         raise SystemExit(f"--pool-policy {args.pool_policy}: {e}") from None
 
 
-async def _elected(args: argparse.Namespace, main) -> int:
+def _elector(args: argparse.Namespace):
     import socket
     import uuid
 
-    from kubernetes import client, config as kube_config
+    from kubernetes import client
 
-    from flotilla.operator.leader import LeaderElector, run_elected
+    from flotilla import kubeapi
+    from flotilla.operator.handlers import USER_AGENT
+    from flotilla.operator.leader import LeaderElector
 
-    try:
-        kube_config.load_incluster_config()
-    except kube_config.ConfigException:
-        kube_config.load_kube_config()
     identity = f"{os.environ.get('POD_NAME') or socket.gethostname()}_{uuid.uuid4().hex[:8]}"
+    # The Lease calls go on a client of their own: renewing is not fenced, and never waits behind the writes.
+    # No retries inside urllib3: each try is bounded by the renew deadline, and the elector tries again itself.
+    api = kubeapi.connect(USER_AGENT, identity, timeout=args.api_timeout, retries=False)
     try:
-        elector = LeaderElector(client.CoordinationV1Api(), args.lease_namespace, args.lease_name, identity,
-                                duration_s=args.lease_duration, renew_every_s=args.lease_duration / 5)
+        return LeaderElector(client.CoordinationV1Api(api), args.lease_namespace, args.lease_name, identity,
+                             duration_s=args.lease_duration, renew_every_s=args.lease_duration / 5,
+                             api_timeout_s=args.api_timeout)
     except ValueError as e:
         raise SystemExit(f"--lease-duration {args.lease_duration}: {e}") from None
-    # While waiting, kopf does not run: the liveness endpoint is served by the election loop throughout.
-    return await run_elected(elector, main, args.liveness or None)

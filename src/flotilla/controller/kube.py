@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import hashlib
 import logging
-import os
 import re
 import threading
 import time
@@ -16,9 +15,10 @@ from dataclasses import dataclass
 from datetime import datetime, timezone
 from typing import Any, Callable, Mapping
 
-from kubernetes import client, config, watch
+from kubernetes import client, watch
 from kubernetes.client.rest import ApiException
 
+from flotilla import kubeapi
 from flotilla.controller.actions import ClusterActionError, ObjectNotFound
 from flotilla.controller.auth import NO_ROLE, Identity, ReviewUnavailable
 from flotilla.controller.ingest_auth import NODE_NAME_EXTRA, StatsAccess
@@ -40,13 +40,13 @@ log = logging.getLogger(__name__)
 FIELD_MANAGER = "flotilla-controller"
 
 
+WATCH_SECONDS = 300  # the API server ends each watch after this long; the sync re-lists then
+
+
 def load_config() -> client.ApiClient:
-    """In-cluster when running in a pod, else KUBECONFIG / ~/.kube/config."""
-    if os.environ.get("KUBERNETES_SERVICE_HOST"):
-        config.load_incluster_config()
-    else:
-        config.load_kube_config()
-    return client.ApiClient()
+    """In-cluster when running in a pod, else KUBECONFIG / ~/.kube/config. Every call has a timeout
+    (flotilla.kubeapi) and the User-Agent flotilla-controller/<host>_<pid>."""
+    return kubeapi.connect("flotilla-controller")
 
 
 def _wrap(e: ApiException, what: str) -> ClusterActionError:
@@ -183,7 +183,10 @@ class Sync:
                 keys = {key for obj in listed.get("items") or [] if (key := self.apply(mk, "ADDED", obj))}
                 self.store.keep_only(mk.kind, keys)
                 version = (listed.get("metadata") or {}).get("resourceVersion")
-                for event in watch.Watch().stream(lister, resource_version=version, timeout_seconds=300):
+                # A read timeout a little past the server's: a watch on a connection that went silent ends too.
+                timeout = getattr(self.api, "timeout", kubeapi.DEFAULT_TIMEOUT_SECONDS)
+                for event in watch.Watch().stream(lister, resource_version=version, timeout_seconds=WATCH_SECONDS,
+                                                  _request_timeout=(timeout, WATCH_SECONDS + timeout)):
                     if self._stop.is_set():
                         return
                     self.apply(mk, event["type"], self._as_dict(event["object"]))

@@ -7,26 +7,31 @@ leaves alone an object whose writes are.
 The handlers are coroutines on purpose: kopf runs plain functions in a thread
 pool, and the view must only change on the event loop (planning works on copies).
 The loop is level-based: it reconciles everything it sees, on every wake-up and
-at least every `resync` seconds, so a missed event or a restart converges.
+at least every `resync` seconds, so a missed event or a restart converges. The view is reconciled with
+full lists (flotilla.operator.relist) before the first pass, after kopf re-lists a kind and every
+`relist_seconds`, so that objects deleted during a watch gap do not stay in it.
+Every API call has a timeout (`api_timeout`); with leader election, every write is fenced by the Lease.
 """
 
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import time
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import kopf
-from kubernetes import client, config as kube_config
 
-from flotilla import GROUP, VERSION
+from flotilla import GROUP, VERSION, kubeapi
 from flotilla.allocation import Allocator
 from flotilla.operator.actions import Action, CreatePod, PatchAnnotations, PatchStatus
 from flotilla.operator.kube import Kube, RateLimiter
 from flotilla.operator.reconcile import plan
+from flotilla.operator import relist
+from flotilla.operator.relist import Lister, Relister
 from flotilla.operator.view import View, key_of
 from flotilla.pool import PoolPolicy
 from flotilla.resources import names
@@ -45,6 +50,11 @@ class Settings:
     burst: int = 400
     max_restarts: int = 3
     pool: PoolPolicy | None = None  # the unified pool's policy; None: serving only holds what it has
+    api_timeout: float = kubeapi.DEFAULT_TIMEOUT_SECONDS
+    relist_seconds: float = 60.0
+    namespaces: list[str] = field(default_factory=list)  # empty: all
+    identity: str = field(default_factory=kubeapi.default_identity)  # in the User-Agent of every request
+    fence: kubeapi.Fence | None = None  # the Lease's, with --leader-elect: every write checks it first
 
 
 view = View()
@@ -61,10 +71,40 @@ def configure(s: Settings) -> None:
 SELECTOR = ",".join(f"{k}={v}" for k, v in MANAGED.items())
 
 
+USER_AGENT = "flotilla-operator"
+WATCH_SECONDS = 300  # the API server ends each watch after this long; kopf resumes it
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class _IdentifiedConnection(kopf.ConnectionInfo):
+    """kopf's credentials, plus the User-Agent every request of the operator carries."""
+
+    user_agent: str = USER_AGENT
+
+    def as_http_headers(self) -> dict[str, str]:
+        return {**super().as_http_headers(), "User-Agent": self.user_agent}
+
+
+@kopf.on.login()
+def login(**kwargs: Any) -> kopf.ConnectionInfo | None:
+    info = kopf.login_via_client(**kwargs)
+    if info is None or settings is None:
+        return info
+    fields = {f.name: getattr(info, f.name) for f in dataclasses.fields(kopf.ConnectionInfo)}
+    return _IdentifiedConnection(**fields, user_agent=f"{USER_AGENT}/{settings.identity}")
+
+
 @kopf.on.startup()
 async def startup(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) -> None:
-    settings.posting.level = logging.WARNING
-    settings.watching.server_timeout = 300
+    ours = _settings()
+    settings.posting.enabled = False  # kopf's own Events are not fenced; the operator's go through Kube
+    # A timeout on every request of kopf's too: a hung connection must not stall a watch for good.
+    settings.networking.request_timeout = ours.api_timeout
+    settings.networking.connect_timeout = ours.api_timeout
+    settings.watching.connect_timeout = ours.api_timeout
+    settings.watching.server_timeout = WATCH_SECONDS
+    settings.watching.client_timeout = WATCH_SECONDS + ours.api_timeout
+    settings.watching.chunk_size = relist.PAGE  # each page of a big list fits in one request's timeout
     settings.persistence.finalizer = f"{GROUP}/operator"
     # Only the pods and Deployments Flotilla made: filtered by the API server, not after the fact.
     settings.watching.label_selectors["", "v1", "pods"] = SELECTOR
@@ -104,26 +144,37 @@ async def on_deployment(event: dict, **_: Any) -> None:
     view.record("deployments", event)
 
 
-def _api_client(connections: int) -> client.ApiClient:
-    try:
-        kube_config.load_incluster_config()
-    except kube_config.ConfigException:
-        kube_config.load_kube_config()
-    configuration = client.Configuration.get_default_copy()
-    # urllib3 keeps this many connections per host (the client's default is 5 x CPU count): one per call in flight.
-    configuration.connection_pool_maxsize = connections
-    return client.ApiClient(configuration)
+def _settings() -> Settings:
+    assert settings is not None, "flotilla.operator.handlers.configure() was not called"
+    return settings
+
+
+def _api_client(s: Settings, connections: int, fence: kubeapi.Fence | None) -> kubeapi.ApiClient:
+    # urllib3 keeps `connections` connections per host (the client's default is 5 x CPU count): one per call
+    # in flight. No retries inside urllib3: a fenced write is checked once, just before it is sent.
+    return kubeapi.connect(USER_AGENT, s.identity, timeout=s.api_timeout, fence=fence, connections=connections,
+                           retries=False)
 
 
 async def _loop() -> None:
-    assert settings is not None, "flotilla.operator.handlers.configure() was not called"
-    kube = Kube(_api_client(settings.concurrency), concurrency=settings.concurrency,
-                limiter=RateLimiter(settings.qps, settings.burst))
-    # Let the initial lists arrive before the first decision.
-    await asyncio.sleep(1.0)
-    log.info("reconcile loop started: policy=%s resync=%ss concurrency=%d qps=%s burst=%d unified pool: %s",
-             settings.allocator.name, settings.resync_seconds, settings.concurrency, settings.qps, settings.burst,
-             settings.pool or "off")
+    s = _settings()
+    kube = Kube(_api_client(s, s.concurrency, s.fence), concurrency=s.concurrency,
+                limiter=RateLimiter(s.qps, s.burst), timeout=s.api_timeout)
+    relister = Relister(view, Lister(_api_client(s, 2, None), s.namespaces, SELECTOR), s.relist_seconds)
+    # The first decision waits for a full list of every kind: a new leader starts from what is, not a cache.
+    await relister.sync()
+    relisting = asyncio.get_running_loop().create_task(relister.run())
+    log.info("reconcile loop started as %s: policy=%s resync=%ss relist=%ss api-timeout=%ss concurrency=%d qps=%s "
+             "burst=%d unified pool: %s fenced by the lease: %s", s.identity, s.allocator.name, s.resync_seconds,
+             s.relist_seconds, s.api_timeout, s.concurrency, s.qps, s.burst, s.pool or "off", s.fence is not None)
+    try:
+        await _reconcile_forever(kube)
+    finally:
+        relisting.cancel()
+
+
+async def _reconcile_forever(kube: Kube) -> None:
+    assert settings is not None
     plan_seconds = 0.0
     while True:
         try:

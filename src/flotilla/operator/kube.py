@@ -12,6 +12,7 @@ from kubernetes import client
 from kubernetes.client.rest import ApiException
 
 from flotilla import GROUP, VERSION
+from flotilla.kubeapi import DEFAULT_TIMEOUT_SECONDS, NotLeader
 from flotilla.operator.actions import (
     Action,
     ApplyDeployment,
@@ -78,17 +79,23 @@ class Kube:
     """Thin executor. Idempotent: creating what exists and deleting what is gone are no-ops.
 
     Calls run in a thread pool of `concurrency` threads (the client is synchronous), at most
-    `concurrency` in flight and no faster than the rate limiter allows.
+    `concurrency` in flight and no faster than the rate limiter allows. Each call has a timeout (the
+    client's, see flotilla.kubeapi, bounded by the Lease when fenced); should the client not keep it, the
+    call is given up `TIMEOUT_GRACE_SECONDS` later anyway, so that an object is never in flight for good.
     """
 
-    def __init__(self, api: client.ApiClient, concurrency: int = 16, limiter: RateLimiter | None = None):
+    TIMEOUT_GRACE_SECONDS = 5.0
+
+    def __init__(self, api: client.ApiClient, concurrency: int = 16, limiter: RateLimiter | None = None,
+                 timeout: float = DEFAULT_TIMEOUT_SECONDS):
         self.core = client.CoreV1Api(api)
         self.apps = client.AppsV1Api(api)
         self.custom = client.CustomObjectsApi(api)
         self._limit = asyncio.Semaphore(concurrency)
         self._pool = ThreadPoolExecutor(max_workers=concurrency, thread_name_prefix="kube")
         self._limiter = limiter or RateLimiter(0, 0)
-        self.events = EventRecorder(self.core, FIELD_MANAGER)
+        self.timeout = timeout
+        self.events = EventRecorder(self.core, FIELD_MANAGER, request_timeout=timeout)
         self.requests = 0
         self.throttled_seconds = 0.0
 
@@ -119,8 +126,14 @@ class Kube:
                 self.throttled_seconds += wait
                 await asyncio.sleep(wait)
             self.requests += 1
+            call = asyncio.get_running_loop().run_in_executor(self._pool, self._call, action)
             try:
-                return await asyncio.get_running_loop().run_in_executor(self._pool, self._call, action)
+                return await asyncio.wait_for(call, self.timeout + self.TIMEOUT_GRACE_SECONDS)
+            except NotLeader as e:  # fenced: not sent
+                log.warning("%s not sent: %s", type(action).__name__, e)
+            except TimeoutError as e:  # the client's (ApiTimeout) or, should it not keep it, ours
+                log.warning("%s %s timed out (%s); it is planned again on a later pass", type(action).__name__,
+                            _target(action), e or f"no answer within {self.timeout + self.TIMEOUT_GRACE_SECONDS:.0f} s")
             except ApiException as e:
                 message = _api_message(e)
                 # Objects in a namespace being deleted: expected while it goes, not worth a warning.
@@ -193,6 +206,15 @@ class Kube:
 
     def _event(self, a: PostEvent) -> Any:
         return self.events.record(a.involved, a.type, a.reason, a.message)
+
+
+def _target(a: Action) -> str:
+    meta = getattr(a, "manifest", None)
+    if meta is not None:
+        return f"{meta['metadata'].get('namespace')}/{meta['metadata'].get('name')}"
+    if isinstance(a, PostEvent):
+        return f"{a.involved.get('namespace')}/{a.involved.get('name')}"
+    return f"{getattr(a, 'namespace', '')}/{getattr(a, 'name', '')}"
 
 
 def _api_message(e: ApiException) -> str:

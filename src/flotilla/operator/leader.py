@@ -10,9 +10,14 @@ waits for the Lease before kopf starts at all. The rules are client-go's:
   for the same expired Lease exactly one succeeds;
 * the leader renews every `renew_every` seconds and gives up (the process exits) when it has not
   renewed for `renew_deadline` < duration, i.e. before anyone else may take over;
+* writes are fenced (`LeaseFence`): each is sent only while less than `renew_deadline` has passed since
+  the last successful renewal was sent, with a timeout that ends before the Lease could be taken. A
+  process stopped (SIGSTOP, a VM pause) past its Lease finds, on its monotonic clock, that the time
+  has passed: its first write after resuming is refused and it steps down;
 * on a clean exit the leader releases the Lease (empty holder) so a standby takes over at once.
 
-`next_record` is the pure decision; `LeaderElector` is the thin glue around the Lease API.
+`next_record` is the pure decision; `LeaseFence` the pure fencing rule; `LeaderElector` is the thin
+glue around the Lease API.
 """
 
 from __future__ import annotations
@@ -23,6 +28,8 @@ import time
 from dataclasses import dataclass, replace
 from datetime import datetime, timezone
 from typing import Any, Callable
+
+from flotilla.kubeapi import DEFAULT_TIMEOUT_SECONDS, NotLeader
 
 log = logging.getLogger("flotilla.operator.leader")
 
@@ -76,6 +83,45 @@ def _record(spec: dict[str, Any]) -> LeaseRecord:
                        renew_time=spec.get("renewTime"))
 
 
+class LeaseFence:
+    """Whether our Lease is certainly still ours, on our own monotonic clock.
+
+    Counted from when the last successful renewal was *sent*: the Lease record changed after that, and
+    another candidate counts `duration` from when it saw the record change, so the Lease is ours until
+    at least sent + duration. Writes stop earlier, at sent + renew_deadline, and a write's timeout ends
+    by sent + duration."""
+
+    def __init__(self, duration_s: float, renew_deadline_s: float, clock: Callable[[], float] = time.monotonic):
+        self.duration_s, self.renew_deadline_s, self.clock = duration_s, renew_deadline_s, clock
+        self.renewed_at: float | None = None
+
+    def renewed(self, sent_at: float) -> None:
+        self.renewed_at = sent_at
+
+    def until_deadline(self) -> float:
+        """Seconds left before writes stop (negative: past the deadline; -inf: never held)."""
+        if self.renewed_at is None:
+            return float("-inf")
+        return self.renewed_at + self.renew_deadline_s - self.clock()
+
+    def lapse(self) -> str | None:
+        """Why no write may be sent now, or None when one may."""
+        if self.renewed_at is None:
+            return "not held"
+        since = self.clock() - self.renewed_at
+        if since >= self.renew_deadline_s:
+            return f"not renewed for {since:.1f} s (renew deadline {self.renew_deadline_s:.1f} s)"
+        return None
+
+    def bound(self, timeout: float) -> float:
+        """The timeout a write sent now may have; raises NotLeader when none may be sent."""
+        why = self.lapse()
+        if why is not None:
+            raise NotLeader(f"lease {why}")
+        assert self.renewed_at is not None
+        return min(timeout, self.renewed_at + self.duration_s - self.clock())
+
+
 class LostLeadership(Exception):
     pass
 
@@ -86,8 +132,9 @@ class LeaderElector:
 
     def __init__(self, api: Any, namespace: str, name: str, identity: str, duration_s: int = 15,
                  renew_every_s: float = 2.0, renew_deadline_s: float | None = None,
-                 retry_every_s: float = 2.0, clock: Callable[[], float] = time.monotonic):
-        """`api` is a kubernetes.client.CoordinationV1Api."""
+                 retry_every_s: float = 2.0, clock: Callable[[], float] = time.monotonic,
+                 api_timeout_s: float = DEFAULT_TIMEOUT_SECONDS):
+        """`api` is a kubernetes.client.CoordinationV1Api (on a client of its own: Lease calls are not fenced)."""
         if duration_s < 2:
             raise ValueError("lease duration must be at least 2 seconds")
         self.api, self.namespace, self.name, self.identity = api, namespace, name, identity
@@ -98,14 +145,20 @@ class LeaderElector:
             raise ValueError("need renew interval < renew deadline < lease duration")
         self.retry_every_s = retry_every_s
         self.clock = clock
+        self.api_timeout_s = api_timeout_s
+        self.fence = LeaseFence(duration_s, self.renew_deadline_s, clock)
         self._observed: Observed | None = None
-        self._renewed_at: float | None = None
+
+    def _timeout(self) -> float:
+        """A Lease call while leader need not outlast the renew deadline: past it, we step down anyway."""
+        left = self.fence.until_deadline()
+        return self.api_timeout_s if left == float("-inf") else max(0.1, min(self.api_timeout_s, left))
 
     def _read(self) -> Observed | None:
         from kubernetes.client.rest import ApiException
 
         try:
-            lease = self.api.read_namespaced_lease(self.name, self.namespace)
+            lease = self.api.read_namespaced_lease(self.name, self.namespace, _request_timeout=self._timeout())
         except ApiException as e:
             if e.status == 404:
                 return None
@@ -121,6 +174,7 @@ class LeaderElector:
         """One round: read, decide, write. True when we hold the Lease after it."""
         from kubernetes.client.rest import ApiException
 
+        sent_at = self.clock()
         self._observed = self._read()
         want = next_record(self._observed, self.identity, self.duration_s, self.clock(), _micro_time(time.time()))
         if want is None:
@@ -129,15 +183,15 @@ class LeaderElector:
                                 "metadata": {"name": self.name, "namespace": self.namespace}, "spec": _spec(want)}
         try:
             if self._observed is None:
-                self.api.create_namespaced_lease(self.namespace, body)
+                self.api.create_namespaced_lease(self.namespace, body, _request_timeout=self._timeout())
             else:
                 body["metadata"]["resourceVersion"] = self._observed.resource_version
-                self.api.replace_namespaced_lease(self.name, self.namespace, body)
+                self.api.replace_namespaced_lease(self.name, self.namespace, body, _request_timeout=self._timeout())
         except ApiException as e:
             if e.status in (409, 422):  # someone else wrote first: re-read next round
                 return False
             raise
-        self._renewed_at = self.clock()
+        self.fence.renewed(sent_at)
         return True
 
     async def _try(self) -> bool:
@@ -154,16 +208,23 @@ class LeaderElector:
         log.info("became leader: lease %s/%s held by %s", self.namespace, self.name, self.identity)
 
     async def hold(self) -> None:
+        """Renew until the Lease is lost: raises LostLeadership once another holds it, or once it was not
+        renewed by the deadline (also after a pause: the monotonic clock counts the time stopped)."""
+        assert self.fence.renewed_at is not None, "hold() before acquire()"
         while True:
-            await asyncio.sleep(self.renew_every_s)
+            await asyncio.sleep(max(0.0, min(self.renew_every_s, self.fence.until_deadline())))
+            self._check_deadline()
             if await self._try():
                 continue
             holder = self._observed.record.holder if self._observed else self.identity
             if holder != self.identity:
                 raise LostLeadership(f"lease {self.namespace}/{self.name} is now held by {holder or 'nobody'}")
-            assert self._renewed_at is not None, "hold() before acquire()"
-            if self.clock() - self._renewed_at >= self.renew_deadline_s:
-                raise LostLeadership(f"lease {self.namespace}/{self.name} not renewed for {self.renew_deadline_s:.0f}s")
+            self._check_deadline()
+
+    def _check_deadline(self) -> None:
+        why = self.fence.lapse()
+        if why is not None:
+            raise LostLeadership(f"lease {self.namespace}/{self.name} {why}")
 
     def release(self) -> None:
         """Hand the Lease back if we still hold it (a clean shutdown), so a standby needs not wait it out."""
@@ -177,7 +238,7 @@ class LeaderElector:
                 "apiVersion": "coordination.k8s.io/v1", "kind": "Lease",
                 "metadata": {"name": self.name, "namespace": self.namespace,
                              "resourceVersion": observed.resource_version},
-                "spec": _spec(released)})
+                "spec": _spec(released)}, _request_timeout=self._timeout())
             log.info("released lease %s/%s", self.namespace, self.name)
         except Exception as e:  # it expires on its own
             log.warning("could not release lease %s/%s: %s", self.namespace, self.name, e)
@@ -219,7 +280,9 @@ async def run_elected(elector: LeaderElector, main: Callable[[], Any], liveness_
         if keep in done:
             work.cancel()
             await asyncio.gather(work, return_exceptions=True)
-            log.error("%s; stopping", keep.exception())
+            # The reconcile loop's writes are already refused by the fence; the process exits 1 and its
+            # Deployment restarts it as a standby, which starts again from fresh lists.
+            log.error("%s: refusing writes and stepping down", keep.exception())
             leading = False
             return 1
         keep.cancel()

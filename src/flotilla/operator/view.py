@@ -9,8 +9,9 @@ placements already decided and the allocator cannot give the same GPUs twice.
 from __future__ import annotations
 
 import asyncio
+import time
 from dataclasses import dataclass, field
-from typing import Any, Iterable
+from typing import Any, Callable, Iterable
 
 from flotilla.operator import training, trim
 from flotilla.operator.actions import PatchAnnotations, PatchStatus
@@ -45,13 +46,25 @@ def with_patches(body: dict[str, Any], patches: Iterable[PatchStatus | PatchAnno
     return out
 
 
-def _version(obj: dict[str, Any]) -> int:
-    return int(obj["metadata"].get("resourceVersion", 0))
+@dataclass
+class _Written:
+    """Patches this operator sent for one object: on their way (`answer_version` None), or answered and
+    not yet shown by the watch."""
+
+    patches: list
+    answer_version: str | None = None
+    answered_at: float | None = None
 
 
 @dataclass
 class View:
-    """What the watches have seen. A finished job's pods are dropped (`prune`): nothing plans with them."""
+    """What the watches have seen. A finished job's pods are dropped (`prune`): nothing plans with them.
+
+    resourceVersions are opaque (API conventions): they are only compared for equality. Events are taken
+    in the order they arrive; what keeps a late event (one from before our own patch was answered) from
+    showing the object as it was before the patch is that our patches stay shown on top of it until the
+    watch has shown them (an event with the answer's resourceVersion, or one that already carries what
+    the patches set) or a full list requested after the answer has (`relisted`)."""
 
     jobs: dict[str, dict] = field(default_factory=dict)
     nodes: dict[str, dict] = field(default_factory=dict)
@@ -59,36 +72,62 @@ class View:
     servings: dict[str, dict] = field(default_factory=dict)
     deployments: dict[str, dict] = field(default_factory=dict)
     wake: asyncio.Event = field(default_factory=asyncio.Event)
-    # (kind, key) -> patches on their way, and the object as last seen without them.
-    _pending: dict[tuple[str, str], list] = field(default_factory=dict)
+    clock: Callable[[], float] = time.monotonic
+    # (kind, key) -> our patches still shown on top, and the object as last seen without them.
+    _written: dict[tuple[str, str], list[_Written]] = field(default_factory=dict)
     _seen: dict[tuple[str, str], dict] = field(default_factory=dict)
+    # (kind, key) -> when the latest news about it arrived (a watch event, a deletion, a patch answer).
+    _arrived: dict[tuple[str, str], float] = field(default_factory=dict)
     _created: dict[str, float] = field(default_factory=dict)  # pod key -> when this operator created it
+    # Kinds whose watch listed again (kopf re-lists after a watch restart but reports no deletions).
+    relist_wanted: set[str] = field(default_factory=set)
+    relist_wake: asyncio.Event = field(default_factory=asyncio.Event)
+    listing_seen_at: float = float("-inf")
 
     def record(self, kind: str, event: dict[str, Any]) -> None:
+        key = key_of(event["object"])
+        now = self.clock()
+        self._arrived[(kind, key)] = now
         if event.get("type") == "DELETED":
-            key = key_of(event["object"])
-            getattr(self, kind).pop(key, None)
-            self._seen.pop((kind, key), None)
-            self._created.pop(key, None)
+            self._drop(kind, key)
         else:
             self.put(kind, event["object"])
+        if event.get("type") is None:  # an object from a (re-)list of the watch: deletions meanwhile are not told
+            self.relist_wanted.add(kind)
+            self.listing_seen_at = now
+            self.relist_wake.set()
         self.wake.set()
 
-    def put(self, kind: str, obj: dict[str, Any]) -> None:
-        store, key = getattr(self, kind), key_of(obj)
+    def _drop(self, kind: str, key: str) -> None:
+        getattr(self, kind).pop(key, None)
+        self._seen.pop((kind, key), None)
+        self._written.pop((kind, key), None)
         if kind == "pods":
             self._created.pop(key, None)
-        pending = self._pending.get((kind, key))
-        old = self._seen.get((kind, key)) if pending is not None else store.get(key)
-        # Keep the newer copy: the loop may already hold a patch response newer than a late event.
-        if old is not None and _version(obj) < _version(old):
-            return
+
+    def put(self, kind: str, obj: dict[str, Any]) -> None:
+        """The object as the API server has it now (a watch event or a list), taken as it comes."""
+        key = key_of(obj)
+        if kind == "pods":
+            self._created.pop(key, None)
         seen = _TRIM.get(kind, trim.other)(obj)
-        if pending is None:
-            store[key] = seen
-        else:
-            self._seen[(kind, key)] = seen
-            store[key] = with_patches(seen, pending)
+        written = self._written.get((kind, key))
+        if written:
+            version = obj["metadata"].get("resourceVersion")
+            shown = [i for i, w in enumerate(written)
+                     if w.answer_version is not None and (w.answer_version == version or _shows(seen, w.patches))]
+            if shown:  # the watch has caught up with that write, and with the ones before it
+                del written[:shown[-1] + 1]
+        self._seen[(kind, key)] = seen
+        self._show(kind, key)
+
+    def _show(self, kind: str, key: str) -> None:
+        store, k = getattr(self, kind), (kind, key)
+        written = self._written.get(k)
+        seen = self._seen[k] if written else self._seen.pop(k)
+        if not written:
+            self._written.pop(k, None)
+        store[key] = with_patches(seen, [p for w in written or () for p in w.patches])
 
     def expect(self, kind: str, key: str, patches: list[PatchStatus | PatchAnnotations]) -> None:
         """Show `patches` on the object until `settle`: they are on their way to the API server."""
@@ -96,21 +135,65 @@ class View:
         if not patches or key not in store:
             return
         self._seen.setdefault((kind, key), store[key])
-        self._pending.setdefault((kind, key), []).extend(patches)
+        self._written.setdefault((kind, key), []).append(_Written(list(patches)))
         store[key] = with_patches(store[key], patches)
 
     def settle(self, kind: str, key: str, answer: dict[str, Any] | None) -> None:
-        """The patches were answered (`answer`: the object as the last one left it) or failed (None):
-        from now on the view shows what the API server has."""
-        self._pending.pop((kind, key), None)
-        seen = self._seen.pop((kind, key), None)
-        store = getattr(self, kind)
-        if key not in store:  # deleted meanwhile: an answer must not bring it back
+        """The patches on their way were answered (`answer`: the object as the last one left it) or failed
+        (None). A failed write is no longer shown; an answered one stays shown until the watch shows it."""
+        k = (kind, key)
+        written = self._written.get(k) or []
+        sent = next((w for w in written if w.answer_version is None), None)
+        if key not in getattr(self, kind):  # deleted meanwhile: an answer must not bring it back
+            self._written.pop(k, None)
+            self._seen.pop(k, None)
             return
-        if seen is not None:
-            store[key] = seen
-        if answer is not None:
-            self.put(kind, answer)
+        if sent is not None and answer is None:
+            written.remove(sent)
+        elif sent is not None and answer is not None:
+            self._arrived[k] = self.clock()
+            if _shows(self._seen[k], sent.patches):  # the watch showed it before the answer came
+                written.remove(sent)
+            else:
+                sent.answer_version = answer["metadata"].get("resourceVersion")
+                sent.answered_at = self.clock()
+                self._seen[k] = _TRIM.get(kind, trim.other)(answer)
+        if k in self._seen:
+            self._show(kind, key)
+
+    def relisted(self, kind: str, objects: Iterable[dict[str, Any]], requested_at: float) -> list[str]:
+        """Reconcile one kind with a full list requested at `requested_at` (this view's clock): objects
+        missing from it are dropped (deleted while the watch was not looking), listed ones are taken as
+        listed. Objects with news that arrived after the list was requested are left as they are: that news
+        is at least as new. Returns the keys dropped."""
+        store = getattr(self, kind)
+        listed = {key_of(o): o for o in objects}
+        dropped, changed = [], False
+        for key in set(store) | set(listed):
+            k = (kind, key)
+            if self._arrived.get(k, float("-inf")) >= requested_at:
+                continue
+            if key not in listed:
+                dropped.append(key)
+                self._drop(kind, key)
+                self._arrived.pop(k, None)
+                continue
+            written = self._written.get(k)
+            if written:  # the list is newer than the answers that came before it was requested
+                written[:] = [w for w in written if w.answered_at is None or w.answered_at >= requested_at]
+            before = store.get(key)
+            self.put(kind, listed[key])
+            changed = changed or store[key] != before
+        if kind == "pods":  # created before the list was requested and not in it: gone since
+            for key, at in list(self._created.items()):
+                if at < requested_at and key not in listed:
+                    del self._created[key]
+        for k, at in list(self._arrived.items()):  # forget deletions the list has confirmed
+            if k[0] == kind and at < requested_at and k[1] not in store:
+                del self._arrived[k]
+        if dropped or changed:  # a change the watch missed
+            self.wake.set()
+        return sorted(dropped)
 
     def created(self, pod_key: str, now: float) -> None:
         self._created[pod_key] = now
@@ -133,6 +216,11 @@ class View:
         for key, pod in list(self.pods.items()):
             if (uid := worker_job_uid(pod)) is not None and uid in finished and not holds_gpus(pod):
                 del self.pods[key]
+
+
+def _shows(obj: dict[str, Any], patches: list[PatchStatus | PatchAnnotations]) -> bool:
+    """`obj` already carries what `patches` set."""
+    return with_patches(obj, patches) == obj
 
 
 def key_of(obj: dict[str, Any]) -> str:

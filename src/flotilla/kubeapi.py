@@ -1,0 +1,100 @@
+"""The Kubernetes API client every Flotilla process uses: each call has a timeout, says who sent it, and
+(for a leader) is fenced by its Lease.
+
+A call without a timeout waits forever on a connection that hangs (a partition, a stopped API server);
+so `ApiClient` gives every request the default timeout unless the call names its own. Watches name their
+own: a (connect, read) pair whose read part outlasts the watch's `timeoutSeconds`.
+
+Fencing (client-go's leader election is the model): a leader may send a write only while its Lease is
+certainly still its own. `Fence` (flotilla.operator.leader) says so before each write is sent and bounds
+the write's timeout so that it ends before the Lease could be taken by another replica.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+from typing import Any, Protocol
+
+from kubernetes import client, config
+from kubernetes.client import rest
+
+DEFAULT_TIMEOUT_SECONDS = 10.0
+READS = frozenset({"GET", "HEAD", "OPTIONS"})
+
+
+class NotLeader(Exception):
+    """A write was refused before it was sent: this replica's Lease may already belong to another."""
+
+
+class ApiTimeout(TimeoutError):
+    """An API call got no answer within its timeout (whether it took effect is not known)."""
+
+
+class Fence(Protocol):
+    def bound(self, timeout: float) -> float:
+        """The timeout a write sent now may have; raises NotLeader when no write may be sent."""
+        ...
+
+
+class ApiClient(client.ApiClient):
+    """kubernetes.client.ApiClient with a timeout on every request and, given a fence, fenced writes."""
+
+    def __init__(self, configuration: client.Configuration | None = None,
+                 timeout: float = DEFAULT_TIMEOUT_SECONDS, fence: Fence | None = None,
+                 user_agent: str | None = None) -> None:
+        if timeout <= 0:
+            raise ValueError(f"API timeout must be positive, got {timeout}")
+        super().__init__(configuration)
+        self.timeout, self.fence = timeout, fence
+        if user_agent:
+            self.user_agent = user_agent
+
+    def call_api(self, method: str, url: str, header_params: Any = None, body: Any = None,
+                 post_params: Any = None, _request_timeout: Any = None) -> Any:
+        timeout = self.timeout if _request_timeout is None else _request_timeout
+        if self.fence is not None and method.upper() not in READS:
+            timeout = _bounded(timeout, self.fence.bound(_total(timeout)))
+        try:
+            return super().call_api(method, url, header_params, body, post_params, _request_timeout=timeout)
+        except rest.urllib3.exceptions.TimeoutError as e:  # the urllib3 the client sends with
+            raise ApiTimeout(f"{method} {url.split('?')[0]}: no answer within {_total(timeout):.1f} s") from e
+
+
+def _total(timeout: Any) -> float:
+    return sum(timeout) if isinstance(timeout, tuple) else float(timeout)
+
+
+def _bounded(timeout: Any, most: float) -> Any:
+    if isinstance(timeout, tuple):
+        return tuple(min(part, most) for part in timeout)
+    return min(float(timeout), most)
+
+
+def load_configuration() -> client.Configuration:
+    """In-cluster when running in a pod, else KUBECONFIG / ~/.kube/config."""
+    try:
+        config.load_incluster_config()
+    except config.ConfigException:
+        config.load_kube_config()
+    return client.Configuration.get_default_copy()
+
+
+def connect(component: str, identity: str | None = None, timeout: float = DEFAULT_TIMEOUT_SECONDS,
+            fence: Fence | None = None, connections: int | None = None, retries: Any = None) -> ApiClient:
+    """An ApiClient for `component` ("flotilla-operator"), sending User-Agent `<component>/<identity>`.
+
+    `connections`: how many connections urllib3 keeps (one per call in flight); `retries`: urllib3's
+    retries, None for its default (False for none: a fenced write must not be sent again after its check)."""
+    configuration = load_configuration()
+    if connections is not None:
+        configuration.connection_pool_maxsize = connections
+    if retries is not None:
+        configuration.retries = retries
+    return ApiClient(configuration, timeout=timeout, fence=fence,
+                     user_agent=f"{component}/{identity or default_identity()}")
+
+
+def default_identity() -> str:
+    """hostname_pid: which process sent a request, in the API server's audit log."""
+    return f"{os.environ.get('POD_NAME') or socket.gethostname()}_{os.getpid()}"
