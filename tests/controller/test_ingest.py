@@ -104,3 +104,30 @@ def test_store_sink_metrics_and_retention(redis_url, stream, store, clock):
     assert max(s.ts for s in store.latest_samples("a")) == NOW - 6
     assert Retention(store, max_age_s=600).run_once() == 5
     assert len(store.latest_samples("a")) == 5
+
+
+def test_the_consumer_recreates_its_group_when_redis_lost_its_data(redis_url, stream):
+    """A Redis restarted without persistence has no stream and no group: the agents' next XADD makes the
+    stream again, and the consumer must make its group again rather than fail on NOGROUP forever."""
+    import threading
+    import time
+
+    r = redis.Redis.from_url(redis_url)
+    sink = ListSink()
+    c = consumer(redis_url, stream, sink, "c1")
+    worker = threading.Thread(target=c.run, kwargs={"claim_every_s": 0.1}, daemon=True)
+    worker.start()
+    try:
+        r.xadd(stream, {FIELD: encode_batch(batch("a", 1))})
+        deadline = time.monotonic() + 5
+        while not sink.batches and time.monotonic() < deadline:
+            time.sleep(0.05)
+        r.delete(stream)   # what a restart without persistence leaves: no stream, no group
+        r.xadd(stream, {FIELD: encode_batch(batch("b", 2))})
+        deadline = time.monotonic() + 5
+        while len(sink.batches) < 2 and time.monotonic() < deadline:
+            time.sleep(0.05)
+    finally:
+        c.stop()
+        worker.join(timeout=5)
+    assert [[s.node for s in b] for b in sink.batches] == [["a"], ["b", "b"]]
