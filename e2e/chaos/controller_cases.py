@@ -73,7 +73,7 @@ class Watch:
     """Samples nodes, the case's TrainingJob and its worker pods every `interval` s in a thread of its own.
 
     Counts what the outcome needs: nodes seen unhealthy, steps lost past the last acknowledged checkpoint
-    (progress that went back below a checkpoint it had acknowledged), live worker pods beyond the worker
+    (progress that went back below a checkpoint acknowledged before it went back), live worker pods beyond the worker
     set, and the checkpoint requests the controller wrote on the job (its annotation, `requestedBy`)."""
 
     def __init__(self, namespace: str, job: str | None = None, interval: float = 0.5) -> None:
@@ -85,7 +85,7 @@ class Watch:
         self.phase: str | None = None
         self.errors = 0
         self._acked = 0
-        self._max_steps = 0
+        self._last_steps = 0
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="chaos-watch", daemon=True)
 
@@ -140,9 +140,9 @@ class Watch:
         status = job.get("status") or {}
         self.phase = status.get("phase")
         steps = int((status.get("progress") or {}).get("steps") or 0)
-        if steps < self._max_steps:   # progress went back: count what fell below the acknowledged checkpoint
+        if steps < self._last_steps:   # progress went back: count what fell below the checkpoint acknowledged before
             self.steps_lost = max(self.steps_lost, self._acked - steps)
-        self._max_steps = max(self._max_steps, steps)
+        self._last_steps = steps
         self._acked = max(self._acked, int((status.get("checkpoint") or {}).get("step") or 0))
         raw = (job["metadata"].get("annotations") or {}).get(names.ANNOTATION_CHECKPOINT_REQUEST)
         if raw:
@@ -387,6 +387,17 @@ class Rig:
         wait_for(f"the controller to consume the agents' stream ({what})", self.ingest_caught_up,
                  timeout=timeout, interval=0.5)
 
+    def wait_every_agent_heard(self, timeout: float = 60) -> None:
+        """Every agent's samples reached the controller (its node has latest samples), and the stream is read."""
+        assert self.controller is not None
+
+        def silent() -> list[str]:
+            return [n for n in self.agents
+                    if not ((r := self.controller.client("read").get(f"/v1/nodes/{n}")).status_code == 200
+                            and r.json().get("evidence", {}).get("latestSamples"))]
+        wait_for("every agent heard by the controller", lambda: not silent(), timeout=timeout)
+        self.wait_ingest("every agent heard")
+
     def controller_checkpoint_requests(self) -> list[dict[str, Any]]:
         assert self.controller is not None
         r = self.controller.api.get("/v1/decisions", params={"kind": "checkpoint-request",
@@ -501,7 +512,7 @@ def quiet_fault(case: str, fault: Callable[[Rig], None],
         first = rig.start_job()
         watch = rig.start_watch()
         rig.start_agents(agent_args)
-        rig.wait_ingest("before the fault")
+        rig.wait_every_agent_heard()
         fault(rig)
         rig.wait_ingest("after the fault")
         time.sleep(SETTLE)   # nothing to wait on: a wrong decision would show within this window
@@ -609,6 +620,7 @@ def real_fault_control(log_dir: Path) -> Outcome:
         rig.start_watch()
         strike = 8.0   # seconds after the agents start: ingest is steady by then
         rig.start_agents(lambda i, n: ["--inject", f"fell_off_bus@{strike:g}#3"] if n == node else [])
+        rig.wait_every_agent_heard()
         found = wait_for(f"{node} tainted NoExecute", lambda: (n := get("node", node, "default") or {})
                          and any(t.get("key") == names.TAINT_UNHEALTHY and t.get("effect") == "NoExecute"
                                  for t in n.get("spec", {}).get("taints") or []) and n, timeout=strike + 40)
