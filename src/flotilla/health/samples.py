@@ -23,10 +23,6 @@ STREAM = "flotilla:metrics"
 FIELD = "samples"
 
 
-# A GPU index fits a 32-bit SQL INTEGER column (the sample store's), on SQLite and PostgreSQL alike.
-MAX_GPU_INDEX = 2 ** 31 - 1
-
-
 @dataclass(frozen=True, slots=True)
 class Sample:
     ts: float
@@ -53,8 +49,8 @@ class Sample:
         job, gpu = d.get("job"), d.get("gpu")
         if job is not None and not isinstance(job, str):
             raise ValueError("sample field 'job' must be a string or null")
-        if gpu is not None and (isinstance(gpu, bool) or not isinstance(gpu, int) or not 0 <= gpu <= MAX_GPU_INDEX):
-            raise ValueError(f"sample field 'gpu' must be an integer from 0 to {MAX_GPU_INDEX} or null")
+        if gpu is not None and (isinstance(gpu, bool) or not isinstance(gpu, int)):
+            raise ValueError("sample field 'gpu' must be an integer or null")
         return cls(float(ts), node, metric, float(value), job, gpu)
 
     def to_dict(self) -> dict[str, Any]:
