@@ -686,11 +686,21 @@ def tokenreview_controller(rig: Rig) -> ControllerUnderTest:
                                 "--agent-service-accounts", f"{rig.namespace}/{AGENT_SA}")
 
 
+def metric_sum(ctl: ControllerUnderTest, name: str, *labels: str) -> float:
+    """Sum of a Prometheus series from /metrics over the samples carrying every one of `labels` (k="v")."""
+    text = ctl.client("read").get("/metrics").text
+    return sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
+               if line.startswith(name + "{") and all(label in line for label in labels))
+
+
 def forged_sample(log_dir: Path) -> Outcome:
+    from flotilla.health import samples as wire
+
     def body(rig: Rig, outcome: Outcome) -> None:
         a, b = rig.nodes[0], rig.nodes[1]
         apply_all(rig.namespace, service_account(AGENT_SA), service_account("stranger"),
                   bound_pod("agent-a", AGENT_SA, a), bound_pod("stranger-b", "stranger", b))
+        rig.start_redis()
         ctl = tokenreview_controller(rig)
         rig.start_watch(job=None)
         token_a = create_token(AGENT_SA, rig.namespace, "agent-a")
@@ -714,6 +724,22 @@ def forged_sample(log_dir: Path) -> Outcome:
             {"ts": time.time(), "node": a, "metric": "temperature", "value": 60.0, "gpu": 0},
             {"ts": time.time(), "node": a, "metric": "heartbeat", "value": 0.0}]}, token_a)
         outcome.details += f"; {a}'s agent about {a} (control): {own.status_code}"
+
+        # The same through Redis: entries carry the agent's token (agents started with --token-file).
+        import redis
+
+        stream = redis.Redis.from_url(rig.redis.url)
+        token_field = getattr(wire, "TOKEN_FIELD", "token")
+        refused_before = metric_sum(ctl, "flotilla_ingest_rejected_total", 'transport="redis"')
+        stream.xadd(wire.STREAM, {wire.FIELD: wire.encode_batch([wire.Sample.from_dict(xid_sample(b))]),
+                                  token_field: token_a})
+        stream.xadd(wire.STREAM, {wire.FIELD: wire.encode_batch([wire.Sample.from_dict(xid_sample(b))])})
+        rig.wait_ingest("the forged entries")
+        refused = metric_sum(ctl, "flotilla_ingest_rejected_total", 'transport="redis"') - refused_before
+        outcome.forged_writes_accepted += max(0, 2 - int(refused))
+        results.append(refused >= 2)
+        outcome.details += (f"; Redis entries about {b} with {a}'s token and with none: {int(refused)} of 2 "
+                            "refused (flotilla_ingest_rejected_total)")
         time.sleep(3.0)   # a forged XID that got through is acted on within a health tick
         outcome.passed = all(results) and own.status_code == 202
 
