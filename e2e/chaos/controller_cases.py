@@ -566,7 +566,8 @@ def kill_redis(seconds: float) -> Callable[[Rig], None]:
             rig.notes.append(f"Redis down {seconds:g} s: IngestHealthy {'False during, ' if 'False' in seen else ''}"
                              "True after")
         except AssertionError:
-            rig.fail(f"IngestHealthy not True within 30 s after Redis came back (now {rig.controller.ingest_healthy()})")
+            rig.fail("IngestHealthy not True within 30 s after Redis came back "
+                     f"(now {rig.controller.ingest_healthy()})")
     return fault
 
 
@@ -677,7 +678,8 @@ def attempt(outcome: Outcome, what: str, response: httpx.Response, refused: tupl
     if response.status_code < 300:
         outcome.forged_writes_accepted += 1
     ok = response.status_code in refused
-    outcome.details += f"; {what}: {response.status_code}{'' if ok else ' (expected ' + '/'.join(map(str, refused)) + ')'}"
+    expected = "" if ok else f" (expected {'/'.join(map(str, refused))})"
+    outcome.details += f"; {what}: {response.status_code}{expected}"
     return ok
 
 
