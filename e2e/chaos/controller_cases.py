@@ -18,7 +18,8 @@ The control case, so that the ones above cannot pass by acting on nothing:
   real-fault-control          XID 79 (a GPU fell off the bus) on one node of the job: that node, and only
                               that one, is tainted NoExecute and the job moves off it
 Hostile input (controller with `--ingest-auth tokenreview`):
-  forged-sample               a token bound to node A posts samples about node B; other SAs, wrong audience
+  forged-sample               a token bound to node A posts samples about node B (HTTP and Redis); other SAs,
+                              the wrong audience, no token
   forged-stats                serving statistics from callers without the right to the ServingDeployment
   rest-fuzz                   schemathesis over the live OpenAPI schema, with admin, read and no token
 
