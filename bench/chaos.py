@@ -140,10 +140,7 @@ def main() -> int:
     finally:
         log("taking the cluster down")
         cluster.down()
-        if args.keep_logs is None:
-            shutil.rmtree(work, ignore_errors=True)
-        else:
-            shutil.rmtree(work / "cluster", ignore_errors=True)
+        shutil.rmtree(work, ignore_errors=True)   # the cluster's state; logs too unless --keep-logs put them elsewhere
     print(table(outcomes))
     print(f"total {time.monotonic() - began:.0f} s")
     figures = summary(outcomes)
