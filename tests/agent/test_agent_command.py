@@ -32,3 +32,19 @@ def test_simulated_agent_streams_samples_with_the_injected_fault(redis_url, tmp_
 def test_inject_without_the_simulated_source_is_refused(capsys):
     with pytest.raises(SystemExit, match="--inject needs --source sim"):
         main(["agent", "--node", "n", "--redis-url", "redis://127.0.0.1:1/0", "--inject", "node_down@1"])
+
+
+@pytest.mark.redis
+def test_a_clock_offset_stamps_the_published_samples_off_the_wall_clock(redis_url):
+    before = time.time()
+    assert main(["agent", "--node", "skewed", "--source", "sim", "--sim-gpus", "1", "--redis-url", redis_url,
+                 "--stream", "t:skew", "--interval", "0.25", "--duration", "0.6", "--step-port", "0",
+                 "--clock-offset", "-30"]) == 0
+    entries = redis.Redis.from_url(redis_url).xrange("t:skew")
+    stamps = [s.ts for _id, fields in entries for s in decode_batch(fields[FIELD.encode()]) if s.value]
+    assert stamps and all(before - 31 <= ts <= time.time() - 29 for ts in stamps)
+
+
+def test_a_clock_offset_without_the_simulated_source_is_refused():
+    with pytest.raises(SystemExit, match="--clock-offset needs --source sim"):
+        main(["agent", "--node", "n", "--redis-url", "redis://127.0.0.1:1/0", "--clock-offset", "30"])

@@ -73,3 +73,10 @@ def test_simulated_source_stamps_wall_time_and_goes_silent_when_down():
     assert {s.ts for s in first} == {1001.0} and {s.job for s in first} == {"j"}
     assert {s.gpu for s in first if s.metric == "gpu_util"} == {0, 1}
     assert source.collect(1003.0) == []
+
+
+def test_simulated_source_with_a_clock_offset_stamps_skewed_time_but_keeps_its_fault_schedule():
+    faults = [Fault("n1", "node_down", 3.0)]
+    skewed = SimulatedSource("n1", "j", start=1000.0, faults=faults, gpus=2, clock_offset=-30.0)
+    assert {s.ts for s in skewed.collect(1001.0)} == {971.0}
+    assert skewed.collect(1003.0) == []   # faults stay timed from the agent's real start

@@ -112,3 +112,30 @@ def test_a_sample_with_an_impossible_gpu_index_is_malformed():
     for gpu in (-1, 2 ** 70):
         with pytest.raises(ValueError, match="'gpu' must be an integer from 0 to 65535"):
             decode_batch(json.dumps([{"ts": NOW, "node": "a", "metric": "m", "value": 1.0, "gpu": gpu}]))
+
+
+def test_the_consumer_recreates_its_group_when_redis_lost_its_data(redis_url, stream):
+    """A Redis restarted without persistence has no stream and no group: the agents' next XADD makes the
+    stream again, and the consumer must make its group again rather than fail on NOGROUP forever."""
+    import threading
+    import time
+
+    r = redis.Redis.from_url(redis_url)
+    sink = ListSink()
+    c = consumer(redis_url, stream, sink, "c1")
+    worker = threading.Thread(target=c.run, kwargs={"claim_every_s": 0.1}, daemon=True)
+    worker.start()
+    try:
+        r.xadd(stream, {FIELD: encode_batch(batch("a", 1))})
+        deadline = time.monotonic() + 5
+        while not sink.batches and time.monotonic() < deadline:
+            time.sleep(0.05)
+        r.delete(stream)   # what a restart without persistence leaves: no stream, no group
+        r.xadd(stream, {FIELD: encode_batch(batch("b", 2))})
+        deadline = time.monotonic() + 5
+        while len(sink.batches) < 2 and time.monotonic() < deadline:
+            time.sleep(0.05)
+    finally:
+        c.stop()
+        worker.join(timeout=5)
+    assert [[s.node for s in b] for b in sink.batches] == [["a"], ["b", "b"]]

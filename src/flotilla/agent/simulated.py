@@ -316,17 +316,19 @@ class Fleet:
 
 class SimulatedSource:
     """One simulated machine, for an agent started with `--source sim`. Faults are timed from `start`
-    (the agent's start); a `node_down` fault silences the source, heartbeat included."""
+    (the agent's start); a `node_down` fault silences the source, heartbeat included. `clock_offset`
+    (test-only) stamps samples that many seconds off the wall clock: a node whose clock is skewed."""
 
     name = "sim"
 
     def __init__(self, node: str, job: str | None, start: float, *, faults: Sequence[Fault] = (), gpus: int = 8,
-                 seed: int = 0) -> None:
+                 seed: int = 0, clock_offset: float = 0.0) -> None:
         self.start = start
+        self.clock_offset = clock_offset
         self.fleet = Fleet([(node, job)], gpus=gpus, seed=seed, faults=faults)
 
     def collect(self, now: float) -> list[Sample]:
-        return self.fleet.samples(now - self.start, stamp=now)
+        return self.fleet.samples(now - self.start, stamp=now + self.clock_offset)
 
     def close(self) -> None:
         pass

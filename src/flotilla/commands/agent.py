@@ -55,6 +55,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     sim.add_argument("--inject", action="append", default=[], metavar="TYPE@START[+DURATION][#GPU]",
                      help=f"inject a fault, seconds after start; TYPE one of {', '.join(FAULTS)}")
     sim.add_argument("--ground-truth", help="write the injected faults (absolute times) to this JSONL file")
+    sim.add_argument("--clock-offset", type=float, default=0.0, metavar="SECONDS",
+                     help="test only: stamp samples this many seconds off the wall clock, as a node whose "
+                          "clock is skewed would (the chaos suite's clock-skew case)")
 
 
 def _gpu_source(args: argparse.Namespace, start: float) -> list[MetricSource]:
@@ -63,7 +66,8 @@ def _gpu_source(args: argparse.Namespace, start: float) -> list[MetricSource]:
         if args.ground_truth:
             write_ground_truth([replace(f, start=f.start + start, end=None if f.end is None else f.end + start)
                                 for f in faults], args.ground_truth)
-        return [SimulatedSource(args.node, args.job, start, faults=faults, gpus=args.sim_gpus, seed=args.sim_seed)]
+        return [SimulatedSource(args.node, args.job, start, faults=faults, gpus=args.sim_gpus, seed=args.sim_seed,
+                                clock_offset=args.clock_offset)]
     try:
         return [NvmlSource(args.node), HostSource(args.node), HeartbeatSource(args.node)]
     except SourceUnavailable as e:
@@ -78,6 +82,8 @@ def run(args: argparse.Namespace) -> int:
         raise SystemExit("--interval must be positive")
     if args.inject and args.source != "sim":
         raise SystemExit("--inject needs --source sim")
+    if args.clock_offset and args.source != "sim":
+        raise SystemExit("--clock-offset needs --source sim")
     start = time.time()
     try:
         sources = _gpu_source(args, start)

@@ -170,8 +170,24 @@ class RedisConsumer:
                     if self.ingestor.metrics is not None:
                         self.ingestor.metrics.ingest_pending.set(self.pending())
                 self.poll()
+            except redis.ResponseError as e:
+                if "NOGROUP" not in str(e):
+                    log.warning("redis ingest: %s; retrying in 1 s", e)
+                    self._stop.wait(1.0)
+                    continue
+                # Redis lost its data (a restart without persistence): the agents' next XADD makes the
+                # stream again; the group must be made again too, or nothing is ever consumed.
+                log.warning("redis ingest: the consumer group is gone (%s); creating it again", e)
+                try:
+                    self.ensure_group()
+                except redis.RedisError as again:
+                    log.warning("redis ingest: %s; retrying in 1 s", again)
+                    self._stop.wait(1.0)
             except (redis.RedisError, ReviewUnavailable) as e:
                 log.warning("redis ingest: %s; retrying in 1 s", e)
+                self._stop.wait(1.0)
+            except Exception:  # a sink failed: the entries stay pending (claimed again later); ingest goes on
+                log.exception("redis ingest: a sink failed; the batch stays pending, retrying in 1 s")
                 self._stop.wait(1.0)
 
     def stop(self) -> None:

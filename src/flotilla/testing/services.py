@@ -44,21 +44,53 @@ def stop_process(proc: subprocess.Popen, sig: int = signal.SIGTERM, timeout: flo
         proc.wait()
 
 
+class RedisServer:
+    """A throw-away redis-server on a loopback port (free unless given), no persistence. The chaos suite
+    pauses it (SIGSTOP: a hung server), kills it (SIGKILL: its data is gone) and restarts it on the same port."""
+
+    def __init__(self, port: int | None = None) -> None:
+        binary = shutil.which("redis-server")
+        if binary is None:
+            raise RuntimeError("redis-server not found: apt-get install redis-server")
+        self.binary, self.port = binary, port or free_port()
+        self.url = f"redis://127.0.0.1:{self.port}/0"
+        self.proc: subprocess.Popen | None = None
+        self._dir = tempfile.TemporaryDirectory(prefix="flotilla-redis-")
+
+    def start(self) -> "RedisServer":
+        self.proc = subprocess.Popen(
+            [self.binary, "--port", str(self.port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no",
+             "--dir", self._dir.name, "--logfile", str(Path(self._dir.name) / "redis.log")],
+            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+        )
+        wait_for_port(self.port, proc=self.proc)
+        return self
+
+    def pause(self) -> None:
+        assert self.proc is not None
+        self.proc.send_signal(signal.SIGSTOP)
+
+    def resume(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGCONT)
+
+    def kill(self) -> None:
+        assert self.proc is not None
+        self.proc.kill()
+        self.proc.wait()
+
+    def stop(self) -> None:
+        if self.proc is not None:
+            self.resume()
+            stop_process(self.proc, timeout=10)
+        self._dir.cleanup()
+
+
 @contextmanager
 def redis_server() -> Iterator[str]:
     """A throw-away redis-server on a free loopback port; yields its URL."""
-    binary = shutil.which("redis-server")
-    if binary is None:
-        raise RuntimeError("redis-server not found: apt-get install redis-server")
-    port = free_port()
-    with tempfile.TemporaryDirectory(prefix="flotilla-redis-") as tmp:
-        proc = subprocess.Popen(
-            [binary, "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no",
-             "--dir", tmp, "--logfile", str(Path(tmp) / "redis.log")],
-            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-        )
-        try:
-            wait_for_port(port, proc=proc)
-            yield f"redis://127.0.0.1:{port}/0"
-        finally:
-            stop_process(proc, timeout=10)
+    server = RedisServer()
+    try:
+        yield server.start().url
+    finally:
+        server.stop()
