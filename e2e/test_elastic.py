@@ -42,9 +42,10 @@ def test_a_third_job_is_admitted_by_shrinking_one_through_a_checkpoint_and_all_f
         # Two jobs with loose deadlines take all 32 GPUs between them.
         for name in ("alpha", "beta"):
             assert apply(job(name, 4000, 3600, 4, 16), namespace).returncode == 0
-        wait_for("alpha and beta on 16 GPUs each", lambda: all(
-            status(n, namespace).get("gpus") == 16 and status(n, namespace).get("phase") == "Running"
-            for n in ("alpha", "beta")), timeout=60)
+        # ... and have trained a while, so that the shrink below has progress to checkpoint.
+        wait_for("alpha and beta on 16 GPUs each, with progress", lambda: all(
+            (s := status(n, namespace)).get("gpus") == 16 and s.get("phase") == "Running"
+            and s.get("progress", {}).get("steps", 0) > 0 for n in ("alpha", "beta")), timeout=60)
 
         # gamma needs 8 GPUs now to make its deadline (at 4 it would take 375 s > 300 s).
         assert apply(job("gamma", 1500, 300, 4, 8), namespace).returncode == 0
