@@ -13,6 +13,7 @@ from kubernetes import client
 from kubernetes.client.rest import ApiException
 
 from flotilla import GROUP, VERSION
+from flotilla.operator import failpoints
 from flotilla.operator.actions import (
     Action,
     ApplyDeployment,
@@ -118,7 +119,10 @@ class Kube:
                 await asyncio.sleep(wait)
             self.requests += 1
             try:
-                return await asyncio.get_running_loop().run_in_executor(self._pool, self._call, action)
+                failpoints.hit("before", action)
+                result = await asyncio.get_running_loop().run_in_executor(self._pool, self._call, action)
+                failpoints.hit("after", action)
+                return result
             except ApiException as e:
                 message = _api_message(e)
                 # Objects in a namespace being deleted: expected while it goes, not worth a warning.
