@@ -25,6 +25,7 @@ log = logging.getLogger(__name__)
 
 @dataclass
 class _Run:
+    uid: str  # the job object (a new job may reuse a deleted one's name)
     generation: int
     steps: float
     last: float
@@ -48,15 +49,16 @@ class SimulatedWorkers:
             return self.custom.list_namespaced_custom_object(GROUP, VERSION, self.namespace, "trainingjobs")["items"]
         return self.custom.list_cluster_custom_object(GROUP, VERSION, "trainingjobs")["items"]
 
-    def _pods(self) -> dict[tuple[str, str, int], list[Any]]:
+    def _pods(self) -> dict[tuple[str, int], list[Any]]:
+        """(owning job's uid, generation) -> worker pods: a pod left by a deleted job of the same name is not ours."""
         selector = f"{names.LABEL_ROLE}={names.ROLE_WORKER}"
         pods = (self.core.list_namespaced_pod(self.namespace, label_selector=selector) if self.namespace
                 else self.core.list_pod_for_all_namespaces(label_selector=selector)).items
-        out: dict[tuple[str, str, int], list[Any]] = {}
+        out: dict[tuple[str, int], list[Any]] = {}
         for p in pods:
-            labels = p.metadata.labels or {}
-            key = (p.metadata.namespace, labels.get(names.LABEL_JOB, ""), int(labels.get(names.LABEL_GENERATION, -1)))
-            out.setdefault(key, []).append(p)
+            owner = next((o.uid for o in p.metadata.owner_references or [] if o.controller), None)
+            if owner:
+                out.setdefault((owner, int((p.metadata.labels or {}).get(names.LABEL_GENERATION, -1))), []).append(p)
         return out
 
     def step(self, now: float | None = None) -> None:
@@ -70,13 +72,13 @@ class SimulatedWorkers:
                 continue
             seen.add(key)
             generation = int(status.get("reshards", 0))
-            mine = pods.get((meta["namespace"], meta["name"], generation), [])
+            mine = pods.get((meta["uid"], generation), [])
             running = bool(mine) and len(mine) == int(status.get("workers", 0)) and all(
                 p.status.phase == "Running" for p in mine)
             run = self.runs.get(key)
-            if run is None or run.generation != generation:
+            if run is None or run.generation != generation or run.uid != meta["uid"]:
                 start = int((status.get("progress") or {}).get("steps", 0))
-                run = self.runs[key] = _Run(generation, float(start), now)
+                run = self.runs[key] = _Run(meta["uid"], generation, float(start), now)
             client = self._client(meta, generation, int(status.get("workers", 1)))
             if run.finished or not running:
                 run.last = now
