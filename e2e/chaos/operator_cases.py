@@ -121,9 +121,15 @@ class Run:
     deleted_nodes: bool = False
     harm: HarmSampler | None = None
     notes: list[str] = field(default_factory=list)
+    problems: list[str] = field(default_factory=list)  # checks that failed without stopping the case
 
     def note(self, text: str) -> None:
         self.notes.append(text)
+
+    def expect(self, ok: Any, message: str) -> None:
+        """A check whose failure is recorded and the case goes on (to find out what else is wrong)."""
+        if not ok:
+            self.problems.append(message)
 
     def operator(self, *extra: str, tag: str = "", env: dict[str, str] | None = None) -> FlotillaProcess:
         flags, lacking = operator_flags()
@@ -177,6 +183,7 @@ def case(name: str, body: Callable[[Run], None], finished: bool = True) -> Calla
             kubectl("create", "namespace", namespace)
             harm = run.harm = HarmSampler(namespace).__enter__()
             body(run)
+            check(not run.problems, "; ".join(run.problems))
             outcome.passed = True
         except Exception as e:  # the case's finding, or the harness broke: either way the case fails
             outcome.passed, stuck = False, isinstance(e, JobStuck)
@@ -447,26 +454,24 @@ def leader_sigstop(run: Run) -> None:
     except AssertionError:
         raise CaseFailed("the old leader was still running 30s after SIGCONT, with the Lease held by another") \
             from None
-    log = old.log_path.read_text()
-    after = log.split("=== chaos: SIGCONT ===", 1)[-1]
-    check(old.proc.returncode == 1, f"the old leader exited {old.proc.returncode}, expected 1")
-    check("stepping down" in after, "the old leader did not log `stepping down`")
-
+    after = old.log_path.read_text().split("=== chaos: SIGCONT ===", 1)[-1]
     audited = audit_writes_by(f"flotilla-operator/{old_id}", taken)
     if audit_writes_by(f"flotilla-operator/{new_id}", taken):  # the audit log tells the operators apart
-        check(not audited, f"the old leader wrote after the takeover: {audited[:5]}")
+        run.expect(not audited, f"the old leader wrote after the takeover: {audited[:5]}")
     else:
         logged = writes_in_log(after)
         run.note("the audit log cannot tell the operators apart (no User-Agent flotilla-operator/<identity>): "
                  "judged from the old leader's own log")
-        check(not logged, f"the old leader wrote after SIGCONT: {logged[:5]}")
+        run.expect(not logged, f"the old leader wrote after SIGCONT: {logged[:5]}")
     st = status(run, "mover")
     ready = next((c for c in st.get("conditions") or [] if c.get("type") == "Ready"), {})
-    check(st.get("reshards") == 1 and st.get("placement") == moved.get("placement"),
-          f"status went back after the old leader resumed: reshards {st.get('reshards')}, placement "
-          f"{st.get('placement')} (the new leader had {moved.get('placement')})")
+    run.expect(st.get("reshards") == 1 and st.get("placement") == moved.get("placement"),
+               f"status went back after the old leader resumed: reshards {st.get('reshards')}, placement "
+               f"{st.get('placement')} (the new leader had {moved.get('placement')})")
     for what, text in (("status.message", st.get("message") or ""), ("Ready", ready.get("message") or "")):
-        check(node not in text, f"{what} names the node the job left: {text!r}")
+        run.expect(node not in text, f"{what} names the node the job left: {text!r}")
+    run.expect(old.proc.returncode == 1, f"the old leader exited {old.proc.returncode}, expected 1")
+    run.expect("stepping down" in after, "the old leader did not log `stepping down`")
     check(new.alive(), f"the new leader exited ({new.proc.returncode})")
     check_finished(run, "mover", reshards=1, avoid=node)
 
