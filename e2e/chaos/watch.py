@@ -15,7 +15,7 @@ What it counts (each the worst seen over the case, summed over jobs or nodes):
   beyond the node's allocatable GPUs.
 * steps_lost_past_checkpoint: per job, how far `status.progress.steps` went below the highest
   checkpoint step it had recorded (`status.checkpoint.step`) or rank 0 had acknowledged (the
-  checkpoint-ack annotation) of the same object.
+  checkpoint-ack annotation, counted once the job switched to the worker set it was taken for).
 * jobs_lost (at `fill`): the namespace's jobs that were ever Failed, that vanished without the case
   deleting them (`forget(uid)`), that did not end Succeeded, or that ended Succeeded short of totalSteps
   (marked done without running). A case that does not wait for its jobs to finish passes
@@ -81,6 +81,8 @@ class JobRecord:
     steps_lost: int = 0        # worst regression of status.progress.steps below `checkpoint`
     duplicates: int = 0        # worst excess of worker pods
     duplicate_seen: str = ""   # what the worst excess was, for the details
+    checkpoint_seen: str = ""  # the object when `checkpoint` was reached, and when `steps_lost` was
+    steps_lost_seen: str = ""
 
     def status(self) -> dict[str, Any]:
         return self.last.get("status") or {}
@@ -157,10 +159,12 @@ class HarmSampler:
             status = job.get("status") or {}
             rec.ever_failed |= status.get("phase") == "Failed"
             acked = _ack_step(job)
-            rec.checkpoint = max(rec.checkpoint, int((status.get("checkpoint") or {}).get("step") or 0), acked)
+            recorded = int((status.get("checkpoint") or {}).get("step") or 0)
+            if max(recorded, acked) > rec.checkpoint:
+                rec.checkpoint, rec.checkpoint_seen = max(recorded, acked), _brief(job)
             steps = (status.get("progress") or {}).get("steps")
-            if steps is not None and int(steps) < rec.checkpoint:
-                rec.steps_lost = max(rec.steps_lost, rec.checkpoint - int(steps))
+            if steps is not None and rec.checkpoint - int(steps) > rec.steps_lost:
+                rec.steps_lost, rec.steps_lost_seen = rec.checkpoint - int(steps), _brief(job)
         for uid, rec in self.jobs.items():
             if uid not in seen:
                 rec.gone = True
@@ -206,6 +210,10 @@ class HarmSampler:
     def fill(self, outcome: Any, finished: bool = True) -> Any:
         """Add this sampler's counts and findings to a chaos Outcome (counts add up across samplers)."""
         self.stop()
+        try:
+            self.sample()  # the end state, not the last poll before it
+        except Exception as e:
+            log.warning("harm sampler: the final poll failed: %s", e)
         lost = self.lost_jobs(finished)
         notes = [f"job lost: {x}" for x in lost]
         with self._lock:
@@ -214,7 +222,8 @@ class HarmSampler:
                     notes.append(f"{rec.name}: {rec.duplicates} duplicate worker pods ({rec.duplicate_seen})")
                 if rec.steps_lost:
                     notes.append(f"{rec.name}: progress went {rec.steps_lost} steps below checkpoint step "
-                                 f"{rec.checkpoint}")
+                                 f"{rec.checkpoint} (checkpoint seen at {rec.checkpoint_seen}; "
+                                 f"progress below it at {rec.steps_lost_seen})")
             for node, held in sorted(self.ghost_placements.items()):
                 notes.append(f"placed on {node}, which did not exist: {sorted(held)}")
             for node, excess in sorted(self.node_excess.items()):
@@ -228,11 +237,21 @@ class HarmSampler:
         return outcome
 
 
+def _brief(job: dict[str, Any]) -> str:
+    status = job.get("status") or {}
+    return (f"rv {job['metadata'].get('resourceVersion')} {status.get('phase')} reshards {status.get('reshards', 0)} "
+            f"progress {status.get('progress')} checkpoint {status.get('checkpoint', {}).get('step')} "
+            f"ack {_ack_step(job)}")
+
+
 def _ack_step(job: dict[str, Any]) -> int:
+    """The step of rank 0's acknowledged checkpoint, once the job has switched to the worker set it was
+    taken for (before that, status.progress lagging behind the acknowledgement is no loss)."""
     from flotilla.resources import checkpoint
 
     ack = checkpoint.parse_ack(job["metadata"].get("annotations"))
-    return int(ack["step"]) if ack else 0
+    switched = ack and int((job.get("status") or {}).get("reshards", 0)) >= int(ack["generation"])
+    return int(ack["step"]) if switched else 0
 
 
 def duplicate_workers(pods: list[dict[str, Any]]) -> tuple[int, str]:

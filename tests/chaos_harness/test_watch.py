@@ -16,13 +16,14 @@ def pod(name, generation, rank, phase="Running", node="n1", gpus=1, owner="u1", 
         {"resources": {"limits": {"nvidia.com/gpu": str(gpus)}}}]}, "status": {"phase": phase}}
 
 
-def tj(name, uid="u1", phase="Running", steps=0, checkpoint=0, placement=(), total=100, ack=None):
+def tj(name, uid="u1", phase="Running", steps=0, checkpoint=0, placement=(), total=100, ack=None, reshards=0):
     annotations = {}
     if ack is not None:
         annotations["flotilla.dev/checkpoint-ack"] = f'{{"generation":1,"step":{ack}}}'
     return {"metadata": {"name": name, "namespace": "ns", "uid": uid, "annotations": annotations},
             "spec": {"totalSteps": total},
             "status": {"phase": phase, "progress": {"steps": steps}, "checkpoint": {"step": checkpoint},
+                       "reshards": reshards,
                        "placement": [{"node": n, "gpus": g} for n, g in placement]}}
 
 
@@ -63,6 +64,9 @@ class Sampled(HarmSampler):
     def __init__(self):
         super().__init__("ns", api=client.ApiClient())  # never called: nothing is started
 
+    def sample(self):
+        pass  # the last feed is the end state
+
     def feed(self, jobs, pods=(), nodes=(node("n1"),)):
         self._observe(list(jobs), list(jobs), list(pods), list(nodes))
 
@@ -70,9 +74,9 @@ class Sampled(HarmSampler):
 def test_progress_below_an_acknowledged_checkpoint_is_counted_as_steps_lost():
     s = Sampled()
     s.feed([tj("a", steps=120, checkpoint=100)])
-    s.feed([tj("a", steps=150, checkpoint=100, ack=140)])
-    s.feed([tj("a", steps=100, checkpoint=100, ack=140)])  # resumed from 100 although 140 was acknowledged
-    s.feed([tj("a", steps=100, phase="Succeeded", total=100, checkpoint=100, ack=140)])
+    s.feed([tj("a", steps=120, checkpoint=100, ack=140)])  # acknowledged, not consumed yet: status lags, no loss
+    s.feed([tj("a", steps=100, checkpoint=100, ack=140, reshards=1)])  # resumed from 100 though 140 was acked
+    s.feed([tj("a", steps=100, phase="Succeeded", total=100, checkpoint=100, ack=140, reshards=1)])
     out = s.fill(Outcome("c"))
     assert out.steps_lost_past_checkpoint == 40 and out.jobs_lost == 0
     assert "40 steps below checkpoint step 140" in out.details
