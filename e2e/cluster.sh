@@ -10,6 +10,8 @@
 #   e2e/cluster.sh stop C   stop one component (SIGTERM), e.g. kube-apiserver; `kill C` sends SIGKILL
 #   e2e/cluster.sh start C  start one stopped component again, and wait until it is ready
 #                           (the chaos suite takes kube-apiserver and etcd down mid-run this way)
+#   e2e/cluster.sh restart-clients  restart kube-controller-manager, kube-scheduler and KWOK (after an
+#                           API server outage their watches back off for up to a minute) and wait for the nodes
 #
 # Env (defaults):
 #   FLOTILLA_STATE=.flotilla/cluster   state: certs, etcd data, logs, PID files
@@ -262,6 +264,17 @@ stop_component() {  # name [signal]: stop it and wait until it is gone (SIGKILL 
   rm -f "$pidfile"
 }
 
+restart_clients() {  # the control plane's own clients, with fresh watches (theirs back off for up to a minute
+  # after the API server was away, and the scheduler exits on a cache it finds corrupted)
+  local c
+  for c in kube-controller-manager kube-scheduler kwok; do stop_component "$c"; done
+  # A KWOK with a new identity would wait for the old one's node leases to expire (40 s) before it renews them.
+  "$BIN/kubectl" --kubeconfig "$KUBECONFIG_OUT" delete leases -n kube-node-lease --all >/dev/null
+  for c in kube-controller-manager kube-scheduler kwok; do start_component "$c"; done
+  wait_until 60 "the nodes Ready again" "$BIN/kubectl" --kubeconfig "$KUBECONFIG_OUT" wait --for=condition=Ready \
+    nodes -l type=kwok --timeout=5s
+}
+
 down() {
   local i
   for ((i = ${#COMPONENTS[@]} - 1; i >= 0; i--)); do stop_component "${COMPONENTS[i]}"; done
@@ -289,6 +302,7 @@ case "${1:-}" in
   stop) stop_component "${2:?usage: cluster.sh stop COMPONENT}" ;;
   kill) stop_component "${2:?usage: cluster.sh kill COMPONENT}" KILL ;;
   start) BIN=$(bin_dir); start_component "${2:?usage: cluster.sh start COMPONENT}" ;;
+  restart-clients) BIN=$(bin_dir); restart_clients ;;
   bin) bin_dir ;;
-  *) echo "usage: $0 up|down|status|nodes N|stop C|kill C|start C|bin" >&2; exit 2 ;;
+  *) echo "usage: $0 up|down|status|nodes N|stop C|kill C|start C|restart-clients|bin" >&2; exit 2 ;;
 esac
