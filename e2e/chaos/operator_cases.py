@@ -382,23 +382,25 @@ def watch_gap_deletions(run: Run) -> None:
                 and (p.get("status") or {}).get("phase") == "Running"]
         return len(pods) == int(st.get("workers", 0)) and time.monotonic()
 
-    limit = RELIST_SECONDS + 15
+    limit, stuck = RELIST_SECONDS + 15, ""
     try:
         at = wait_for("the deleted worker replaced", replaced, timeout=limit)
         run.note(f"worker replaced {at - deleted_at:.1f}s after its deletion")
     except AssertionError:
-        raise JobStuck(f"the deleted worker pod was not replaced within {limit}s (re-list period "
-                         f"{RELIST_SECONDS}s): status says {status(run, 'keeper').get('message')!r}") from None
+        stuck = (f"the deleted worker pod was not replaced within {limit}s (re-list period {RELIST_SECONDS}s): "
+                 f"status says {status(run, 'keeper').get('message')!r}")
     # A job that fits only on whole free nodes, three of them: with the deleted node in its view the operator
     # would place it there; without, it waits until the node is back.
     submit(run, "wide", total_steps=200, gpus=24, per_worker=8)
     # Its first decision is what a ghost would change: placed there at once, or left Pending.
     placed = wait_for("the operator to decide on job wide", lambda: (s := status(run, "wide")).get("phase") and s,
                       timeout=30)
-    check(gone not in {p["node"] for p in placed.get("placement") or []},
-          f"job wide placed on deleted node {gone}: {placed.get('placement')}")
+    run.expect(gone not in {p["node"] for p in placed.get("placement") or []},
+               f"job wide placed on deleted node {gone}: {placed.get('placement')}")
     assert run.harm is not None
-    check(not run.harm.ghost_placements, f"placements on deleted nodes: {run.harm.ghost_placements}")
+    run.expect(not run.harm.ghost_placements, f"placements on deleted nodes: {run.harm.ghost_placements}")
+    if stuck:
+        raise JobStuck("; ".join([stuck, *run.problems]))
     restore_nodes()
     run.deleted_nodes = False
     check_finished(run, "keeper", reshards=int(first.get("reshards", 0)))
