@@ -47,6 +47,7 @@ from e2e.kube import (
     wait_for_gpus_free_outside,
 )
 from flotilla.operator.failpoints import ENV as FAILPOINTS_ENV
+from flotilla.operator.failpoints import SIGNAL_ENV as FAILPOINT_SIGNAL_ENV
 
 CLUSTER_SH = ROOT / "e2e" / "cluster.sh"
 SIM_SPEED = 2.0  # 2 GPUs: 36 steps/s
@@ -446,15 +447,27 @@ def writes_in_log(text: str) -> list[str]:
     out = []
     for line in text.splitlines():
         if any(m in line for m in WRITE_LOG_MARKS) or ("reconcile pass:" in line and " objects=0 " not in line):
-            out.append(line.strip()[-160:])
+            out.append(line.strip()[:200])
     return out
 
 
+def stopped(proc: FlotillaProcess) -> bool:
+    """The process is stopped (SIGSTOP: state T)."""
+    try:
+        return Path(f"/proc/{proc.proc.pid}/stat").read_text().rsplit(")", 1)[1].split()[0] == "T"
+    except (OSError, IndexError):
+        return False
+
+
 def leader_sigstop(run: Run) -> None:
+    """The leader freezes in the middle of a reshard (a failpoint sends it SIGSTOP just before it records the
+    new placement, as a long pause would), past its Lease; the standby takes over and completes the move;
+    then the old leader is continued, with that write in hand."""
     lease = f"chaos-{run.namespace}"
     elect = ("--leader-elect", "--lease-name", lease, "--lease-namespace", run.namespace,
              "--lease-duration", str(LEASE_SECONDS))
-    old = run.operator(*elect, tag="-a")
+    old = run.operator(*elect, tag="-a", env={FAILPOINTS_ENV: KILL_POINTS["after-ack-recorded"].replace(
+        "after:", "before:", 1), FAILPOINT_SIGNAL_ENV: "STOP"})
     old_id = wait_for("the first operator to hold the Lease", lambda: lease_holder(run, lease), timeout=60)
     new = run.operator(*elect, tag="-b")
     wait_for("the second operator to wait for the Lease", lambda: "waiting for lease" in new.log_path.read_text(),
@@ -463,16 +476,17 @@ def leader_sigstop(run: Run) -> None:
     submit(run, "mover")
     first = running_with_progress(run, "mover")
     node = first["placement"][0]["node"]
-
-    os.kill(old.proc.pid, signal.SIGSTOP)
-    stopped = time.monotonic()
+    run.cordon(node)
+    wait_for("the leader to freeze just before it records the new placement", lambda: stopped(old), timeout=45)
+    frozen = time.monotonic()
     new_id = wait_for("the standby to take the Lease", lambda: (h := lease_holder(run, lease)) not in ("", old_id)
                       and h, timeout=LEASE_SECONDS * 4)
     taken = time.time()
-    run.note(f"Lease taken by the standby {time.monotonic() - stopped:.1f}s after SIGSTOP")
-    run.cordon(node)
-    moved = wait_for("the new leader to move the job", lambda: (s := status(run, "mover")).get("reshards") == 1
-                     and s.get("phase") == "Running" and s, timeout=60)
+    run.note(f"Lease taken by the standby {time.monotonic() - frozen:.1f}s after the leader froze")
+    moved = wait_for("the new leader to move the job and checkpoint on", lambda: (s := status(run, "mover"))
+                     .get("reshards") == 1 and s.get("phase") == "Running"
+                     and int((s.get("checkpoint") or {}).get("step", 0)) >= int(first["progress"]["steps"]) + 100
+                     and s, timeout=60)
 
     with open(old.log_path, "a") as f:  # nothing else writes to it while it is stopped
         f.write("=== chaos: SIGCONT ===\n")
@@ -482,7 +496,7 @@ def leader_sigstop(run: Run) -> None:
     except AssertionError:
         raise CaseFailed("the old leader was still running 30s after SIGCONT, with the Lease held by another") \
             from None
-    after = old.log_path.read_text().split("=== chaos: SIGCONT ===", 1)[-1]
+    after = old.log_path.read_text().rsplit("=== chaos: SIGCONT ===", 1)[-1]
     audited = audit_writes_by(f"flotilla-operator/{old_id}", taken)
     if audit_writes_by(f"flotilla-operator/{new_id}", taken):  # the audit log tells the operators apart
         run.expect(not audited, f"the old leader wrote after the takeover: {audited[:5]}")
@@ -493,9 +507,11 @@ def leader_sigstop(run: Run) -> None:
         run.expect(not logged, f"the old leader wrote after SIGCONT: {logged[:5]}")
     st = status(run, "mover")
     ready = next((c for c in st.get("conditions") or [] if c.get("type") == "Ready"), {})
-    run.expect(st.get("reshards") == 1 and st.get("placement") == moved.get("placement"),
+    run.expect(st.get("reshards") == 1 and st.get("placement") == moved.get("placement")
+               and int((st.get("checkpoint") or {}).get("step", 0)) >= int(moved["checkpoint"]["step"]),
                f"status went back after the old leader resumed: reshards {st.get('reshards')}, placement "
-               f"{st.get('placement')} (the new leader had {moved.get('placement')})")
+               f"{st.get('placement')}, checkpoint {st.get('checkpoint')} (the new leader had "
+               f"{moved.get('placement')}, checkpoint step {moved['checkpoint']['step']})")
     for what, text in (("status.message", st.get("message") or ""), ("Ready", ready.get("message") or "")):
         run.expect(node not in text, f"{what} names the node the job left: {text!r}")
     run.expect(old.proc.returncode == 1, f"the old leader exited {old.proc.returncode}, expected 1")

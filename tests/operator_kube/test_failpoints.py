@@ -4,6 +4,7 @@ import os
 import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -82,3 +83,30 @@ def test_the_executor_passes_every_write_through_the_hook_before_it_is_sent_and_
     ok, failing = DeletePod("ns", "p"), DeletePod("ns", "gone")
     asyncio.run(kube.apply([ok, failing]))
     assert seen == [("before", ok), ("sent", ok), ("after", ok), ("before", failing), ("sent", failing)]
+
+
+def test_with_sigstop_the_process_freezes_at_its_point_and_goes_on_once_continued():
+    code = ("from flotilla.operator import failpoints\n"
+            "from flotilla.operator.actions import DeletePod\n"
+            "failpoints.hit('before', DeletePod('ns', 'p'))\n"
+            "print('continued', flush=True)\n"
+            "failpoints.hit('before', DeletePod('ns', 'p'))\n"  # fires once
+            "print('not stopped again', flush=True)\n")
+    src = str(Path(failpoints.__file__).resolve().parents[2])
+    env = {**os.environ, failpoints.ENV: "before:DeletePod", failpoints.SIGNAL_ENV: "STOP", "PYTHONPATH": src}
+    proc = subprocess.Popen([sys.executable, "-c", code], env=env, stdout=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 30
+        while Path(f"/proc/{proc.pid}/stat").read_text().split(")")[-1].split()[0] != "T":
+            assert time.monotonic() < deadline, "the process did not stop at its failpoint"
+            time.sleep(0.05)
+        os.kill(proc.pid, signal.SIGCONT)
+        out, _ = proc.communicate(timeout=30)
+    finally:
+        proc.kill()
+    assert proc.returncode == 0 and out.splitlines() == ["continued", "not stopped again"]
+
+
+def test_an_unknown_signal_is_refused():
+    with pytest.raises(ValueError, match="TERM"):
+        failpoints.signal_of({failpoints.SIGNAL_ENV: "TERM"})

@@ -13,6 +13,10 @@ type name (`PatchStatus`, `PatchAnnotations`, `CreatePod`, `DeletePod`, `ApplyDe
 `after:CreatePod:"flotilla.dev/generation":"1"` (a pod of worker generation 1) or
 `after:PatchStatus:"reshards":1`. The first matching write kills the process (SIGKILL: no
 cleanup, no lease release, as a node failure or the OOM killer would).
+
+`FLOTILLA_FAILPOINT_SIGNAL=STOP` sends SIGSTOP instead: the process freezes right there, in the
+middle of its write chain, as a long GC pause or a frozen VM would, and goes on from there when
+it gets SIGCONT. Each failpoint fires once.
 """
 
 from __future__ import annotations
@@ -26,6 +30,8 @@ from typing import Any, Mapping
 
 log = logging.getLogger(__name__)
 ENV = "FLOTILLA_FAILPOINTS"
+SIGNAL_ENV = "FLOTILLA_FAILPOINT_SIGNAL"
+SIGNALS = {"KILL": signal.SIGKILL, "STOP": signal.SIGSTOP}
 WHEN = ("before", "after")
 
 
@@ -62,7 +68,16 @@ def armed(environ: Mapping[str, str] = os.environ) -> tuple[Failpoint, ...]:
     return parse(environ.get(ENV, ""))
 
 
+def signal_of(environ: Mapping[str, str] = os.environ) -> signal.Signals:
+    name = environ.get(SIGNAL_ENV, "KILL")
+    if name not in SIGNALS:
+        raise ValueError(f"{SIGNAL_ENV}: {name!r} is not one of {sorted(SIGNALS)}")
+    return SIGNALS[name]
+
+
 _ARMED = armed()
+_SIGNAL = signal_of()
+_fired: set[Failpoint] = set()
 
 
 def matching(when: str, action: Any, points: tuple[Failpoint, ...]) -> Failpoint | None:
@@ -70,12 +85,14 @@ def matching(when: str, action: Any, points: tuple[Failpoint, ...]) -> Failpoint
 
 
 def hit(when: str, action: Any) -> None:
-    """A point of the write path: SIGKILL this process if an armed failpoint matches."""
+    """A point of the write path: signal this process (SIGKILL, or SIGSTOP) if an armed failpoint matches."""
     if not _ARMED:
         return
-    fp = matching(when, action, _ARMED)
+    fp = matching(when, action, tuple(p for p in _ARMED if p not in _fired))
     if fp is not None:
-        log.warning("failpoint %s:%s%s hit: SIGKILL", fp.when, fp.action, f":{fp.text}" if fp.text else "")
+        _fired.add(fp)
+        log.warning("failpoint %s:%s%s hit: %s", fp.when, fp.action, f":{fp.text}" if fp.text else "",
+                    _SIGNAL.name)
         for handler in logging.getLogger().handlers:
             handler.flush()
-        os.kill(os.getpid(), signal.SIGKILL)
+        os.kill(os.getpid(), _SIGNAL)
