@@ -7,6 +7,11 @@
 #   e2e/cluster.sh down     stop exactly the processes `up` started, remove the state
 #   e2e/cluster.sh status   what runs, and the nodes
 #   e2e/cluster.sh nodes N  make sure N fake GPU nodes exist
+#   e2e/cluster.sh stop C   stop one component (SIGTERM), e.g. kube-apiserver; `kill C` sends SIGKILL
+#   e2e/cluster.sh start C  start one stopped component again, and wait until it is ready
+#                           (the chaos suite takes kube-apiserver and etcd down mid-run this way)
+#   e2e/cluster.sh restart-clients  restart kube-controller-manager, kube-scheduler and KWOK (after an
+#                           API server outage their watches back off for up to a minute) and wait for the nodes
 #
 # Env (defaults):
 #   FLOTILLA_STATE=.flotilla/cluster   state: certs, etcd data, logs, PID files
@@ -16,7 +21,9 @@
 #   FLOTILLA_PORT_BASE=16440           apiserver=BASE+3, etcd=BASE+4/+5, kcm=BASE+6, scheduler=BASE+7, kwok=BASE+8
 #   FLOTILLA_NODE_LEASE_SECONDS=40     KWOK's node lease; longer means fewer lease renewals (bench/scale.py's
 #                                      1,000 nodes), and the node lifecycle controller then waits as long
-# The kubeconfig is written to .flotilla/kubeconfig.
+# The kubeconfig is written to .flotilla/kubeconfig. The API server writes an audit log of every
+# write (create/update/patch/delete, Metadata level: who, which User-Agent, when, the answer's code)
+# to $FLOTILLA_STATE/logs/audit.log; the chaos suite reads it to see which operator wrote what.
 set -euo pipefail
 
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
@@ -46,7 +53,7 @@ running() {  # component -> 0 if its PID file names a live process
 start() {  # component args...
   local name=$1; shift
   running "$name" && { log "$name already running (pid $(cat "$STATE/run/$name.pid"))"; return; }
-  "$@" >"$STATE/logs/$name.log" 2>&1 &
+  "$@" >>"$STATE/logs/$name.log" 2>&1 &
   echo $! >"$STATE/run/$name.pid"
   log "started $name (pid $!), log: $STATE/logs/$name.log"
 }
@@ -149,6 +156,80 @@ ensure_nodes() {
   log "$n nodes Ready"
 }
 
+write_audit_policy() {  # writes at Metadata level (no bodies); reads, node heartbeats and leases not at all
+  cat >"$STATE/audit-policy.yaml" <<'POLICY'
+apiVersion: audit.k8s.io/v1
+kind: Policy
+omitStages: [RequestReceived]
+rules:
+- level: None
+  verbs: [get, list, watch]
+- level: None
+  namespaces: [kube-node-lease]
+- level: None
+  resources: [{group: "", resources: [nodes/status]}]
+- level: Metadata
+POLICY
+}
+
+start_component() {  # name: start it with its flags; etcd and kube-apiserver are waited for
+  local pki=$STATE/pki
+  case $1 in
+    etcd)
+      start etcd "$BIN/etcd" --name flotilla --data-dir "$STATE/etcd" \
+        --listen-client-urls "http://127.0.0.1:$ETCD_PORT" --advertise-client-urls "http://127.0.0.1:$ETCD_PORT" \
+        --listen-peer-urls "http://127.0.0.1:$ETCD_PEER" --initial-advertise-peer-urls "http://127.0.0.1:$ETCD_PEER" \
+        --initial-cluster "flotilla=http://127.0.0.1:$ETCD_PEER" --quota-backend-bytes 4294967296 \
+        --unsafe-no-fsync --log-level warn
+      wait_until 30 etcd curl -sf "http://127.0.0.1:$ETCD_PORT/health"
+      ;;
+    kube-apiserver)
+      start kube-apiserver "$BIN/kube-apiserver" \
+        --etcd-servers "http://127.0.0.1:$ETCD_PORT" \
+        --bind-address 127.0.0.1 --advertise-address 127.0.0.1 --secure-port "$API_PORT" \
+        --tls-cert-file "$pki/apiserver.crt" --tls-private-key-file "$pki/apiserver.key" \
+        --client-ca-file "$pki/ca.crt" --token-auth-file "$pki/tokens.csv" \
+        --authorization-mode RBAC \
+        --service-account-key-file "$pki/sa.pub" --service-account-signing-key-file "$pki/sa.key" \
+        --service-account-issuer https://kubernetes.default.svc \
+        --service-cluster-ip-range 10.96.0.0/16 --allow-privileged=true \
+        --max-requests-inflight 800 --max-mutating-requests-inflight 400 \
+        --watch-cache-sizes nodes#1000 \
+        --enable-priority-and-fairness=false \
+        --audit-policy-file "$STATE/audit-policy.yaml" --audit-log-path "$STATE/logs/audit.log" \
+        --audit-log-maxsize 200 --audit-log-maxbackup 1
+      wait_until 90 kube-apiserver curl -sf --cacert "$pki/ca.crt" "https://127.0.0.1:$API_PORT/readyz"
+      ;;
+    kube-controller-manager)
+      # Finished pods are kept (the default deletes those beyond 12,500): bench/scale.py reads their times.
+      start kube-controller-manager "$BIN/kube-controller-manager" \
+        --kubeconfig "$KUBECONFIG_OUT" --authentication-kubeconfig "$KUBECONFIG_OUT" \
+        --authorization-kubeconfig "$KUBECONFIG_OUT" \
+        --bind-address 127.0.0.1 --secure-port "$KCM_PORT" --leader-elect=false \
+        --controllers '*,-nodeipam' \
+        --service-account-private-key-file "$pki/sa.key" --root-ca-file "$pki/ca.crt" \
+        --use-service-account-credentials=false \
+        --kube-api-qps 200 --kube-api-burst 400 --concurrent-gc-syncs 40 \
+        --node-monitor-grace-period "${GRACE}s" \
+        --terminated-pod-gc-threshold 100000
+      ;;
+    kube-scheduler)
+      start kube-scheduler "$BIN/kube-scheduler" \
+        --kubeconfig "$KUBECONFIG_OUT" --authentication-kubeconfig "$KUBECONFIG_OUT" \
+        --authorization-kubeconfig "$KUBECONFIG_OUT" \
+        --bind-address 127.0.0.1 --secure-port "$SCHED_PORT" --leader-elect=false \
+        --kube-api-qps 500 --kube-api-burst 1000
+      ;;
+    kwok)
+      start kwok "$BIN/kwok" --kubeconfig "$KUBECONFIG_OUT" --config "$ROOT/e2e/kwok-stages.yaml" \
+        --manage-all-nodes=false --manage-nodes-with-annotation-selector kwok.x-k8s.io/node=fake \
+        --cidr 10.0.0.1/16 --node-ip 10.0.0.1 --server-address "127.0.0.1:$KWOK_PORT" \
+        --node-lease-duration-seconds "$LEASE"
+      ;;
+    *) die "unknown component $1 (one of: ${COMPONENTS[*]})" ;;
+  esac
+}
+
 up() {
   command -v openssl >/dev/null || die "openssl is needed (apt-get install openssl)"
   BIN=$(bin_dir)
@@ -157,72 +238,46 @@ up() {
   local pki=$STATE/pki
   write_kubeconfig
 
-  start etcd "$BIN/etcd" --name flotilla --data-dir "$STATE/etcd" \
-    --listen-client-urls "http://127.0.0.1:$ETCD_PORT" --advertise-client-urls "http://127.0.0.1:$ETCD_PORT" \
-    --listen-peer-urls "http://127.0.0.1:$ETCD_PEER" --initial-advertise-peer-urls "http://127.0.0.1:$ETCD_PEER" \
-    --initial-cluster "flotilla=http://127.0.0.1:$ETCD_PEER" --quota-backend-bytes 4294967296 \
-    --unsafe-no-fsync --log-level warn
-  wait_until 30 etcd curl -sf "http://127.0.0.1:$ETCD_PORT/health"
-
-  start kube-apiserver "$BIN/kube-apiserver" \
-    --etcd-servers "http://127.0.0.1:$ETCD_PORT" \
-    --bind-address 127.0.0.1 --advertise-address 127.0.0.1 --secure-port "$API_PORT" \
-    --tls-cert-file "$pki/apiserver.crt" --tls-private-key-file "$pki/apiserver.key" \
-    --client-ca-file "$pki/ca.crt" --token-auth-file "$pki/tokens.csv" \
-    --authorization-mode RBAC \
-    --service-account-key-file "$pki/sa.pub" --service-account-signing-key-file "$pki/sa.key" \
-    --service-account-issuer https://kubernetes.default.svc \
-    --service-cluster-ip-range 10.96.0.0/16 --allow-privileged=true \
-    --max-requests-inflight 800 --max-mutating-requests-inflight 400 \
-    --watch-cache-sizes nodes#1000 \
-    --enable-priority-and-fairness=false
-  wait_until 90 kube-apiserver curl -sf --cacert "$pki/ca.crt" "https://127.0.0.1:$API_PORT/readyz"
-
-  # Finished pods are kept (the default deletes those beyond 12,500): bench/scale.py reads their times.
-  start kube-controller-manager "$BIN/kube-controller-manager" \
-    --kubeconfig "$KUBECONFIG_OUT" --authentication-kubeconfig "$KUBECONFIG_OUT" \
-    --authorization-kubeconfig "$KUBECONFIG_OUT" \
-    --bind-address 127.0.0.1 --secure-port "$KCM_PORT" --leader-elect=false \
-    --controllers '*,-nodeipam' \
-    --service-account-private-key-file "$pki/sa.key" --root-ca-file "$pki/ca.crt" \
-    --use-service-account-credentials=false \
-    --kube-api-qps 200 --kube-api-burst 400 --concurrent-gc-syncs 40 \
-    --node-monitor-grace-period "${GRACE}s" \
-    --terminated-pod-gc-threshold 100000
-
-  start kube-scheduler "$BIN/kube-scheduler" \
-    --kubeconfig "$KUBECONFIG_OUT" --authentication-kubeconfig "$KUBECONFIG_OUT" \
-    --authorization-kubeconfig "$KUBECONFIG_OUT" \
-    --bind-address 127.0.0.1 --secure-port "$SCHED_PORT" --leader-elect=false \
-    --kube-api-qps 500 --kube-api-burst 1000
-
-  start kwok "$BIN/kwok" --kubeconfig "$KUBECONFIG_OUT" --config "$ROOT/e2e/kwok-stages.yaml" \
-    --manage-all-nodes=false --manage-nodes-with-annotation-selector kwok.x-k8s.io/node=fake \
-    --cidr 10.0.0.1/16 --node-ip 10.0.0.1 --server-address "127.0.0.1:$KWOK_PORT" \
-    --node-lease-duration-seconds "$LEASE"
+  write_audit_policy
+  local c
+  for c in "${COMPONENTS[@]}"; do start_component "$c"; done
 
   wait_until 60 "the default ServiceAccount" "$BIN/kubectl" --kubeconfig "$KUBECONFIG_OUT" get serviceaccount default
   ensure_nodes "$NODES"
   log "ready. export KUBECONFIG=$KUBECONFIG_OUT"
 }
 
+stop_component() {  # name [signal]: stop it and wait until it is gone (SIGKILL after 30 s)
+  local name=$1 sig=${2:-TERM} pidfile=$STATE/run/$1.pid pid
+  [[ " ${COMPONENTS[*]} " == *" $name "* ]] || die "unknown component $name (one of: ${COMPONENTS[*]})"
+  [ -f "$pidfile" ] || return 0
+  pid=$(cat "$pidfile")
+  if kill -0 "$pid" 2>/dev/null; then
+    kill -s "$sig" "$pid"
+    local end=$((SECONDS + 30))
+    while kill -0 "$pid" 2>/dev/null; do
+      if [ $SECONDS -ge $end ]; then kill -9 "$pid" 2>/dev/null || true; fi
+      sleep 0.2
+    done
+    log "stopped $name (pid $pid, SIG$sig)"
+  fi
+  rm -f "$pidfile"
+}
+
+restart_clients() {  # the control plane's own clients, with fresh watches (theirs back off for up to a minute
+  # after the API server was away, and the scheduler exits on a cache it finds corrupted)
+  local c
+  for c in kube-controller-manager kube-scheduler kwok; do stop_component "$c"; done
+  # A KWOK with a new identity would wait for the old one's node leases to expire (40 s) before it renews them.
+  "$BIN/kubectl" --kubeconfig "$KUBECONFIG_OUT" delete leases -n kube-node-lease --all >/dev/null
+  for c in kube-controller-manager kube-scheduler kwok; do start_component "$c"; done
+  wait_until 60 "the nodes Ready again" "$BIN/kubectl" --kubeconfig "$KUBECONFIG_OUT" wait --for=condition=Ready \
+    nodes -l type=kwok --timeout=5s
+}
+
 down() {
-  local i pid
-  for ((i = ${#COMPONENTS[@]} - 1; i >= 0; i--)); do
-    local name=${COMPONENTS[i]} pidfile=$STATE/run/${COMPONENTS[i]}.pid
-    [ -f "$pidfile" ] || continue
-    pid=$(cat "$pidfile")
-    if kill -0 "$pid" 2>/dev/null; then
-      kill "$pid"
-      local end=$((SECONDS + 30))
-      while kill -0 "$pid" 2>/dev/null; do
-        if [ $SECONDS -ge $end ]; then kill -9 "$pid" 2>/dev/null || true; fi
-        sleep 0.2
-      done
-      log "stopped $name (pid $pid)"
-    fi
-    rm -f "$pidfile"
-  done
+  local i
+  for ((i = ${#COMPONENTS[@]} - 1; i >= 0; i--)); do stop_component "${COMPONENTS[i]}"; done
   rm -rf "$STATE" "$KUBECONFIG_OUT"
 }
 
@@ -244,6 +299,10 @@ case "${1:-}" in
   down) down ;;
   status) status ;;
   nodes) BIN=$(bin_dir); ensure_nodes "${2:?usage: cluster.sh nodes N}" ;;
+  stop) stop_component "${2:?usage: cluster.sh stop COMPONENT}" ;;
+  kill) stop_component "${2:?usage: cluster.sh kill COMPONENT}" KILL ;;
+  start) BIN=$(bin_dir); start_component "${2:?usage: cluster.sh start COMPONENT}" ;;
+  restart-clients) BIN=$(bin_dir); restart_clients ;;
   bin) bin_dir ;;
-  *) echo "usage: $0 up|down|status|nodes N|bin" >&2; exit 2 ;;
+  *) echo "usage: $0 up|down|status|nodes N|stop C|kill C|start C|restart-clients|bin" >&2; exit 2 ;;
 esac

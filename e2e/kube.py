@@ -88,13 +88,14 @@ def apply(manifest: str, namespace: str) -> subprocess.CompletedProcess:
 class FlotillaProcess:
     """A `flotilla` subcommand as a child process, its log in a file."""
 
-    def __init__(self, log_path: Path, *args: str):
+    def __init__(self, log_path: Path, *args: str, env: dict[str, str] | None = None):
         self.log_path = log_path
         self.args = args
+        self.env = env or {}  # on top of this process's environment
         self.proc: subprocess.Popen | None = None
 
     def start(self) -> "FlotillaProcess":
-        env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+        env = {**os.environ, "PYTHONUNBUFFERED": "1", **self.env}
         env["PYTHONPATH"] = str(ROOT / "src") + os.pathsep + env.get("PYTHONPATH", "")
         self._log = open(self.log_path, "a")
         self.proc = subprocess.Popen([sys.executable, "-m", "flotilla.cli", *self.args],
@@ -138,8 +139,8 @@ def controller_api(log_dir: Path, state: Path, *extra: str) -> Iterator[Any]:
         proc.stop()
 
 
-def OperatorProcess(log_path: Path, *extra: str) -> FlotillaProcess:
-    return FlotillaProcess(log_path, "operator", "--liveness", "", "--resync", "2", *extra)
+def OperatorProcess(log_path: Path, *extra: str, env: dict[str, str] | None = None) -> FlotillaProcess:
+    return FlotillaProcess(log_path, "operator", "--liveness", "", "--resync", "2", *extra, env=env)
 
 
 def SimulatedWorkersProcess(log_path: Path, namespace: str, speed: float = 1.0) -> FlotillaProcess:

@@ -13,6 +13,7 @@ from kubernetes.client.rest import ApiException
 
 from flotilla import GROUP, VERSION
 from flotilla.kubeapi import DEFAULT_TIMEOUT_SECONDS, NotLeader
+from flotilla.operator import failpoints
 from flotilla.operator.actions import (
     Action,
     ApplyDeployment,
@@ -126,9 +127,12 @@ class Kube:
                 self.throttled_seconds += wait
                 await asyncio.sleep(wait)
             self.requests += 1
-            call = asyncio.get_running_loop().run_in_executor(self._pool, self._call, action)
             try:
-                return await asyncio.wait_for(call, self.timeout + self.TIMEOUT_GRACE_SECONDS)
+                failpoints.hit("before", action)
+                call = asyncio.get_running_loop().run_in_executor(self._pool, self._call, action)
+                result = await asyncio.wait_for(call, self.timeout + self.TIMEOUT_GRACE_SECONDS)
+                failpoints.hit("after", action)
+                return result
             except NotLeader as e:  # fenced: not sent
                 log.warning("%s not sent: %s", type(action).__name__, e)
             except TimeoutError as e:  # the client's (ApiTimeout) or, should it not keep it, ours
