@@ -51,6 +51,9 @@ from flotilla.operator.failpoints import SIGNAL_ENV as FAILPOINT_SIGNAL_ENV
 
 CLUSTER_SH = ROOT / "e2e" / "cluster.sh"
 SIM_SPEED = 2.0  # 2 GPUs: 36 steps/s
+# bench/chaos.py --quick: the jobs that only need to get through a reshard are shorter; the faults are not.
+QUICK = os.environ.get("FLOTILLA_CHAOS_QUICK") == "1"
+MOVER_STEPS = 300 if QUICK else 600
 RELIST_SECONDS = 10
 API_TIMEOUT_SECONDS = 5
 LEASE_SECONDS = 6
@@ -300,7 +303,7 @@ def kill_during_reshard(failpoint: str) -> Callable[[Run], None]:
     def body(run: Run) -> None:
         run.simworkers()
         op = run.operator(tag="-killed", env={FAILPOINTS_ENV: failpoint})
-        submit(run, "mover")
+        submit(run, "mover", total_steps=MOVER_STEPS)
         first = running_with_progress(run, "mover")
         node = first["placement"][0]["node"]
         run.cordon(node)
@@ -349,7 +352,7 @@ def component_restart(component: str, down_seconds: float) -> Callable[[Run], No
 def watch_gap_deletions(run: Run) -> None:
     sim = run.simworkers()
     run.operator()
-    submit(run, "keeper")
+    submit(run, "keeper", total_steps=600)
     first = running_with_progress(run, "keeper")
     home = first["placement"][0]["node"]
     uid = job(run, "keeper")["metadata"]["uid"]
@@ -475,7 +478,7 @@ def leader_sigstop(run: Run) -> None:
     wait_for("the second operator to wait for the Lease", lambda: "waiting for lease" in new.log_path.read_text(),
              timeout=60)
     run.simworkers()
-    submit(run, "mover")
+    submit(run, "mover", total_steps=MOVER_STEPS)
     first = running_with_progress(run, "mover")
     node = first["placement"][0]["node"]
     run.cordon(node)
@@ -526,7 +529,7 @@ def leader_sigstop(run: Run) -> None:
 def job_name_reuse(run: Run) -> None:
     run.simworkers()
     run.operator()
-    submit(run, "reuse", total_steps=200)
+    submit(run, "reuse", total_steps=MOVER_STEPS // 3)
     check_finished(run, "reuse", reshards=0)
     old = job(run, "reuse")
     old_uid = old["metadata"]["uid"]
@@ -538,7 +541,7 @@ def job_name_reuse(run: Run) -> None:
              .get("metadata", {}).get("uid") != old_uid, timeout=30)
     check(orphans and all(get("pod", n, run.namespace) for n in orphans),
           f"the old job's pods did not stay after an orphaning delete: {orphans}")
-    submit(run, "reuse", total_steps=400)
+    submit(run, "reuse", total_steps=2 * MOVER_STEPS // 3)
     new_uid = wait_for("the new job", lambda: job(run, "reuse").get("metadata", {}).get("uid"), timeout=30)
     check(new_uid != old_uid, "the new TrainingJob has the old one's uid")
     done = check_finished(run, "reuse", reshards=0)
