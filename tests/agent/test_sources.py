@@ -7,7 +7,8 @@ import time
 from flotilla.agent.host import HostSource
 from flotilla.agent.publish import BufferedPublisher
 from flotilla.agent.runner import Agent, HeartbeatSource
-from flotilla.agent.steps import StepIntake, send_step_time
+from flotilla.agent.steps import StepIntake
+from flotilla.worker.steps import StepReporter
 from flotilla.health.samples import Sample
 
 NET_HEADER = "Inter-|   Receive  |  Transmit\n face |bytes packets errs drop fifo frame compressed multicast|bytes ...\n"
@@ -35,11 +36,11 @@ def test_host_source_reports_rates_from_proc_deltas(tmp_path):
 def test_step_intake_turns_datagrams_into_step_time_samples_and_knows_the_job():
     intake = StepIntake("n1", port=0)
     try:
-        send_step_time("team/llm", rank=3, step_time=0.9, gpu=3, port=intake.port)
+        assert StepReporter("team/llm", 3, "127.0.0.1", intake.port, gpu=3).report(0.9)
         with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
             s.sendto(b'{"job": "team/llm", "step_time": "slow"}', ("127.0.0.1", intake.port))
         time.sleep(0.05)
-        assert intake.collect(5.0) == [Sample(5.0, "n1", "step_time", 0.9, "team/llm", 3)]
+        assert intake.collect(5.0) == [Sample(5.0, "n1", "step_time", 0.9, "team/llm", 3, rank=3)]
         assert intake.rejected == 1 and intake.job == "team/llm"
         assert intake.collect(70.0) == [] and intake.job is None    # no report for a minute
     finally:

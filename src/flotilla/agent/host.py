@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from flotilla.agent.rates import CounterRates
 from flotilla.health.samples import Sample
 
 
@@ -13,7 +14,8 @@ class HostSource:
     def __init__(self, node: str, proc: str | Path = "/proc") -> None:
         self.node = node
         self.proc = Path(proc)
-        self._prev: tuple[float, tuple[int, int], tuple[int, int, int]] | None = None
+        self._cpu_prev: tuple[int, int] | None = None
+        self._rates = CounterRates()
 
     def _cpu(self) -> tuple[int, int]:
         fields = [int(x) for x in (self.proc / "stat").read_text().split("\n", 1)[0].split()[1:]]
@@ -40,15 +42,15 @@ class HostSource:
     def collect(self, now: float) -> list[Sample]:
         cpu, net = self._cpu(), self._net()
         out = [Sample(now, self.node, "mem_available", self._mem_available_mib())]
-        if self._prev is not None and now > self._prev[0]:
-            t0, (total0, idle0), (rx0, tx0, err0) = self._prev
-            dt, busy = now - t0, (cpu[0] - total0) - (cpu[1] - idle0)
-            if cpu[0] > total0:
-                out.append(Sample(now, self.node, "cpu_util", 100.0 * busy / (cpu[0] - total0)))
-            out += [Sample(now, self.node, "net_rx", (net[0] - rx0) / 1e6 / dt),
-                    Sample(now, self.node, "net_tx", (net[1] - tx0) / 1e6 / dt),
-                    Sample(now, self.node, "net_errors", (net[2] - err0) / dt)]
-        self._prev = (now, cpu, net)
+        if self._cpu_prev is not None and cpu[0] > self._cpu_prev[0]:
+            total0, idle0 = self._cpu_prev
+            busy = (cpu[0] - total0) - (cpu[1] - idle0)
+            out.append(Sample(now, self.node, "cpu_util", 100.0 * busy / (cpu[0] - total0)))
+        self._cpu_prev = cpu
+        for metric, value, scale in (("net_rx", net[0], 1e-6), ("net_tx", net[1], 1e-6), ("net_errors", net[2], 1.0)):
+            rate = self._rates.rate(metric, now, value)
+            if rate is not None:
+                out.append(Sample(now, self.node, metric, rate * scale))
         return out
 
     def close(self) -> None:
