@@ -86,12 +86,14 @@ def parse(text: str) -> Scrape:
     try:
         for family in text_string_to_metric_families(text):
             for s in family.samples:
-                if not s.name.startswith("DCGM_FI_") or s.labels.get("GPU_I_ID"):
+                # The parser names a counter's samples `<family>_total`; the DCGM field is the family's name.
+                name = family.name if family.type == "counter" and s.name == f"{family.name}_total" else s.name
+                if not name.startswith("DCGM_FI_") or s.labels.get("GPU_I_ID"):
                     continue
                 gpu = s.labels.get("gpu")
                 if gpu is None or not gpu.isdigit() or not math.isfinite(s.value):
                     continue
-                scrape.gpus.setdefault(int(gpu), {})[s.name] = float(s.value)
+                scrape.gpus.setdefault(int(gpu), {})[name] = float(s.value)
     except (ValueError, IndexError, KeyError) as e:   # the parser's errors on malformed text
         raise ValueError(f"not Prometheus text: {e}") from None
     return scrape

@@ -58,7 +58,13 @@ class StepReporter:
         self.address = (host, port)
         self.sent = 0
         self.failed = 0
-        self._sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_DGRAM)
+        # Resolved once here: a name (status.hostIP is always an address) must not cost a DNS lookup per step.
+        try:
+            family, _, _, _, self._target = socket.getaddrinfo(host, port, type=socket.SOCK_DGRAM)[0]
+        except (OSError, UnicodeError) as e:
+            log.warning("step times are not reported: cannot resolve the agent's address %s: %s", host, e)
+            family, self._target = socket.AF_INET, None
+        self._sock = socket.socket(family, socket.SOCK_DGRAM)
         self._sock.setblocking(False)
 
     @classmethod
@@ -92,9 +98,11 @@ class StepReporter:
             if not math.isfinite(step_time) or step_time < 0 or (
                     sync_step_time is not None and (not math.isfinite(sync_step_time) or sync_step_time < 0)):
                 raise ValueError(f"step times must be finite and >= 0, got {step_time!r}, {sync_step_time!r}")
+            if self._target is None:
+                raise OSError("the agent's address did not resolve")
             self._sock.sendto(encode_report(self.job, self.rank, float(step_time), gpu=self.gpu, role=self.role,
                                             sync_step_time=None if sync_step_time is None else float(sync_step_time)),
-                              self.address)
+                              self._target)
         except (OSError, ValueError, TypeError) as e:
             self.failed += 1
             if self.failed == 1 or self.failed % 1000 == 0:
