@@ -28,9 +28,11 @@ import os
 import socket
 from typing import Mapping
 
+from flotilla.resources import names
+
 log = logging.getLogger(__name__)
 
-DEFAULT_PORT = 9477
+DEFAULT_PORT = names.DEFAULT_AGENT_PORT
 
 
 def encode_report(job: str, rank: int | None, step_time: float, *, gpu: int | None = None, role: str | None = None,
@@ -74,12 +76,12 @@ class StepReporter:
         A launcher that starts one process per GPU (torchrun) sets RANK and LOCAL_RANK: they give the
         process's global rank and its GPU. None (logged once) when the env does not name an agent."""
         env = os.environ if env is None else env
-        host = env.get("FLOTILLA_AGENT_HOST")
+        host = env.get(names.ENV_AGENT_HOST)
         if not host or not env.get("FLOTILLA_JOB"):
             log.info("no FLOTILLA_AGENT_HOST/FLOTILLA_JOB in the environment: step times are not reported")
             return None
         try:
-            port = int(env.get("FLOTILLA_AGENT_PORT") or DEFAULT_PORT)
+            port = int(env.get(names.ENV_AGENT_PORT) or DEFAULT_PORT)
             rank_text = env.get("RANK") or env.get("FLOTILLA_RANK")
             rank = int(rank_text) if rank_text else None
             local = env.get("LOCAL_RANK")
@@ -89,7 +91,7 @@ class StepReporter:
             return None
         job = f"{env['FLOTILLA_NAMESPACE']}/{env['FLOTILLA_JOB']}" if env.get("FLOTILLA_NAMESPACE") \
             else env["FLOTILLA_JOB"]
-        return cls(job, rank, host, port, gpu=gpu, role=env.get("FLOTILLA_ROLE") or None)
+        return cls(job, rank, host, port, gpu=gpu, role=env.get(names.ENV_ROLE) or None)
 
     def report(self, step_time: float, sync_step_time: float | None = None) -> bool:
         """Send one step's compute time (and the synchronous step's wall time). Never raises, never blocks:
