@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from flotilla.health.samples import MAX_GPU_INDEX, MAX_ROLE_LENGTH, Sample
-from flotilla.worker.steps import DEFAULT_PORT
+from flotilla.resources.names import DEFAULT_AGENT_PORT as DEFAULT_PORT
 
 log = logging.getLogger(__name__)
 
