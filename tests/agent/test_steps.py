@@ -136,3 +136,14 @@ def test_the_intake_binds_the_address_it_is_given():
             StepIntake("n1", port=i.port, host="127.0.0.2")
     finally:
         i.close()
+
+
+def test_role_and_rank_survive_the_batch_encoding_both_transports_use_and_bad_ones_are_refused():
+    from flotilla.health.samples import decode_batch, encode_batch
+    sent = [Sample(1.0, "n1", "step_time", 0.9, "t/a", 1, "pp1/4", 9), Sample(1.0, "n1", "gpu_util", 97.0)]
+    assert decode_batch(encode_batch(sent)) == sent
+    base = {"ts": 1.0, "node": "n1", "metric": "step_time", "value": 1.0}
+    for bad, field in (({"role": ""}, "'role'"), ({"role": 7}, "'role'"), ({"rank": -1}, "'rank'"),
+                       ({"rank": 2 ** 40}, "'rank'"), ({"rank": True}, "'rank'")):
+        with pytest.raises(ValueError, match=field):
+            Sample.from_dict({**base, **bad})

@@ -23,7 +23,7 @@ import socket
 from dataclasses import dataclass
 from typing import Any
 
-from flotilla.health.samples import MAX_GPU_INDEX, MAX_ROLE_LENGTH, Sample
+from flotilla.health.samples import MAX_GPU_INDEX, MAX_RANK, MAX_ROLE_LENGTH, Sample
 from flotilla.resources.names import DEFAULT_AGENT_PORT as DEFAULT_PORT
 
 log = logging.getLogger(__name__)
@@ -32,7 +32,6 @@ __all__ = ["DEFAULT_PORT", "JOB_TTL_S", "StepIntake", "StepReport", "parse_repor
 
 JOB_TTL_S = 60.0
 WARN_EVERY_S = 60.0
-MAX_RANK = 2**31 - 1
 
 
 @dataclass(frozen=True, slots=True)

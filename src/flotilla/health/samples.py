@@ -30,6 +30,7 @@ FIELD = "samples"
 TOKEN_FIELD = "token"
 MAX_GPU_INDEX = 65_535  # a device index; bounded so that every database's integer column holds it
 MAX_ROLE_LENGTH = 63
+MAX_RANK = 2**31 - 1  # bounded, as a GPU index is, so that every database's integer column holds it
 
 
 @dataclass(frozen=True, slots=True)
@@ -66,8 +67,8 @@ class Sample:
         if role is not None and (not isinstance(role, str) or not 0 < len(role) <= MAX_ROLE_LENGTH):
             raise ValueError(f"sample field 'role' must be a non-empty string of at most {MAX_ROLE_LENGTH} "
                              "characters or null")
-        if rank is not None and (isinstance(rank, bool) or not isinstance(rank, int) or rank < 0):
-            raise ValueError("sample field 'rank' must be an integer >= 0 or null")
+        if rank is not None and (isinstance(rank, bool) or not isinstance(rank, int) or not 0 <= rank <= MAX_RANK):
+            raise ValueError(f"sample field 'rank' must be an integer from 0 to {MAX_RANK} or null")
         return cls(float(ts), node, metric, float(value), job, gpu, role, rank)
 
     def to_dict(self) -> dict[str, Any]:
