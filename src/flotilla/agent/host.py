@@ -1,4 +1,13 @@
-"""Host metrics from /proc: CPU utilisation, memory available, network throughput and errors (all NICs but lo)."""
+"""Host metrics from /proc: CPU utilisation, memory available, network throughput and errors.
+
+Network counters are summed over the node's physical NICs: the interfaces that
+/sys/class/net shows with a `device` (Ethernet, InfiniBand). On the node's
+network (the chart's hostNetwork) that leaves out the veths, bridges and
+tunnels of the pods, whose traffic is also counted on the NIC and whose drops
+(a pod going away) are no fault of the node. Where no interface has a device
+(a container's own network namespace, a test's fake /proc) every interface but
+lo counts.
+"""
 
 from __future__ import annotations
 
@@ -11,9 +20,10 @@ from flotilla.health.samples import Sample
 class HostSource:
     name = "host"
 
-    def __init__(self, node: str, proc: str | Path = "/proc") -> None:
+    def __init__(self, node: str, proc: str | Path = "/proc", sys: str | Path = "/sys") -> None:
         self.node = node
         self.proc = Path(proc)
+        self.sys = Path(sys)
         self._cpu_prev: tuple[int, int] | None = None
         self._rates = CounterRates()
 
@@ -22,11 +32,19 @@ class HostSource:
         idle = fields[3] + (fields[4] if len(fields) > 4 else 0)   # idle + iowait
         return sum(fields), idle
 
+    def _physical(self, names: list[str]) -> set[str]:
+        physical = {n for n in names if (self.sys / "class" / "net" / n / "device").exists()}
+        return physical or {n for n in names if n != "lo"}
+
     def _net(self) -> tuple[int, int, int]:
         rx = tx = errors = 0
+        rows = {}
         for line in (self.proc / "net" / "dev").read_text().splitlines()[2:]:
             name, _, data = line.partition(":")
-            if name.strip() == "lo":
+            rows[name.strip()] = data
+        counted = self._physical(list(rows))
+        for name, data in rows.items():
+            if name not in counted:
                 continue
             f = [int(x) for x in data.split()]
             rx, tx = rx + f[0], tx + f[8]
