@@ -55,8 +55,9 @@ def job_manifest(name: str) -> str:
             "elasticity": {"minGPUs": 16, "maxGPUs": 16, "gpusPerWorker": 8},
             "throughput": [{"gpus": 16, "stepsPerSecond": 5.0}],
             "parallelism": {"pipelineStages": STAGES},
-            "template": {"spec": {"containers": [{"name": "w", "image": "flotilla/example-worker:e2e",
-                                                  "command": ["python", "worker.py"]}]}},
+            # On KWOK nothing runs in the pod (the test runs the worker with the pod's env); on kind it idles.
+            "template": {"spec": {"containers": [{"name": "w", "image": "busybox:1.36",
+                                                  "command": ["sh", "-c", "sleep 3600"]}]}},
         },
     })
 
