@@ -147,3 +147,16 @@ def test_role_and_rank_survive_the_batch_encoding_both_transports_use_and_bad_on
                        ({"rank": 2 ** 40}, "'rank'"), ({"rank": True}, "'rank'")):
         with pytest.raises(ValueError, match=field):
             Sample.from_dict({**base, **bad})
+
+
+def test_reports_from_outside_the_allowed_networks_are_rejected():
+    for allow, accepted in ((["10.0.0.0/8", "fd00::/8"], False), (["10.0.0.0/8", "127.0.0.0/8"], True)):
+        i = StepIntake("n1", port=0, host="127.0.0.1", allow=allow)
+        try:
+            send(i, {"job": "a/b", "step_time": 0.5, "rank": 0})
+            got = collect(i, 1.0)
+            assert (len(got), i.rejected) == ((1, 0) if accepted else (0, 1))
+        finally:
+            i.close()
+    with pytest.raises(ValueError):
+        StepIntake("n1", port=0, allow=["pods"])

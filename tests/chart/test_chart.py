@@ -39,7 +39,8 @@ OPTIONS = {
     "baseline-policy": ["--set", "operator.policy=fifo-gang"],
     "no-pool": ["--set", "operator.pool.enabled=false"],
     "agent-step-port-dcgm": ["--set", "agent.stepPort=19477,agent.source=dcgm,"
-                                      "agent.dcgm.url=http://localhost:9400/metrics"],
+                                      "agent.dcgm.url=http://localhost:9400/metrics,"
+                                      "agent.stepAllowCIDRs={10.244.0.0/16,fd00:10:244::/56}"],
 }
 
 
@@ -157,6 +158,9 @@ def test_the_agent_runs_on_the_nodes_network_and_workers_are_pointed_at_its_step
     assert "--dcgm-url=http://$(HOST_IP):9400/metrics" in container(render(), "DaemonSet", AGENT)["args"]
     args = container(render(*OPTIONS["agent-step-port-dcgm"]), "DaemonSet", AGENT)["args"]
     assert {"--source=dcgm", "--dcgm-url=http://localhost:9400/metrics"} <= set(args)
+    assert [a for a in args if a.startswith("--step-allow=")] == ["--step-allow=10.244.0.0/16",
+                                                                  "--step-allow=fd00:10:244::/56"]
+    assert not [a for a in container(render(), "DaemonSet", AGENT)["args"] if a.startswith("--step-allow")]
 
 
 def test_rbac_is_exactly_what_each_component_uses(render):
@@ -319,6 +323,7 @@ INVALID = [
     (["--set", "agent.source=gpu"], "at '/agent/source': value must be one of 'dcgm', 'nvml', 'sim', 'auto'"),
     (["--set", "agent.stepPort=80"], "at '/agent/stepPort': minimum: got 80"),
     (["--set", "agent.dcgm.url=localhost:9400"], "at '/agent/dcgm/url'"),
+    (["--set", "agent.stepAllowCIDRs={pods}"], "at '/agent/stepAllowCIDRs/0'"),
     (["--set", "agent.intervalSeconds=0"], "at '/agent/intervalSeconds'"),
     (["--set", "agent.nvml.hostDriverPath=usr/lib"], "at '/agent/nvml/hostDriverPath'"),
     (["--set-string", "controller.port=http"], "at '/controller/port': got string, want integer"),

@@ -6,7 +6,8 @@ per step: job, rank, gpu, role, step_time, sync_step_time). The agent binds
 IP, which the operator gives worker pods as FLOTILLA_AGENT_HOST). Each report
 becomes a `step_time` sample (and `sync_step_time` when given) carrying its job,
 GPU, role and rank. A malformed report is dropped and counted (`rejected`), with
-a warning for the first and then one a minute.
+a warning for the first and then one a minute; so is a report from a sender outside `allow` (--step-allow),
+when given.
 
 The intake also tells the agent what runs on the node: `placement(gpu)` is the
 (job, role) the reports of the last minute give for that GPU, so the agent can
@@ -16,12 +17,13 @@ stage are then compared with other last stages).
 
 from __future__ import annotations
 
+import ipaddress
 import json
 import logging
 import math
 import socket
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Sequence
 
 from flotilla.health.samples import MAX_GPU_INDEX, MAX_RANK, MAX_ROLE_LENGTH, Sample
 from flotilla.resources.names import DEFAULT_AGENT_PORT as DEFAULT_PORT
@@ -85,8 +87,11 @@ def parse_report(data: bytes) -> StepReport:
 class StepIntake:
     name = "steps"
 
-    def __init__(self, node: str, port: int = DEFAULT_PORT, host: str = "127.0.0.1") -> None:
+    def __init__(self, node: str, port: int = DEFAULT_PORT, host: str = "127.0.0.1",
+                 allow: Sequence[str] = ()) -> None:
+        """`allow`: CIDRs the reports may come from (e.g. the cluster's pod CIDR); empty: any sender."""
         self.node = node
+        self.allow = [ipaddress.ip_network(cidr, strict=False) for cidr in allow]
         self._sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_DGRAM)
         try:
             self._sock.bind((host, port))
@@ -128,10 +133,12 @@ class StepIntake:
         out: list[Sample] = []
         while True:
             try:
-                data = self._sock.recv(65536)
+                data, sender = self._sock.recvfrom(65536)
             except BlockingIOError:
                 break
             try:
+                if self.allow and not any(ipaddress.ip_address(sender[0]) in net for net in self.allow):
+                    raise ValueError(f"sender {sender[0]} is not in the allowed networks")
                 r = parse_report(data)
             except ValueError as e:
                 self._reject(now, e)

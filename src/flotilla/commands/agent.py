@@ -58,6 +58,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--step-bind", default="127.0.0.1", metavar="ADDRESS",
                         help="address the step-time port is bound to: the node's IP in a cluster (the chart passes "
                              "status.hostIP; workers get the same as FLOTILLA_AGENT_HOST); default 127.0.0.1")
+    parser.add_argument("--step-allow", action="append", default=[], metavar="CIDR",
+                        help="accept step reports only from these networks (repeatable; e.g. the cluster's pod "
+                             "CIDR); default: from any sender")
     parser.add_argument("--job", help="job label for samples when no worker reports one")
     parser.add_argument("--duration", type=float, help="stop after this many seconds")
     sim = parser.add_argument_group("simulated source")
@@ -112,7 +115,10 @@ def run(args: argparse.Namespace) -> int:
         log.error("%s", e)
         return 2
     try:
-        intake = StepIntake(args.node, args.step_port, args.step_bind) if args.step_port else None
+        intake = StepIntake(args.node, args.step_port, args.step_bind, args.step_allow) if args.step_port else None
+    except ValueError as e:
+        log.error("--step-allow: %s", e)
+        return 2
     except OSError as e:
         log.error("cannot bind the step-time port %s:%d: %s", args.step_bind, args.step_port, e)
         return 2
