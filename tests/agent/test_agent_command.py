@@ -56,7 +56,7 @@ def test_dcgm_source_and_step_reports_on_the_bound_address_reach_the_stream(redi
     import threading
 
     from flotilla.worker.steps import StepReporter
-    from tests.agent.test_dcgm import Exporter, exposition
+    from fake_dcgm_exporter import Exporter, exposition
 
     exporter = Exporter(exposition([0, 1]))
     with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
