@@ -67,6 +67,10 @@ CASES = [
      ["spec.elasticity.minGPUs", "multiple of gpusPerWorker"]),
     ("no-containers", _mutate(GOOD_TJ, "spec.template", {"spec": {"containers": []}}),
      ["spec.template.spec.containers"]),
+    ("zero-pipeline-stages", _mutate(GOOD_TJ, "spec.parallelism", {"pipelineStages": 0}),
+     ["spec.parallelism.pipelineStages", "greater than or equal to 1"]),
+    ("more-stages-than-workers", _mutate(GOOD_TJ, "spec.parallelism", {"pipelineStages": 2}),
+     ["spec.parallelism.pipelineStages", "must be at most the number of workers at spec.elasticity.minGPUs"]),
     ("bad-slo-attainment", _mutate(GOOD_SD, "spec.slo", {"ttftMs": 400, "tpotMs": 50, "attainment": 1.5}),
      ["spec.slo.attainment", "less than or equal to 1"]),
     ("bad-slo-negative-ttft", _mutate(GOOD_SD, "spec.slo", {"ttftMs": -1, "tpotMs": 50}), ["spec.slo.ttftMs"]),
@@ -90,7 +94,8 @@ def test_malformed_object_is_refused_naming_the_field(namespace, obj, words):
 
 
 def test_good_objects_are_accepted(namespace):
-    for obj in (GOOD_TJ, GOOD_SD):
+    piped = _mutate(_mutate(GOOD_TJ, "spec.parallelism", {"pipelineStages": 2}), "metadata.name", "piped")
+    for obj in (GOOD_TJ, GOOD_SD, _mutate(piped, "spec.elasticity", {"minGPUs": 4, "maxGPUs": 8, "gpusPerWorker": 2})):
         result = apply(json.dumps(obj), namespace)
         assert result.returncode == 0, result.stderr
 

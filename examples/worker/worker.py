@@ -12,6 +12,11 @@ and writes it to `stop-at`; each rank writes its shards there and waits; rank 0
 completes the checkpoint and acknowledges it. The operator then replaces the
 worker set; the new ranks reshard the checkpoint to their world size and go on.
 
+Every rank reports each step's compute time and wall time to the Flotilla agent on
+its node (JobClient.report_step_time: UDP to FLOTILLA_AGENT_HOST:FLOTILLA_AGENT_PORT,
+with FLOTILLA_ROLE when the TrainingJob says its pipeline stages), which is what the
+straggler detector compares.
+
     python examples/worker/worker.py --checkpoint-dir /ckpt --total-steps 2000 --steps-per-second 5
 """
 
@@ -42,6 +47,7 @@ class Job(Protocol):  # what the worker uses of flotilla.worker.JobClient
                         force: bool = False) -> bool: ...
     def pending_checkpoint(self, force: bool = False): ...
     def acknowledge(self, request, step: int) -> None: ...
+    def report_step_time(self, step_time: float, sync_step_time: float | None = None) -> bool: ...
 
 
 def _read_int(path: Path) -> int | None:
@@ -95,15 +101,20 @@ def train(job: Job, root: Path, total_steps: int, steps_per_second: float, inter
     stop_at_file, lead_file = root / "stop-at", root / "rank0-step"
     pending = None
     while step < total_steps:
+        began = time.monotonic()
         if job.rank == 0:
             _publish(lead_file, step)
         else:
             while (lead := _read_int(lead_file)) is not None and step >= lead + WINDOW:
                 time.sleep(0.001)  # as a collective would: wait for rank 0
+        computing = time.monotonic()
         shards["params"] += 1.0
         step += 1
-        if steps_per_second > 0:
+        if steps_per_second > 0:  # the pace stands for the step's compute
             time.sleep(max(0.0, (step - start_step) / steps_per_second - (time.monotonic() - started)))
+        done = time.monotonic()
+        # Every rank, every step: its compute time (not the wait for rank 0) and the step's wall time.
+        job.report_step_time(done - computing, sync_step_time=done - began)
         stop_at = int(stop_at_file.read_text()) if stop_at_file.exists() else None
         if (interval and step % interval == 0) or step == stop_at:
             if job.rank == 0:

@@ -48,3 +48,47 @@ def test_a_clock_offset_stamps_the_published_samples_off_the_wall_clock(redis_ur
 def test_a_clock_offset_without_the_simulated_source_is_refused():
     with pytest.raises(SystemExit, match="--clock-offset needs --source sim"):
         main(["agent", "--node", "n", "--redis-url", "redis://127.0.0.1:1/0", "--clock-offset", "30"])
+
+
+@pytest.mark.redis
+def test_dcgm_source_and_step_reports_on_the_bound_address_reach_the_stream(redis_url):
+    import socket
+    import threading
+
+    from flotilla.worker.steps import StepReporter
+    from fake_dcgm_exporter import Exporter, exposition
+
+    exporter = Exporter(exposition([0, 1]))
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+        s.bind(("127.0.0.3", 0))
+        port = s.getsockname()[1]
+    stop = threading.Event()
+
+    def worker():   # rank 5 of stage 1, on GPU 1 of this node, reporting until the agent is done
+        reporter = StepReporter("team/llm", 5, "127.0.0.3", port, gpu=1, role="pp1/2")
+        while not stop.wait(0.05):
+            reporter.report(0.4, sync_step_time=0.5)
+
+    thread = threading.Thread(target=worker)
+    thread.start()
+    try:
+        assert main(["agent", "--node", "gpu-1", "--source", "dcgm", "--dcgm-url", exporter.url,
+                     "--redis-url", redis_url, "--stream", "t:dcgm", "--interval", "0.25", "--duration", "1.2",
+                     "--step-port", str(port), "--step-bind", "127.0.0.3"]) == 0
+    finally:
+        stop.set()
+        thread.join()
+        exporter.close()
+    entries = redis.Redis.from_url(redis_url).xrange("t:dcgm")
+    samples = [s for _id, fields in entries for s in decode_batch(fields[FIELD.encode()])]
+    steps = {(s.metric, s.job, s.gpu, s.role, s.rank) for s in samples if s.metric.endswith("step_time")}
+    assert steps == {("step_time", "team/llm", 1, "pp1/2", 5), ("sync_step_time", "team/llm", 1, "pp1/2", 5)}
+    gpu1 = {(s.job, s.role) for s in samples if s.metric == "gpu_util" and s.gpu == 1}
+    assert ("team/llm", "pp1/2") in gpu1          # the DCGM samples of GPU 1 carry the role reported for it
+    assert {s.value for s in samples if s.metric == "gpu_source_up"} == {1.0}
+
+
+def test_a_step_address_that_cannot_be_bound_is_an_error(caplog):
+    assert main(["agent", "--node", "n", "--source", "sim", "--redis-url", "redis://127.0.0.1:1/0",
+                 "--step-bind", "192.0.2.1", "--step-port", "9477"]) == 2   # TEST-NET-1: never this machine's
+    assert any("cannot bind the step-time port 192.0.2.1:9477" in r.getMessage() for r in caplog.records)

@@ -79,13 +79,16 @@ def test_agent_command_falls_back_to_host_metrics_with_one_log_line(caplog, monk
         raise SourceUnavailable("NVML did not initialise: library not found")
 
     monkeypatch.setattr(agent, "NvmlSource", no_gpu)
-    args = argparse.Namespace(node="n1", source="auto")
+    no_exporter = "http://127.0.0.1:1/metrics"   # nothing listens on port 1
+    args = argparse.Namespace(node="n1", source="auto", dcgm_url=no_exporter)
     with caplog.at_level(logging.WARNING, logger="flotilla.agent"):
         sources = agent._gpu_source(args, 0.0)
     assert [s.name for s in sources] == ["host", "heartbeat"]
-    assert len(caplog.records) == 1 and "library not found" in caplog.records[0].getMessage()
-    with pytest.raises(SourceUnavailable):
-        agent._gpu_source(argparse.Namespace(node="n1", source="nvml"), 0.0)
+    assert len(caplog.records) == 1
+    assert "library not found" in caplog.records[0].getMessage() and no_exporter in caplog.records[0].getMessage()
+    for source in ("nvml", "dcgm"):
+        with pytest.raises(SourceUnavailable):
+            agent._gpu_source(argparse.Namespace(node="n1", source=source, dcgm_url=no_exporter), 0.0)
 
 
 def test_gpu_with_every_nvlink_down_reports_zero_links():

@@ -7,7 +7,8 @@ import time
 from flotilla.agent.host import HostSource
 from flotilla.agent.publish import BufferedPublisher
 from flotilla.agent.runner import Agent, HeartbeatSource
-from flotilla.agent.steps import StepIntake, send_step_time
+from flotilla.agent.steps import StepIntake
+from flotilla.worker.steps import StepReporter
 from flotilla.health.samples import Sample
 
 NET_HEADER = "Inter-|   Receive  |  Transmit\n face |bytes packets errs drop fifo frame compressed multicast|bytes ...\n"
@@ -25,21 +26,44 @@ def write_proc(root, busy, idle, eth_rx, eth_tx, errs):
 
 def test_host_source_reports_rates_from_proc_deltas(tmp_path):
     write_proc(tmp_path, busy=100, idle=900, eth_rx=0, eth_tx=0, errs=0)
-    source = HostSource("n1", tmp_path)
+    source = HostSource("n1", tmp_path, sys=tmp_path / "no-sysfs")   # no sysfs: every NIC but lo
     assert {s.metric: s.value for s in source.collect(10.0)} == {"mem_available": 2.0}
     write_proc(tmp_path, busy=400, idle=1600, eth_rx=4_000_000, eth_tx=2_000_000, errs=5)
     values = {s.metric: s.value for s in source.collect(12.0)}
     assert values == {"mem_available": 2.0, "cpu_util": 30.0, "net_rx": 2.0, "net_tx": 1.0, "net_errors": 2.5}
 
 
+def test_host_network_counts_only_physical_nics_when_sysfs_shows_them(tmp_path):
+    proc, sys = tmp_path / "proc", tmp_path / "sys"
+    proc.mkdir()
+    for nic, physical in (("eth0", True), ("veth1a2b", False), ("cni0", False), ("ib0", True)):
+        (sys / "class" / "net" / nic).mkdir(parents=True)
+        if physical:
+            (sys / "class" / "net" / nic / "device").mkdir()
+
+    def write(rx, veth_drops):
+        write_proc(proc, busy=100, idle=900, eth_rx=rx, eth_tx=0, errs=0)
+        with open(proc / "net" / "dev", "a") as f:
+            f.write(f"veth1a2b: {rx} 1 0 {veth_drops} 0 0 0 0 {rx} 1 0 0 0 0 0 0\n")
+            f.write(f"  cni0: {rx} 1 0 0 0 0 0 0 {rx} 1 0 0 0 0 0 0\n")
+            f.write(f"   ib0: {2 * rx} 1 0 0 0 0 0 0 0 1 0 0 0 0 0 0\n")
+
+    source = HostSource("n1", proc, sys)
+    write(0, 0)
+    source.collect(10.0)
+    write(1_000_000, 500)            # a pod went away: its veth dropped packets; the pods' traffic crossed the bridge
+    values = {s.metric: s.value for s in source.collect(11.0)}
+    assert values["net_rx"] == 3.0 and values["net_errors"] == 0.0   # eth0 + ib0 only; eth0's 1 drop is constant
+
+
 def test_step_intake_turns_datagrams_into_step_time_samples_and_knows_the_job():
     intake = StepIntake("n1", port=0)
     try:
-        send_step_time("team/llm", rank=3, step_time=0.9, gpu=3, port=intake.port)
+        assert StepReporter("team/llm", 3, "127.0.0.1", intake.port, gpu=3).report(0.9)
         with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
             s.sendto(b'{"job": "team/llm", "step_time": "slow"}', ("127.0.0.1", intake.port))
         time.sleep(0.05)
-        assert intake.collect(5.0) == [Sample(5.0, "n1", "step_time", 0.9, "team/llm", 3)]
+        assert intake.collect(5.0) == [Sample(5.0, "n1", "step_time", 0.9, "team/llm", 3, rank=3)]
         assert intake.rejected == 1 and intake.job == "team/llm"
         assert intake.collect(70.0) == [] and intake.job is None    # no report for a minute
     finally:

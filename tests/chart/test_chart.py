@@ -38,6 +38,9 @@ OPTIONS = {
                              "operator.pool.forecastHeadroom=0"],
     "baseline-policy": ["--set", "operator.policy=fifo-gang"],
     "no-pool": ["--set", "operator.pool.enabled=false"],
+    "agent-step-port-dcgm": ["--set", "agent.stepPort=19477,agent.source=dcgm,"
+                                      "agent.dcgm.url=http://localhost:9400/metrics,"
+                                      "agent.stepAllowCIDRs={10.244.0.0/16,fd00:10:244::/56}"],
 }
 
 
@@ -137,6 +140,27 @@ def test_defaults(render):
     assert env(agent)["NODE_NAME"] == {"fieldRef": {"fieldPath": "spec.nodeName"}}
     assert env(agent)["NVIDIA_DRIVER_CAPABILITIES"] == "utility"
     assert o[("ServiceAccount", AGENT)]["automountServiceAccountToken"] is False
+
+
+def test_the_agent_runs_on_the_nodes_network_and_workers_are_pointed_at_its_step_port(render):
+    for option, port in (("defaults", 9477), ("agent-step-port-dcgm", 19477)):
+        o = render(*OPTIONS[option])
+        ds = o[("DaemonSet", AGENT)]["spec"]["template"]["spec"]
+        assert ds["hostNetwork"] is True and ds["dnsPolicy"] == "ClusterFirstWithHostNet"
+        agent = ds["containers"][0]
+        # hostNetwork, and nothing more: no privileged, no added capability, no host PID/IPC, non-root.
+        assert "privileged" not in agent["securityContext"] and agent["securityContext"]["capabilities"] == {"drop": ["ALL"]}
+        assert not ds.get("hostPID") and not ds.get("hostIPC") and ds["securityContext"]["runAsNonRoot"] is True
+        assert agent["ports"] == [{"name": "step-time", "containerPort": port, "protocol": "UDP"}]
+        assert env(agent)["HOST_IP"] == {"fieldRef": {"fieldPath": "status.hostIP"}}
+        assert {f"--step-port={port}", "--step-bind=$(HOST_IP)"} <= set(agent["args"])
+        assert f"--agent-port={port}" in container(o, "Deployment", OP)["args"]
+    assert "--dcgm-url=http://$(HOST_IP):9400/metrics" in container(render(), "DaemonSet", AGENT)["args"]
+    args = container(render(*OPTIONS["agent-step-port-dcgm"]), "DaemonSet", AGENT)["args"]
+    assert {"--source=dcgm", "--dcgm-url=http://localhost:9400/metrics"} <= set(args)
+    assert [a for a in args if a.startswith("--step-allow=")] == ["--step-allow=10.244.0.0/16",
+                                                                  "--step-allow=fd00:10:244::/56"]
+    assert not [a for a in container(render(), "DaemonSet", AGENT)["args"] if a.startswith("--step-allow")]
 
 
 def test_rbac_is_exactly_what_each_component_uses(render):
@@ -296,7 +320,10 @@ INVALID = [
     (["--set", "operator.pool.hold=1"], "at '/operator/pool': additional properties 'hold' not allowed"),
     (["--set", "operator.leaderElection.leaseDurationSeconds=1"], "at '/operator/leaderElection/leaseDurationSeconds'"),
     (["--set", "operator.watchNamespaces={Team_A}"], "at '/operator/watchNamespaces/0'"),
-    (["--set", "agent.source=gpu"], "at '/agent/source': value must be one of 'nvml', 'sim', 'auto'"),
+    (["--set", "agent.source=gpu"], "at '/agent/source': value must be one of 'dcgm', 'nvml', 'sim', 'auto'"),
+    (["--set", "agent.stepPort=80"], "at '/agent/stepPort': minimum: got 80"),
+    (["--set", "agent.dcgm.url=localhost:9400"], "at '/agent/dcgm/url'"),
+    (["--set", "agent.stepAllowCIDRs={pods}"], "at '/agent/stepAllowCIDRs/0'"),
     (["--set", "agent.intervalSeconds=0"], "at '/agent/intervalSeconds'"),
     (["--set", "agent.nvml.hostDriverPath=usr/lib"], "at '/agent/nvml/hostDriverPath'"),
     (["--set-string", "controller.port=http"], "at '/controller/port': got string, want integer"),

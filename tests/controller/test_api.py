@@ -96,7 +96,7 @@ def test_cluster_after_every_job_finished_counts_no_training_gpus(client, store)
 
 def test_probes(client):
     assert client.get("/healthz").json() == {"status": "ok"}
-    assert client.get("/readyz").json() == {"status": "ready", "schema": "0003"}
+    assert client.get("/readyz").json() == {"status": "ready", "schema": "0004"}
     assert client.get("/openapi.json").json()["info"]["title"] == "Flotilla controller"
 
 
@@ -306,15 +306,23 @@ def test_decisions_filters(client, cluster, store, clock):
 
 def test_http_ingest(client, store):
     samples = [{"ts": NOW, "node": "a", "metric": "gpu_util", "value": 97, "gpu": 0, "job": "default/j1"},
-               {"ts": NOW + 1, "node": "a", "metric": "xid", "value": 0.0}]
+               {"ts": NOW + 1, "node": "a", "metric": "xid", "value": 0.0},
+               {"ts": NOW, "node": "a", "metric": "step_time", "value": 0.9, "gpu": 1, "job": "default/j1",
+                "role": "pp1/4", "rank": 9}]
     r = client.post("/v1/ingest", json={"node": "a", "samples": samples}, headers=auth(AGENT))
-    assert r.status_code == 202 and r.json() == {"accepted": 2}
+    assert r.status_code == 202 and r.json() == {"accepted": 3}
     assert max(s.ts for s in store.latest_samples("a")) == NOW + 1
+    from flotilla.controller import views
+    step = [views.sample(s) for s in store.latest_samples("a") if s.metric == "step_time"]
+    assert [(s["role"], s["rank"], s["job"], s["gpu"]) for s in step] == [("pp1/4", 9, "default/j1", 1)]
     for bad, field in (({"node": "a", "samples": [{**samples[0], "value": "97"}]}, "samples.0.value"),
                        ({"node": "a", "samples": [{**samples[0], "gpu": True}]}, "samples.0.gpu"),
                        # beyond any database's integer column: refused, never a 500 (found by test_fuzz)
                        ({"node": "a", "samples": [{**samples[0], "gpu": 2 ** 70}]}, "samples.0.gpu"),
                        ({"node": "a", "samples": [{**samples[0], "gpu": -1}]}, "samples.0.gpu"),
+                       ({"node": "a", "samples": [{**samples[2], "rank": 2 ** 40}]}, "samples.0.rank"),
+                       ({"node": "a", "samples": [{**samples[2], "role": ""}]}, "samples.0.role"),
+                       ({"node": "a", "samples": [{**samples[2], "role": "x" * 64}]}, "samples.0.role"),
                        ({"node": "a", "samples": [{"ts": NOW, "node": "a", "value": 1}]}, "samples.0.metric"),
                        ({"node": "", "samples": []}, "body.node"), ({"samples": []}, "body.node")):
         r = client.post("/v1/ingest", json=bad, headers=auth(AGENT))

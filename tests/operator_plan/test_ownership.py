@@ -46,7 +46,7 @@ def test_worker_pods_are_controlled_by_the_job_uid_and_labelled_with_it():
     assert meta["labels"]["flotilla.dev/generation"] == "0" and meta["labels"]["flotilla.dev/rank"] == "0"
     assert [(r["kind"], r["uid"], r["controller"]) for r in meta["ownerReferences"]] == [
         ("TrainingJob", "uid-reuse", True)]
-    env = {e["name"]: e["value"] for e in p["spec"]["containers"][0]["env"]}
+    env = {e["name"]: e.get("value") for e in p["spec"]["containers"][0]["env"]}
     assert env["FLOTILLA_JOB_UID"] == "uid-reuse"
 
 

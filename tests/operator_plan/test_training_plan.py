@@ -55,7 +55,7 @@ def test_a_new_placement_is_recorded_before_its_pods_are_created():
     pods = [a.manifest for a in actions if isinstance(a, CreatePod)]
     assert [p["metadata"]["name"] for p in pods] == [wname("job", 0, 0), wname("job", 0, 1)]
     assert [p["spec"]["nodeSelector"]["kubernetes.io/hostname"] for p in pods] == ["n0", "n1"]
-    env = {e["name"]: e["value"] for e in pods[1]["spec"]["containers"][0]["env"]}
+    env = {e["name"]: e.get("value") for e in pods[1]["spec"]["containers"][0]["env"]}
     assert env["FLOTILLA_RANK"] == "1" and env["FLOTILLA_WORLD_SIZE"] == "2"
     assert pods[0]["metadata"]["labels"]["team"] == "a"
     assert pods[0]["metadata"]["ownerReferences"][0]["uid"] == "uid-job"
@@ -260,3 +260,39 @@ def test_reconcile_places_jobs_in_fifo_order_until_the_cluster_is_full():
     actions = reconcile(NOW, FifoGang(), jobs, {"n0": node("n0")}, {}, {}, {})
     phases = {a.name: a.status["phase"] for a in actions if isinstance(a, PatchStatus)}
     assert phases == {"j0": "Admitted", "j1": "Admitted", "j2": "Pending"}
+
+
+def _env(pod):
+    return {e["name"]: e.get("value", e.get("valueFrom")) for e in pod["spec"]["containers"][0]["env"]}
+
+
+def test_every_worker_gets_its_nodes_agent_address_and_a_rank_label():
+    pods = training.worker_pods(trainingjob(), {"n0": 1, "n1": 1}, 0, agent_port=19477)
+    for rank, p in enumerate(pods):
+        env = _env(p)
+        assert env["FLOTILLA_AGENT_HOST"] == {"fieldRef": {"fieldPath": "status.hostIP"}}
+        assert env["FLOTILLA_AGENT_PORT"] == "19477"
+        assert "FLOTILLA_ROLE" not in env and "flotilla.dev/stage" not in p["metadata"]["labels"]
+        assert p["metadata"]["labels"]["flotilla.dev/rank"] == str(rank)
+    assert _env(training.worker_pods(trainingjob(), {"n0": 1}, 0)[0])["FLOTILLA_AGENT_PORT"] == "9477"
+
+
+def test_pipeline_stages_give_contiguous_rank_blocks_a_stage_label_and_a_role():
+    body = trainingjob(min_gpus=8, max_gpus=8)
+    body["spec"]["parallelism"] = {"pipelineStages": 4}
+    pods = training.worker_pods(body, {"n0": 4, "n1": 4}, 0)
+    assert [p["metadata"]["labels"]["flotilla.dev/stage"] for p in pods] == ["0", "0", "1", "1", "2", "2", "3", "3"]
+    assert [_env(p)["FLOTILLA_ROLE"] for p in pods][::2] == ["pp0/4", "pp1/4", "pp2/4", "pp3/4"]
+    assert [p["metadata"]["labels"]["flotilla.dev/rank"] for p in pods] == [str(r) for r in range(8)]
+
+
+def test_stages_of_a_world_that_is_not_a_multiple_differ_by_one_rank():
+    assert [training.stage_of(r, 6, 4) for r in range(6)] == [0, 0, 1, 2, 2, 3]
+    assert [training.stage_of(r, 4, 4) for r in range(4)] == [0, 1, 2, 3]
+
+
+def test_the_agent_port_reaches_the_pods_the_reconciler_creates():
+    body = trainingjob()
+    actions = reconcile(NOW, FifoGang(), {"ns/job": body}, {"n0": node("n0")}, {}, {}, {}, agent_port=20000)
+    pods = [a.manifest for a in actions if isinstance(a, CreatePod)]
+    assert pods and all(_env(p)["FLOTILLA_AGENT_PORT"] == "20000" for p in pods)

@@ -30,6 +30,10 @@ class Job:
     def acknowledge(self, request, step):
         self.shared["acked"], self.shared["ack_step"] = request.generation, step
 
+    def report_step_time(self, step_time, sync_step_time=None):
+        self.shared.setdefault("step_times", {}).setdefault(self.rank, []).append((step_time, sync_step_time))
+        return True
+
 
 def run_world(shared, root, world, total, **kw):
     results = [None] * world
@@ -58,6 +62,11 @@ def test_checkpoint_on_request_then_resume_at_another_world_size(tmp_path):
     assert sharded.read_manifest(latest).step == step
     whole = np.concatenate([sharded.load(latest, rank=r, world_size=1)[1]["params"] for r in range(1)])
     assert whole.shape == (example.ROWS, example.WIDTH) and np.all(whole == step)
+
+    # Every rank reported every step it ran: compute time within the step's wall time.
+    reported = shared.pop("step_times")
+    assert sorted(reported) == [0, 1, 2] and all(len(times) >= step for times in reported.values())
+    assert all(0 <= compute <= wall for times in reported.values() for compute, wall in times)
 
     # The new worker set has 2 ranks: each reshards the checkpoint and runs to the end.
     total = step + 40

@@ -15,6 +15,7 @@ import logging
 from types import ModuleType
 from typing import Any, Callable
 
+from flotilla.agent.rates import CounterRates
 from flotilla.agent.sources import SourceUnavailable
 from flotilla.health.samples import Sample
 
@@ -44,7 +45,7 @@ class NvmlSource:
         self.node = node
         self._unsupported: set[tuple[int, str]] = set()
         self._lost: set[int] = set()
-        self._nvlink_prev: dict[int, tuple[float, float, float]] = {}
+        self._rates = CounterRates()
         self._events = self._register_events()
 
     def _register_events(self) -> Any:
@@ -122,13 +123,10 @@ class NvmlSource:
         counters = self._query(gpu, "nvlink_throughput", lambda: n.nvmlDeviceGetFieldValues(
             h, [(n.NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_TX, _ALL_LINKS), (n.NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_RX, _ALL_LINKS)]))
         if counters is not None and all(v.nvmlReturn == 0 for v in counters):
-            tx, rx = (v.value.ullVal for v in counters)   # cumulative KiB
-            prev = self._nvlink_prev.get(gpu)
-            self._nvlink_prev[gpu] = (now, tx, rx)
-            if prev is not None and now > prev[0]:
-                dt = now - prev[0]
-                out["nvlink_tx"] = (tx - prev[1]) * 1.024 / 1000 / dt
-                out["nvlink_rx"] = (rx - prev[2]) * 1.024 / 1000 / dt
+            for metric, v in zip(("nvlink_tx", "nvlink_rx"), counters):   # cumulative KiB -> MB/s
+                rate = self._rates.rate((metric, gpu), now, float(v.value.ullVal))
+                if rate is not None:
+                    out[metric] = rate * 1.024 / 1000
         return out
 
     def _xid_events(self, now: float) -> list[Sample]:

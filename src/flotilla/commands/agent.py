@@ -1,8 +1,10 @@
 """Run the node agent: sample this node's GPUs (NVML), host and training step times; publish them in batches.
 
-Sources: `nvml` (GPU metrics through nvidia-ml-py; fails if no driver), `sim`
-(a simulated machine with injectable faults, for tests and the demo), `auto`
-(NVML when a GPU is there, otherwise host metrics only, said in one log line).
+Sources: `dcgm` (GPU metrics from the node's DCGM exporter, --dcgm-url), `nvml`
+(through nvidia-ml-py; fails if no driver), `sim` (a simulated machine with
+injectable faults, for tests and the demo), `auto` (the DCGM exporter when it
+answers at start, else NVML when a GPU is there, else host metrics only, said in
+one log line). Workers' step times arrive on UDP --step-bind:--step-port.
 Publishing goes to Redis Streams (--redis-url) or to the controller's
 POST /v1/ingest (--controller-url); while the transport is down samples are
 held in a bounded buffer that drops the oldest.
@@ -17,6 +19,8 @@ import threading
 import time
 from dataclasses import replace
 
+from flotilla.agent.dcgm import DEFAULT_URL as DCGM_URL
+from flotilla.agent.dcgm import DcgmSource
 from flotilla.agent.host import HostSource
 from flotilla.agent.nvml import NvmlSource
 from flotilla.agent.publish import BufferedPublisher, HttpTransport, RedisTransport, Transport
@@ -32,7 +36,11 @@ log = logging.getLogger("flotilla.agent")
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--node", required=True, help="this node's name (the Kubernetes Node name)")
-    parser.add_argument("--source", choices=("nvml", "sim", "auto"), default="auto")
+    parser.add_argument("--source", choices=("dcgm", "nvml", "sim", "auto"), default="auto",
+                        help="GPU metrics from: the DCGM exporter, NVML, a simulated machine, or auto (DCGM exporter "
+                             "if it answers at start, else NVML, else host metrics only)")
+    parser.add_argument("--dcgm-url", default=DCGM_URL,
+                        help=f"the node's DCGM exporter (Prometheus text; default {DCGM_URL})")
     target = parser.add_mutually_exclusive_group(required=True)
     target.add_argument("--redis-url", help="publish to this Redis (XADD to the metrics stream)")
     target.add_argument("--controller-url", help="publish to this controller (POST /v1/ingest)")
@@ -46,7 +54,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--buffer", type=int, default=100_000, help="samples held while publishing fails")
     parser.add_argument("--batch", type=int, default=5_000, help="samples per published batch at most")
     parser.add_argument("--step-port", type=int, default=DEFAULT_PORT,
-                        help=f"UDP port on 127.0.0.1 for workers' step times (default {DEFAULT_PORT}; 0 = off)")
+                        help=f"UDP port for workers' step times (default {DEFAULT_PORT}; 0 = off)")
+    parser.add_argument("--step-bind", default="127.0.0.1", metavar="ADDRESS",
+                        help="address the step-time port is bound to: the node's IP in a cluster (the chart passes "
+                             "status.hostIP; workers get the same as FLOTILLA_AGENT_HOST); default 127.0.0.1")
+    parser.add_argument("--step-allow", action="append", default=[], metavar="CIDR",
+                        help="accept step reports only from these networks (repeatable; e.g. the cluster's pod "
+                             "CIDR); default: from any sender")
     parser.add_argument("--job", help="job label for samples when no worker reports one")
     parser.add_argument("--duration", type=float, help="stop after this many seconds")
     sim = parser.add_argument_group("simulated source")
@@ -68,13 +82,23 @@ def _gpu_source(args: argparse.Namespace, start: float) -> list[MetricSource]:
                                 for f in faults], args.ground_truth)
         return [SimulatedSource(args.node, args.job, start, faults=faults, gpus=args.sim_gpus, seed=args.sim_seed,
                                 clock_offset=args.clock_offset)]
+    host = [HostSource(args.node), HeartbeatSource(args.node)]
+    reasons = []
+    if args.source in ("dcgm", "auto"):
+        try:
+            return [DcgmSource(args.node, args.dcgm_url), *host]
+        except SourceUnavailable as e:
+            if args.source == "dcgm":
+                raise
+            reasons.append(str(e))
     try:
-        return [NvmlSource(args.node), HostSource(args.node), HeartbeatSource(args.node)]
+        return [NvmlSource(args.node), *host]
     except SourceUnavailable as e:
         if args.source == "nvml":
             raise
-        log.warning("no GPU metrics on this node: %s; publishing host metrics and heartbeats only", e)
-        return [HostSource(args.node), HeartbeatSource(args.node)]
+        reasons.append(str(e))
+    log.warning("no GPU metrics on this node: %s; publishing host metrics and heartbeats only", "; ".join(reasons))
+    return host
 
 
 def run(args: argparse.Namespace) -> int:
@@ -90,18 +114,24 @@ def run(args: argparse.Namespace) -> int:
     except (SourceUnavailable, ValueError) as e:
         log.error("%s", e)
         return 2
-    intake = StepIntake(args.node, args.step_port) if args.step_port else None
-    if intake is not None:
-        sources.append(intake)
+    try:
+        intake = StepIntake(args.node, args.step_port, args.step_bind, args.step_allow) if args.step_port else None
+    except ValueError as e:
+        log.error("--step-allow: %s", e)
+        return 2
+    except OSError as e:
+        log.error("cannot bind the step-time port %s:%d: %s", args.step_bind, args.step_port, e)
+        return 2
     transport: Transport = (RedisTransport(args.redis_url, args.stream, args.maxlen, token_file=args.token_file)
                             if args.redis_url
                             else HttpTransport(args.controller_url, args.node, args.token_file, ca_file=args.ca_file))
     publisher = BufferedPublisher(transport, args.buffer, args.batch)
-    agent = Agent(args.node, sources, publisher, lambda: (intake.job if intake and intake.job else args.job))
+    agent = Agent(args.node, sources, publisher, lambda: args.job, intake=intake)
     stop = threading.Event()
     previous = {sig: signal.signal(sig, lambda *_: stop.set()) for sig in (signal.SIGTERM, signal.SIGINT)}
-    log.info("agent for node %s: sources %s, publishing to %s every %.1fs", args.node,
-             ", ".join(s.name for s in sources), args.redis_url or args.controller_url, args.interval)
+    log.info("agent for node %s: sources %s, publishing to %s every %.1fs%s", args.node,
+             ", ".join(s.name for s in agent.sources), args.redis_url or args.controller_url, args.interval,
+             f"; step times on udp {intake.address[0]}:{intake.port}" if intake else "")
     try:
         agent.run(args.interval, stop, args.duration)
     finally:

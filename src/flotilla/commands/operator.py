@@ -18,6 +18,7 @@ import yaml
 
 from flotilla.allocation import policies
 from flotilla.pool import PoolPolicy
+from flotilla.resources import names
 
 log = logging.getLogger("flotilla.operator")
 HELP = "Run the operator: reconcile TrainingJobs, ServingDeployments and Nodes"
@@ -49,6 +50,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--relist-seconds", type=float, default=60.0, metavar="SECONDS",
                         help="list everything watched this often, to drop objects deleted while a watch was "
                              "down (default: %(default)s); also done soon after any watch re-lists")
+    parser.add_argument("--agent-port", type=int, default=names.DEFAULT_AGENT_PORT, metavar="PORT",
+                        help="UDP port of the node agents' step-time intake, given to worker pods as "
+                             "FLOTILLA_AGENT_PORT (default %(default)s; the chart sets agent.stepPort)")
     parser.add_argument("--liveness", default="http://0.0.0.0:8081/healthz",
                         help="liveness endpoint URL, or '' for none (default: %(default)s)")
     lease = parser.add_argument_group("leader election (for several replicas: exactly one acts)")
@@ -71,7 +75,7 @@ def run(args: argparse.Namespace) -> int:
 
     for flag, value, least in (("--concurrency", args.concurrency, 1), ("--qps", args.qps, 0),
                                ("--burst", args.burst, 1), ("--api-timeout", args.api_timeout, 0.1),
-                               ("--relist-seconds", args.relist_seconds, 1)):
+                               ("--relist-seconds", args.relist_seconds, 1), ("--agent-port", args.agent_port, 1)):
         if value < least:
             raise SystemExit(f"{flag} must be at least {least}, got {value}")
     elector = _elector(args) if args.leader_elect else None
@@ -81,7 +85,7 @@ def run(args: argparse.Namespace) -> int:
                                          max_restarts=args.max_restarts, pool=pool_policy(args),
                                          api_timeout=args.api_timeout, relist_seconds=args.relist_seconds,
                                          namespaces=list(args.namespace), identity=identity,
-                                         fence=elector.fence if elector else None))
+                                         fence=elector.fence if elector else None, agent_port=args.agent_port))
     logging.getLogger("kopf.objects").setLevel(logging.WARNING)
     log.info("operator %s: requests carry User-Agent %s/%s", identity, handlers.USER_AGENT, identity)
 

@@ -40,7 +40,7 @@ from flotilla.controller.ingest_auth import UNAUTHENTICATED_REFUSAL, IngestPolic
 from flotilla.controller.metrics import ControllerMetrics
 from flotilla.controller.mirror import REPLAN_REQUEST, DecisionRecord, parse_time
 from flotilla.controller.store import OUTLOOKS, Store
-from flotilla.health.samples import MAX_GPU_INDEX, Sample
+from flotilla.health.samples import MAX_GPU_INDEX, MAX_RANK, MAX_ROLE_LENGTH, Sample
 from flotilla.serving.replan import ObservedWindow
 
 log = logging.getLogger(__name__)
@@ -117,6 +117,8 @@ class SampleIn(Strict):
     value: StrictFloat | StrictInt
     job: StrictStr | None = Field(None, max_length=512)
     gpu: StrictInt | None = Field(None, ge=0, le=MAX_GPU_INDEX)
+    role: StrictStr | None = Field(None, min_length=1, max_length=MAX_ROLE_LENGTH)
+    rank: StrictInt | None = Field(None, ge=0, le=MAX_RANK)
 
 
 class IngestBody(Strict):

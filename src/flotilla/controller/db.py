@@ -124,6 +124,8 @@ class SampleRow(Base):
     value: Mapped[float] = mapped_column(Seconds)
     job: Mapped[str | None] = mapped_column(sa.String(512))
     gpu: Mapped[int | None] = mapped_column(sa.Integer)
+    role: Mapped[str | None] = mapped_column(sa.String(63))
+    rank: Mapped[int | None] = mapped_column(sa.Integer)
 
 
 class IdempotencyRow(Base):

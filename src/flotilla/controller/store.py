@@ -373,7 +373,8 @@ class Store:
             return
         with self.session.begin() as s:
             s.execute(sa.insert(SampleRow), [
-                {"ts": x.ts, "node": x.node, "metric": x.metric, "value": x.value, "job": x.job, "gpu": x.gpu}
+                {"ts": x.ts, "node": x.node, "metric": x.metric, "value": x.value, "job": x.job, "gpu": x.gpu,
+                 "role": x.role, "rank": x.rank}
                 for x in samples])
 
     def latest_samples(self, node: str, limit: int = 50) -> list[SampleRow]:

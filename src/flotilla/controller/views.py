@@ -75,4 +75,4 @@ def decision(row: DecisionRow) -> dict[str, Any]:
 
 def sample(row: SampleRow) -> dict[str, Any]:
     return {"ts": row.ts, "time": iso(row.ts), "metric": row.metric, "value": row.value, "gpu": row.gpu,
-            "job": row.job}
+            "job": row.job, "role": row.role, "rank": row.rank}

@@ -55,6 +55,7 @@ class Settings:
     namespaces: list[str] = field(default_factory=list)  # empty: all
     identity: str = field(default_factory=kubeapi.default_identity)  # in the User-Agent of every request
     fence: kubeapi.Fence | None = None  # the Lease's, with --leader-elect: every write checks it first
+    agent_port: int = names.DEFAULT_AGENT_PORT  # the node agents' step-time port, given to worker pods
 
 
 view = View()
@@ -202,7 +203,8 @@ async def _reconcile_once(kube: Kube) -> float:
     # so that the event loop goes on taking watch events and sending writes while a big pass is planned.
     copies = [dict(d) for d in (view.jobs, view.nodes, view.pods, view.servings, view.deployments)]
     plans = await asyncio.get_running_loop().run_in_executor(
-        _planner, plan, time.time(), settings.allocator, *copies, settings.max_restarts, settings.pool)
+        _planner, plan, time.time(), settings.allocator, *copies, settings.max_restarts, settings.pool,
+        settings.agent_port)
     planned = time.perf_counter()
     actions = dispatched = deferred = 0
     now = time.monotonic()

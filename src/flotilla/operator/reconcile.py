@@ -12,6 +12,7 @@ from flotilla.operator.actions import Action
 from flotilla.operator.pods import holds_gpus, pod_gpus, worker_job_uid
 from flotilla.operator.pool import arbitrate
 from flotilla.pool import PoolPolicy
+from flotilla.resources import names
 
 Body = Mapping[str, Any]
 
@@ -37,16 +38,17 @@ def training_snapshot(now: float, jobs: Mapping[str, Body], nodes: Mapping[str, 
 def reconcile(now: float, allocator: Allocator, jobs: Mapping[str, Body], nodes: Mapping[str, Body],
               pods: Mapping[str, Body], servings: Mapping[str, Body],
               deployments: Mapping[str, Body], max_restarts: int = 3,
-              pool: PoolPolicy | None = None) -> list[Action]:
+              pool: PoolPolicy | None = None, agent_port: int = names.DEFAULT_AGENT_PORT) -> list[Action]:
     """Every object's actions, one object after the other (see `plan`)."""
-    return [a for _, _, actions in plan(now, allocator, jobs, nodes, pods, servings, deployments, max_restarts, pool)
-            for a in actions]
+    return [a for _, _, actions in plan(now, allocator, jobs, nodes, pods, servings, deployments, max_restarts, pool,
+                                        agent_port) for a in actions]
 
 
 def plan(now: float, allocator: Allocator, jobs: Mapping[str, Body], nodes: Mapping[str, Body],
          pods: Mapping[str, Body], servings: Mapping[str, Body],
          deployments: Mapping[str, Body], max_restarts: int = 3,
-         pool: PoolPolicy | None = None) -> list[tuple[str, str, list[Action]]]:
+         pool: PoolPolicy | None = None,
+         agent_port: int = names.DEFAULT_AGENT_PORT) -> list[tuple[str, str, list[Action]]]:
     """(view kind, key, actions) for every TrainingJob ("jobs") and ServingDeployment ("servings"): an
     object's status and annotation patches come first, then its pods, Deployments and Events.
 
@@ -68,7 +70,7 @@ def plan(now: float, allocator: Allocator, jobs: Mapping[str, Body], nodes: Mapp
         mine = pods_of.get(body["metadata"].get("uid"), [])
         out.append(("jobs", key, training.plan_job(body, mine, job_decisions.get(key), now,
                                                    allocator.name, max_restarts=max_restarts,
-                                                   lending=lending.get(key))))
+                                                   lending=lending.get(key), agent_port=agent_port)))
     for key, body in servings.items():
         ns = body["metadata"]["namespace"]
         deps = {role: deployments[d] for role in serving.ROLES

@@ -213,16 +213,33 @@ def pod_name(job: str, uid: str, generation: int, rank: int) -> str:
     return job[:POD_NAME_MAX - len(suffix)].rstrip("-.") + suffix
 
 
-def worker_pods(body: Body, placement: Mapping[str, int], generation: int) -> list[dict[str, Any]]:
-    """The worker pods for a placement: one per `gpusPerWorker` GPUs, ranks in node order."""
+def pipeline_stages(body: Body) -> int | None:
+    """`spec.parallelism.pipelineStages`, when the job says it."""
+    stages = (body["spec"].get("parallelism") or {}).get("pipelineStages")
+    return int(stages) if stages else None
+
+
+def stage_of(rank: int, world: int, stages: int) -> int:
+    """Pipeline stage of a worker: contiguous blocks of ranks, as Megatron-LM and torch.distributed.pipelining
+    lay them out (pipeline outermost). With `world` not a multiple of `stages` the blocks differ by one."""
+    return rank * stages // world
+
+
+def worker_pods(body: Body, placement: Mapping[str, int], generation: int,
+                agent_port: int = names.DEFAULT_AGENT_PORT) -> list[dict[str, Any]]:
+    """The worker pods for a placement: one per `gpusPerWorker` GPUs, ranks in node order. Each gets the
+    address of the agent on its node (the node's IP and `agent_port`) for its step-time reports, and, when
+    the spec says the pipeline stages, its stage (label) and role (env)."""
     meta, spec = body["metadata"], body["spec"]
     per_worker = int(spec["elasticity"].get("gpusPerWorker", 1))
     template = spec["template"]
     t_meta = template.get("metadata") or {}
     nodes = [node for node in sorted(placement) for _ in range(placement[node] // per_worker)]
     world = len(nodes)
+    stages = pipeline_stages(body)
     pods = []
     for rank, node in enumerate(nodes):
+        stage = stage_of(rank, world, stages) if stages else None
         pod_spec = copy.deepcopy(template["spec"])
         pod_spec["restartPolicy"] = "Never"
         pod_spec.setdefault("nodeSelector", {})["kubernetes.io/hostname"] = node
@@ -240,7 +257,11 @@ def worker_pods(body: Body, placement: Mapping[str, int], generation: int) -> li
             {"name": "FLOTILLA_RANK", "value": str(rank)},
             {"name": "FLOTILLA_WORLD_SIZE", "value": str(world)},
             {"name": "FLOTILLA_GENERATION", "value": str(generation)},
+            {"name": names.ENV_AGENT_HOST, "valueFrom": {"fieldRef": {"fieldPath": "status.hostIP"}}},
+            {"name": names.ENV_AGENT_PORT, "value": str(agent_port)},
         ]
+        if stage is not None:
+            env.append({"name": names.ENV_ROLE, "value": f"pp{stage}/{stages}"})
         for i, c in enumerate(pod_spec["containers"]):
             c.setdefault("env", []).extend(env)
             if i == 0:
@@ -250,6 +271,8 @@ def worker_pods(body: Body, placement: Mapping[str, int], generation: int) -> li
                   names.LABEL_JOB: meta["name"], names.LABEL_JOB_UID: meta["uid"], names.LABEL_ROLE: names.ROLE_WORKER,
                   names.LABEL_GENERATION: str(generation), names.LABEL_RANK: str(rank),
                   names.LABEL_MANAGED_BY: names.MANAGED_BY}
+        if stage is not None:
+            labels[names.LABEL_STAGE] = str(stage)
         pods.append({
             "apiVersion": "v1",
             "kind": "Pod",
@@ -331,8 +354,9 @@ def lent_to(body: Body) -> dict[str, int]:
 class _Plan:
     """Accumulates one job's status patch, annotation patch, pod actions and Events."""
 
-    def __init__(self, body: Body, now: float, lending: Mapping[str, int] | None = None):
-        self.body, self.now = body, now
+    def __init__(self, body: Body, now: float, lending: Mapping[str, int] | None = None,
+                 agent_port: int = names.DEFAULT_AGENT_PORT):
+        self.body, self.now, self.agent_port = body, now, agent_port
         self.lending = dict(lending or {})  # serving key -> GPUs the pool lends it in this decision
         self.meta, self.status = body["metadata"], body.get("status") or {}
         self.ns, self.name = self.meta["namespace"], self.meta["name"]
@@ -364,7 +388,8 @@ class _Plan:
 
 def plan_job(body: Body, pods: Iterable[Body], decision: JobDecision | None, now: float,
              policy: str, ack_timeout: float = 120.0, max_restarts: int = 3,
-             lending: Mapping[str, int] | None = None) -> list[Action]:
+             lending: Mapping[str, int] | None = None,
+             agent_port: int = names.DEFAULT_AGENT_PORT) -> list[Action]:
     """Actions that bring one TrainingJob's pods and status in line with the decision.
 
     A running job changes placement only through the resharding protocol: ask rank 0
@@ -374,10 +399,11 @@ def plan_job(body: Body, pods: Iterable[Body], decision: JobDecision | None, now
     `max_restarts` times; then the job fails.
     `lending` (unified pool): the ServingDeployments the decision's shrink lends GPUs to; recorded in
     `status.lentTo` when the job switches to the smaller worker set, and paid back as it grows again.
+    `agent_port`: the node agents' step-time port, given to the worker pods.
     """
     if is_final(body):
         return []
-    plan = _Plan(body, now, lending)
+    plan = _Plan(body, now, lending, agent_port)
     meta, status = plan.meta, plan.status
     state = job_state(body)
     if status.get("observedGeneration") != meta.get("generation"):
@@ -504,7 +530,7 @@ def _switch(plan: _Plan, state: JobState, by_gen: Mapping[int, list[Body]], want
                       message=reason)
     plan.patch.update(_outlook(plan.body, state, gpus, plan.now))
     _retire_old(plan, by_gen, generation)
-    _create_when_free(plan, by_gen, generation, worker_pods(plan.body, want, generation))
+    _create_when_free(plan, by_gen, generation, worker_pods(plan.body, want, generation, plan.agent_port))
 
 
 def _retire_old(plan: _Plan, by_gen: Mapping[int, list[Body]], generation: int) -> None:
@@ -569,7 +595,7 @@ def _keep_running(plan: _Plan, state: JobState, by_gen: Mapping[int, list[Body]]
     status, name = plan.status, plan.name
     _retire_old(plan, by_gen, generation)
     mine = {p["metadata"]["name"]: p for p in by_gen.get(generation, [])}
-    expected = worker_pods(plan.body, current, generation)
+    expected = worker_pods(plan.body, current, generation, plan.agent_port)
     held_up = _create_when_free(plan, by_gen, generation,
                                 (m for m in expected if m["metadata"]["name"] not in mine))
     pod_phase = {n: (p.get("status") or {}).get("phase", "Pending") for n, p in mine.items()}

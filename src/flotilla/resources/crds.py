@@ -118,11 +118,25 @@ def _training_job_schema() -> Schema:
             "bestEffort": boolean("Run even when the deadline cannot be guaranteed.", default=False),
             "priority": integer("Higher runs first among best-effort jobs.", default=0,
                                 minimum=-1000, maximum=1000),
+            "parallelism": obj(
+                {
+                    "pipelineStages": integer(
+                        "Pipeline-parallel stages. Worker pods get contiguous blocks of ranks per stage, the label "
+                        "flotilla.dev/stage and FLOTILLA_ROLE=pp<stage>/<stages>; the health detector compares "
+                        "machines only with those in the same stage.", minimum=1, maximum=1024),
+                },
+                "How the job splits its model, where it matters to Flotilla (health: which machines are peers).",
+            ),
             "template": POD_TEMPLATE,
         },
         required=["totalSteps", "elasticity", "throughput", "template"],
         rules=[rule("has(self.deadline) != has(self.deadlineSeconds)",
-                    "exactly one of spec.deadline and spec.deadlineSeconds must be set")],
+                    "exactly one of spec.deadline and spec.deadlineSeconds must be set"),
+               rule("!has(self.parallelism) || !has(self.parallelism.pipelineStages) || self.elasticity.minGPUs >= "
+                    "self.parallelism.pipelineStages * (has(self.elasticity.gpusPerWorker) ? "
+                    "self.elasticity.gpusPerWorker : 1)",
+                    "spec.parallelism.pipelineStages must be at most the number of workers at spec.elasticity.minGPUs "
+                    "(minGPUs / gpusPerWorker)", ".parallelism.pipelineStages")],
     )
     status = obj(
         {

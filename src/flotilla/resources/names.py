@@ -7,7 +7,8 @@ LABEL_JOB = f"{GROUP}/job"
 LABEL_JOB_UID = f"{GROUP}/job-uid"  # for selectors; what owns a pod is its controller ownerReference
 LABEL_ROLE = f"{GROUP}/role"  # worker | prefill | decode
 LABEL_GENERATION = f"{GROUP}/generation"  # a TrainingJob's worker set; bumped at each reshard
-LABEL_RANK = f"{GROUP}/rank"
+LABEL_RANK = f"{GROUP}/rank"  # a worker pod's global rank
+LABEL_STAGE = f"{GROUP}/stage"  # its pipeline stage, when the TrainingJob's spec.parallelism says the stages
 LABEL_SERVING = f"{GROUP}/serving"
 LABEL_MANAGED_BY = "app.kubernetes.io/managed-by"
 MANAGED_BY = "flotilla"
@@ -15,6 +16,12 @@ MANAGED_BY = "flotilla"
 ROLE_WORKER = "worker"
 ROLE_PREFILL = "prefill"
 ROLE_DECODE = "decode"
+
+# Env given to every worker pod for its step-time reports (flotilla.worker.steps).
+ENV_AGENT_HOST = "FLOTILLA_AGENT_HOST"  # the node's IP (downward API status.hostIP): the agent binds it
+ENV_AGENT_PORT = "FLOTILLA_AGENT_PORT"
+ENV_ROLE = "FLOTILLA_ROLE"  # "pp<stage>/<stages>", when spec.parallelism says the stages
+DEFAULT_AGENT_PORT = 9477
 
 # Annotations.
 ANNOTATION_CHECKPOINT_REQUEST = f"{GROUP}/checkpoint-request"  # JSON, see design.md

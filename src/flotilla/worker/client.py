@@ -10,6 +10,7 @@ from typing import Any
 
 from flotilla import GROUP, VERSION
 from flotilla.resources import checkpoint
+from flotilla.worker.steps import StepReporter
 
 PLURAL = "trainingjobs"
 
@@ -60,6 +61,7 @@ class JobClient:
         self._last_report = float("-inf")
         self._last_poll = float("-inf")
         self._acked = 0
+        self._steps: StepReporter | None | bool = False   # False: not made yet; None: no agent in the env
 
     @classmethod
     def from_env(cls, **kwargs: Any) -> "JobClient":
@@ -72,6 +74,14 @@ class JobClient:
     @property
     def world_size(self) -> int:
         return self.identity.world_size
+
+    def report_step_time(self, step_time: float, sync_step_time: float | None = None) -> bool:
+        """Every rank, every step: this rank's compute time (without collective waits) and, optionally, the wall
+        time of the whole synchronous step, to the agent on this node (flotilla.worker.steps). Never raises or
+        blocks; False when not sent (no agent named in the environment, or the datagram could not go)."""
+        if self._steps is False:
+            self._steps = StepReporter.from_env()
+        return self._steps.report(step_time, sync_step_time) if self._steps else False
 
     def _patch_annotations(self, annotations: dict[str, str]) -> None:
         # With the job's UID in the patch the API server refuses it (uid is immutable) once the job is gone
