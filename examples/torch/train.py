@@ -47,15 +47,16 @@ def student(features: int, width: int, depth: int) -> nn.Sequential:
     return nn.Sequential(*layers, nn.Linear(width, 4))
 
 
-def parallelize(model: nn.Module, how: str, device: torch.device) -> nn.Module:
+def parallelize(model: nn.Module, how: str, device: torch.device, per_layer: bool = False) -> nn.Module:
     model = model.to(device)
     if how == "ddp":
         return nn.parallel.DistributedDataParallel(model, device_ids=[device.index] if device.type == "cuda" else None)
     from torch.distributed.fsdp import fully_shard
 
-    for layer in model:
-        if isinstance(layer, nn.Linear):
-            fully_shard(layer)
+    if per_layer:  # a unit per layer: less memory at once, a collective more per layer and step
+        for layer in model:
+            if isinstance(layer, nn.Linear):
+                fully_shard(layer)
     return fully_shard(model)
 
 
@@ -70,6 +71,7 @@ def main() -> int:
     p.add_argument("--lr", type=float, default=3e-3)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--parallel", choices=["fsdp", "ddp"], default="fsdp")
+    p.add_argument("--fsdp-per-layer", action="store_true", help="shard each layer as its own FSDP unit")
     p.add_argument("--backend", choices=["gloo", "nccl"], default=None, help="default: nccl on GPUs, else gloo")
     p.add_argument("--min-step-seconds", type=float, default=0.0, help="pace the steps (demos)")
     p.add_argument("--checkpoint-dir", type=Path, default=None, help="default: FLOTILLA_CHECKPOINT_DIR")
@@ -88,7 +90,8 @@ def main() -> int:
     job.init_process_group(args.backend)
     torch.manual_seed(args.seed)  # the same initial parameters on every rank
     x, y = teacher_data(args.samples, args.features, args.seed)
-    model = parallelize(student(args.features, args.width, args.depth), args.parallel, job.device)
+    model = parallelize(student(args.features, args.width, args.depth), args.parallel, job.device,
+                        args.fsdp_per_layer)
     optimizer = torch.optim.AdamW(model.parameters(), lr=args.lr)
     data = SampleOrder(args.samples, args.global_batch, args.seed)
     step = job.restore(model, optimizer, data)
