@@ -56,12 +56,12 @@ def test_a_real_pytorch_job_is_shrunk_through_a_dcp_checkpoint_for_a_second_job_
     kubelet = TorchKubelet(namespace, log_dir / f"torch-{namespace}").start()
     try:
         # big: 4 ranks (one a node) on all 32 GPUs, a loose deadline.
-        assert apply(job("big", 240, 1800, 16, 32, [(16, 1.0), (32, 2.0)], storage / "big"), namespace).returncode == 0
+        assert apply(job("big", 150, 1800, 16, 32, [(16, 1.0), (32, 2.0)], storage / "big"), namespace).returncode == 0
         wait_for("big Running on 4 ranks, with progress", lambda: (s := status("big", namespace)).get("gpus") == 32
                  and s.get("phase") == "Running" and s.get("progress", {}).get("steps", 0) >= 30, timeout=240)
 
         # small needs 16 GPUs now to make its deadline: waiting for big to finish would miss it.
-        assert apply(job("small", 60, 300, 16, 16, [(16, 0.4)], storage / "small"), namespace).returncode == 0
+        assert apply(job("small", 40, 300, 16, 16, [(16, 0.4)], storage / "small"), namespace).returncode == 0
         wait_for("small Running on 16 GPUs", lambda: status("small", namespace).get("phase") == "Running"
                  and status("small", namespace).get("gpus") == 16, timeout=240)
         shrunk = status("big", namespace)
@@ -70,7 +70,7 @@ def test_a_real_pytorch_job_is_shrunk_through_a_dcp_checkpoint_for_a_second_job_
         assert {"CheckpointRequested", "CheckpointWritten", "Resharding"} <= set(reasons("big", namespace))
         assert "RestartFromCheckpoint" not in reasons("big", namespace)
 
-        for name, total in (("small", 60), ("big", 240)):
+        for name, total in (("small", 40), ("big", 150)):
             done = wait_for(f"{name} Succeeded", lambda: (s := status(name, namespace)).get("phase") == "Succeeded"
                             and s, timeout=420)
             assert done["progress"]["steps"] == total
@@ -87,6 +87,6 @@ def test_a_real_pytorch_job_is_shrunk_through_a_dcp_checkpoint_for_a_second_job_
     assert [g.world for g in run.generations][:2] == [4, 2]
     stops = {g.generation: g.saves[-1]["step"] for g in run.generations[:-1]}
     assert all(g.restored_step == stops[g.generation - 1] for g in run.generations[1:])
-    result = audit(run.trained(stops), expected_order(SAMPLES, BATCH, 0, 240))
+    result = audit(run.trained(stops), expected_order(SAMPLES, BATCH, 0, 150))
     assert result == {"steps_lost": 0, "steps_repeated": 0, "samples_repeated": 0, "samples_skipped": 0,
                       "batches_differing": 0}

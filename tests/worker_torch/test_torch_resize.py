@@ -16,7 +16,7 @@ from flotilla.testing.services import free_port  # noqa: E402
 from flotilla.testing.torchjob import EXAMPLE, Run, WorkerSet, audit, expected_order, worker_env  # noqa: E402
 from flotilla.worker.jobfile import FileJobAPI  # noqa: E402
 
-TOTAL, BATCH, SAMPLES, SEED, INTERVAL = 90, 24, 4096, 0, 10
+TOTAL, BATCH, SAMPLES, SEED, INTERVAL = 60, 24, 4096, 0, 10
 
 
 def _wait(what, check, timeout, workers=None):
@@ -51,7 +51,7 @@ def test_a_job_resized_4_to_2_to_3_trains_every_sample_once_and_keeps_its_loss_a
     workers = start(4, 0)
     saved_at_first_stop = None
     try:
-        for generation, world, run_until in ((0, 4, 25), (1, 2, 50)):
+        for generation, world, run_until in ((0, 4, 15), (1, 2, 35)):
             _wait(f"step {run_until} on {world} ranks", lambda: progress() >= run_until, 240, workers)
             before = progress()
             api.request_checkpoint(generation + 1, f"resize to {(2, 3)[generation]} GPUs")
