@@ -15,6 +15,9 @@
 
 The workers of the new set learn their rank and world size from the environment
 and restore from the checkpoint, resharding it to the new world size.
+
+PyTorch jobs use `flotilla.worker.torch` (the `flotilla[torch]` extra), which does all of this
+with Distributed Checkpoint: see docs/training.md, "Bring your PyTorch job".
 """
 
 from flotilla.worker.client import CheckpointRequest, JobClient, WorkerIdentity
