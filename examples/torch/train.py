@@ -77,7 +77,8 @@ def main() -> int:
     p.add_argument("--checkpoint-dir", type=Path, default=None, help="default: FLOTILLA_CHECKPOINT_DIR")
     p.add_argument("--job-file", type=Path, default=None, help="a TrainingJob in a JSON file (no Kubernetes)")
     p.add_argument("--ledger", type=Path, default=None)
-    p.add_argument("--dump-restored", type=Path, default=None, help="write the full parameters just restored to DIR/restored-g<generation>.pt")
+    p.add_argument("--dump-restored", type=Path, default=None,
+                   help="write the full parameters just restored to DIR/restored-g<generation>.pt")
     args = p.parse_args()
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
 
