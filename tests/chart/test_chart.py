@@ -166,7 +166,8 @@ def test_the_agent_runs_on_the_nodes_network_and_workers_are_pointed_at_its_step
 def test_rbac_is_exactly_what_each_component_uses(render):
     o = render()
     # From src/flotilla/operator: kopf watches, status patches, checkpoint requests (annotations on the job),
-    # pods, server-side-applied Deployments, Events (created, then read and patched to count repeats).
+    # pods, server-side-applied Deployments and training jobs' rendezvous Services, Events (created, then read and
+    # patched to count repeats).
     assert rules(o, "ClusterRole", OP) == (
         triples("flotilla.dev", ["trainingjobs", "servingdeployments"], ["list", "watch"])
         | triples("flotilla.dev", ["trainingjobs"], ["patch"])
@@ -174,6 +175,7 @@ def test_rbac_is_exactly_what_each_component_uses(render):
         | triples("", ["nodes"], ["list", "watch"])
         | triples("", ["pods"], ["get", "list", "watch", "create", "delete"])
         | triples("apps", ["deployments"], ["list", "watch", "create", "patch"])
+        | triples("", ["services"], ["create", "patch"])
         | triples("", ["events"], ["create", "get", "patch"])
         | triples("apiextensions.k8s.io", ["customresourcedefinitions"], ["list", "watch"]))
     lease_role = o[("Role", f"{OP}-leader-election")]

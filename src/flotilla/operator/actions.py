@@ -40,6 +40,11 @@ class ApplyDeployment:
 
 
 @dataclass(frozen=True)
+class ApplyService:
+    manifest: dict[str, Any]  # server-side applied: a training job's headless rendezvous Service
+
+
+@dataclass(frozen=True)
 class PostEvent:
     involved: dict[str, Any]  # apiVersion, kind, namespace, name, uid
     type: str  # Normal | Warning
@@ -48,7 +53,7 @@ class PostEvent:
     fields: dict[str, Any] = field(default_factory=dict)
 
 
-Action = PatchStatus | PatchAnnotations | CreatePod | DeletePod | ApplyDeployment | PostEvent
+Action = PatchStatus | PatchAnnotations | CreatePod | DeletePod | ApplyDeployment | ApplyService | PostEvent
 
 
 def involved(body: dict[str, Any]) -> dict[str, Any]:

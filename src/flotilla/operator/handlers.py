@@ -27,7 +27,7 @@ import kopf
 
 from flotilla import GROUP, VERSION, kubeapi
 from flotilla.allocation import Allocator
-from flotilla.operator.actions import Action, CreatePod, PatchAnnotations, PatchStatus
+from flotilla.operator.actions import Action, ApplyService, CreatePod, PatchAnnotations, PatchStatus
 from flotilla.operator.kube import Kube, RateLimiter
 from flotilla.operator.reconcile import plan
 from flotilla.operator import relist
@@ -212,6 +212,8 @@ async def _reconcile_once(kube: Kube) -> float:
         # Pods created while this pass was planned, or whose watch events are late: creating them again
         # would only cost a 409 each.
         acts = [a for a in acts if not (isinstance(a, CreatePod) and view.has_pod(key_of(a.manifest), now))]
+        if not any(isinstance(a, CreatePod) for a in acts):  # the rendezvous Service goes with pod creations
+            acts = [a for a in acts if not isinstance(a, ApplyService)]
         if not acts:
             continue
         actions += len(acts)

@@ -17,6 +17,7 @@ from flotilla.operator import failpoints
 from flotilla.operator.actions import (
     Action,
     ApplyDeployment,
+    ApplyService,
     CreatePod,
     DeletePod,
     PatchAnnotations,
@@ -184,6 +185,11 @@ class Kube:
             log.info("applied deployment %s/%s replicas=%s", meta["namespace"], meta["name"],
                      a.manifest["spec"]["replicas"])
             return result
+        if isinstance(a, ApplyService):
+            meta = a.manifest["metadata"]
+            return self.core.patch_namespaced_service(
+                meta["name"], meta["namespace"], a.manifest, field_manager=FIELD_MANAGER, force=True,
+                _content_type="application/apply-patch+yaml")
         if isinstance(a, PostEvent):
             return self._event(a)
         raise TypeError(f"unknown action {a!r}")

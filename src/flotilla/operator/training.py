@@ -24,6 +24,7 @@ from flotilla import API_VERSION
 from flotilla.allocation import ClusterSnapshot, JobDecision, JobState, NodeState, ScalingCurve, Verdict, throughput
 from flotilla.operator.actions import (
     Action,
+    ApplyService,
     CreatePod,
     DeletePod,
     PatchAnnotations,
@@ -66,6 +67,8 @@ def progress_of(body: Body) -> dict[str, Any] | None:
                "updatedAt": p.get("time") or rfc3339(0)}
         if p.get("checkpointStep") is not None:
             out["checkpointStep"] = int(p["checkpointStep"])
+        if isinstance(p.get("restoreSeconds"), (int, float)) and p["restoreSeconds"] >= 0:
+            out["restoreSeconds"] = round(float(p["restoreSeconds"]), 2)
         return out
     return status.get("progress")
 
@@ -100,13 +103,21 @@ def job_state(body: Body) -> JobState:
         max_gpus=int(el["maxGPUs"]),
         gpus_per_worker=int(el.get("gpusPerWorker", 1)),
         curve=curve,
-        restore_seconds=float((spec.get("checkpoint") or {}).get("restoreSeconds", 30.0)),
+        restore_seconds=restore_seconds(body),
         best_effort=bool(spec.get("bestEffort", False)),
         placement=placement,
         verdict=verdict,
         checkpoint_interval_steps=int((spec.get("checkpoint") or {}).get("intervalSteps", 0)),
         last_checkpoint_step=int((status.get("checkpoint") or {}).get("step", 0)),
     )
+
+
+def restore_seconds(body: Body) -> float:
+    """What a stop/reshard/restart costs the job: as its workers measured it last (status), else as declared."""
+    measured = ((body.get("status") or {}).get("checkpoint") or {}).get("restoreSeconds")
+    if measured is not None:
+        return float(measured)
+    return float((body["spec"].get("checkpoint") or {}).get("restoreSeconds", 30.0))
 
 
 def node_state(node: Body) -> NodeState:
@@ -213,6 +224,65 @@ def pod_name(job: str, uid: str, generation: int, rank: int) -> str:
     return job[:POD_NAME_MAX - len(suffix)].rstrip("-.") + suffix
 
 
+RENDEZVOUS_PORT = 29500  # rank 0's TCP store / torchrun's --master-port, as PyTorch's default
+CHECKPOINT_MOUNT = "/flotilla/checkpoint"  # where a pvc:// checkpoint claim is mounted in every worker
+
+
+def rendezvous_service_name(job: str, uid: str) -> str:
+    """`<job>-<h>-rdzv` (a DNS-1035 label: it starts with a letter, at most 63 characters)."""
+    suffix = f"-{uid_hash(uid)}-rdzv"
+    return ("w" + job if not job[:1].isalpha() else job)[:POD_NAME_MAX - len(suffix)].rstrip("-.") + suffix
+
+
+def rendezvous_address(meta: Mapping[str, Any], generation: int) -> str:
+    """Rank 0's DNS name for a worker set: its hostname (the pod name) under the job's headless Service."""
+    service = rendezvous_service_name(meta["name"], meta["uid"])
+    return f"{pod_name(meta['name'], meta['uid'], generation, 0)}.{service}.{meta['namespace']}.svc"
+
+
+def rendezvous_service(body: Body) -> dict[str, Any]:
+    """The job's headless Service: it gives each worker pod a DNS name (`<pod>.<service>.<ns>.svc`), ready or
+    not (rank 0 must be reachable before any readiness probe passes). Owned by the job: deleted with it."""
+    meta = body["metadata"]
+    return {
+        "apiVersion": "v1", "kind": "Service",
+        "metadata": {
+            "name": rendezvous_service_name(meta["name"], meta["uid"]), "namespace": meta["namespace"],
+            "labels": {names.LABEL_JOB: meta["name"], names.LABEL_JOB_UID: meta["uid"],
+                       names.LABEL_MANAGED_BY: names.MANAGED_BY},
+            "ownerReferences": [{"apiVersion": API_VERSION, "kind": "TrainingJob", "name": meta["name"],
+                                 "uid": meta["uid"], "controller": True, "blockOwnerDeletion": True}],
+        },
+        "spec": {"clusterIP": "None", "publishNotReadyAddresses": True,
+                 "selector": {names.LABEL_JOB_UID: meta["uid"], names.LABEL_ROLE: names.ROLE_WORKER},
+                 "ports": [{"name": "rendezvous", "port": RENDEZVOUS_PORT, "targetPort": RENDEZVOUS_PORT}]},
+    }
+
+
+def checkpoint_storage(spec: Mapping[str, Any]) -> tuple[str | None, dict[str, Any] | None, dict[str, Any] | None]:
+    """`spec.checkpoint.uri` -> (the directory workers see, the pod volume, its mount).
+
+    * `file:///abs/dir`: a host directory (the local control plane, a single node, a node-mounted share),
+      mounted at the same path;
+    * `pvc://CLAIM/sub/dir`: a PersistentVolumeClaim (ReadWriteMany for workers on several nodes), mounted at
+      CHECKPOINT_MOUNT with the sub-path;
+    * anything else (s3://...): nothing mounted, the URI is the worker's to use (FLOTILLA_CHECKPOINT_URI).
+    """
+    uri = str((spec.get("checkpoint") or {}).get("uri") or "")
+    if uri.startswith("file://"):
+        path = uri[len("file://"):]
+        volume = {"name": "flotilla-checkpoint", "hostPath": {"path": path, "type": "DirectoryOrCreate"}}
+        return path, volume, {"name": "flotilla-checkpoint", "mountPath": path}
+    if uri.startswith("pvc://"):
+        claim, _, sub = uri[len("pvc://"):].partition("/")
+        volume = {"name": "flotilla-checkpoint", "persistentVolumeClaim": {"claimName": claim}}
+        mount = {"name": "flotilla-checkpoint", "mountPath": CHECKPOINT_MOUNT}
+        if sub.strip("/"):
+            mount["subPath"] = sub.strip("/")
+        return CHECKPOINT_MOUNT, volume, mount
+    return None, None, None
+
+
 def pipeline_stages(body: Body) -> int | None:
     """`spec.parallelism.pipelineStages`, when the job says it."""
     stages = (body["spec"].get("parallelism") or {}).get("pipelineStages")
@@ -229,8 +299,11 @@ def worker_pods(body: Body, placement: Mapping[str, int], generation: int,
                 agent_port: int = names.DEFAULT_AGENT_PORT) -> list[dict[str, Any]]:
     """The worker pods for a placement: one per `gpusPerWorker` GPUs, ranks in node order. Each gets the
     address of the agent on its node (the node's IP and `agent_port`) for its step-time reports, and, when
-    the spec says the pipeline stages, its stage (label) and role (env)."""
+    the spec says the pipeline stages, its stage (label) and role (env); all get the rendezvous of their
+    worker set and the checkpoint storage the spec names."""
     meta, spec = body["metadata"], body["spec"]
+    ckpt_dir, volume, mount = checkpoint_storage(spec)
+    ckpt = spec.get("checkpoint") or {}
     per_worker = int(spec["elasticity"].get("gpusPerWorker", 1))
     template = spec["template"]
     t_meta = template.get("metadata") or {}
@@ -259,11 +332,28 @@ def worker_pods(body: Body, placement: Mapping[str, int], generation: int,
             {"name": "FLOTILLA_GENERATION", "value": str(generation)},
             {"name": names.ENV_AGENT_HOST, "valueFrom": {"fieldRef": {"fieldPath": "status.hostIP"}}},
             {"name": names.ENV_AGENT_PORT, "value": str(agent_port)},
+            {"name": "FLOTILLA_GPUS_PER_WORKER", "value": str(per_worker)},
+            # The process group's rendezvous: rank 0 of this worker set (torchrun's --master-addr/--master-port).
+            {"name": "FLOTILLA_RENDEZVOUS_ADDR", "value": rendezvous_address(meta, generation)},
+            {"name": "FLOTILLA_RENDEZVOUS_PORT", "value": str(RENDEZVOUS_PORT)},
+            {"name": "MASTER_ADDR", "value": rendezvous_address(meta, generation)},
+            {"name": "MASTER_PORT", "value": str(RENDEZVOUS_PORT)},
         ]
         if stage is not None:
             env.append({"name": names.ENV_ROLE, "value": f"pp{stage}/{stages}"})
+        if ckpt.get("uri"):
+            env.append({"name": "FLOTILLA_CHECKPOINT_URI", "value": str(ckpt["uri"])})
+        if ckpt_dir:
+            env.append({"name": "FLOTILLA_CHECKPOINT_DIR", "value": ckpt_dir})
+        if ckpt.get("intervalSteps"):
+            env.append({"name": "FLOTILLA_CHECKPOINT_INTERVAL_STEPS", "value": str(int(ckpt["intervalSteps"]))})
+        pod_spec["subdomain"] = rendezvous_service_name(meta["name"], meta["uid"])
+        if volume:
+            pod_spec.setdefault("volumes", []).append(volume)
         for i, c in enumerate(pod_spec["containers"]):
             c.setdefault("env", []).extend(env)
+            if mount:
+                c.setdefault("volumeMounts", []).append(mount)
             if i == 0:
                 limits = c.setdefault("resources", {}).setdefault("limits", {})
                 limits[names.GPU_RESOURCE] = str(per_worker)
@@ -382,7 +472,7 @@ class _Plan:
             out.append(PatchStatus(PLURAL, self.ns, self.name, self.patch))
         if self.annotations:
             out.append(PatchAnnotations(PLURAL, self.ns, self.name, self.annotations))
-        out.extend(a for a in self.actions if keep_creates or not isinstance(a, CreatePod))
+        out.extend(a for a in self.actions if keep_creates or not isinstance(a, (CreatePod, ApplyService)))
         return out
 
 
@@ -548,12 +638,16 @@ def _create_when_free(plan: _Plan, by_gen: Mapping[int, list[Body]], generation:
     Returns the nodes it waits for (a later pass creates the rest when the old pods are gone)."""
     busy = {p["spec"]["nodeName"] for g, ps in by_gen.items() if g != generation for p in ps if holds_gpus(p)}
     waiting = []
+    creating = False
     for m in manifests:
         node = m["spec"]["nodeSelector"]["kubernetes.io/hostname"]
         if node in busy:
             waiting.append(node)
         else:
             plan.actions.append(CreatePod(m))
+            creating = True
+    if creating:  # applied with every pod creation: idempotent, and there before rank 0 is looked up
+        plan.actions.append(ApplyService(rendezvous_service(plan.body)))
     return sorted(set(waiting))
 
 
@@ -650,6 +744,9 @@ def _mirror_progress(plan: _Plan) -> None:
     progress every PROGRESS_EVERY_SECONDS from the start (planning reads the annotation, status is for people;
     a job shorter than that gets its progress recorded when it finishes)."""
     progress, mirrored = progress_of(plan.body), plan.status.get("progress") or {}
+    measured = (progress or {}).pop("restoreSeconds", None)
+    if measured is not None and measured != (plan.status.get("checkpoint") or {}).get("restoreSeconds"):
+        plan.checkpoint(restoreSeconds=measured)  # the allocator's cost of moving this job follows reality
     if not progress or progress == mirrored or "progress" in plan.patch:
         return
     checkpointed = progress.get("checkpointStep") is not None and progress["checkpointStep"] > int(

@@ -6,7 +6,8 @@
   {"generation": int, "step": int, "time": RFC 3339}
 * `flotilla.dev/progress` (rank 0, periodically):
   {"steps": int, "stepsPerSecond": float, "time": RFC 3339, "generation": int (worker set),
-   "checkpointStep": int (last periodic checkpoint, optional)}
+   "checkpointStep": int (last periodic checkpoint, optional),
+   "restoreSeconds": float (measured by a worker set restored from an acknowledged checkpoint, optional)}
 """
 
 from __future__ import annotations
@@ -41,11 +42,13 @@ def ack_annotation(generation: int, step: int, now: float) -> dict[str, str]:
 
 
 def progress_annotation(steps: int, steps_per_second: float, now: float, generation: int,
-                        checkpoint_step: int | None = None) -> dict[str, str]:
+                        checkpoint_step: int | None = None, restore_seconds: float | None = None) -> dict[str, str]:
     value: dict[str, Any] = {"steps": steps, "stepsPerSecond": round(steps_per_second, 4), "time": rfc3339(now),
                              "generation": generation}
     if checkpoint_step is not None:
         value["checkpointStep"] = checkpoint_step
+    if restore_seconds is not None:
+        value["restoreSeconds"] = round(restore_seconds, 2)
     return {names.ANNOTATION_PROGRESS: _dump(value)}
 
 

@@ -108,12 +108,20 @@ def _training_job_schema() -> Schema:
             "checkpoint": obj(
                 {
                     "intervalSteps": integer("Steps between periodic checkpoints.", minimum=1),
-                    "uri": string("Where checkpoints are written (e.g. s3://bucket/job, file:///ckpt).",
+                    "uri": string("Where checkpoints are written: file:///dir (a host directory, mounted at "
+                                  "the same path), pvc://CLAIM/sub/dir (a PersistentVolumeClaim, mounted at "
+                                  "/flotilla/checkpoint), or any other URI, passed on as FLOTILLA_CHECKPOINT_URI.",
                                   max_length=2048),
-                    "restoreSeconds": number("Measured cost of a stop/reshard/restart, in seconds.",
+                    "restoreSeconds": number("Declared cost of a stop/reshard/restart, in seconds, until the "
+                                             "workers measure it (status.checkpoint.restoreSeconds).",
                                              minimum=0, default=30),
                 },
                 "Checkpointing, used for resharding when the job changes size.",
+                rules=[rule("!has(self.uri) || !self.uri.startsWith('file://') || self.uri.startsWith('file:///')",
+                            "spec.checkpoint.uri: a file:// URI needs an absolute path (file:///dir)"),
+                       rule("!has(self.uri) || !self.uri.startsWith('pvc://') "
+                            "|| self.uri.matches('^pvc://[a-z0-9]([-a-z0-9]*[a-z0-9])?(/.*)?$')",
+                            "spec.checkpoint.uri: pvc://CLAIM/path needs a claim name (a DNS-1123 label)")],
             ),
             "bestEffort": boolean("Run even when the deadline cannot be guaranteed.", default=False),
             "priority": integer("Higher runs first among best-effort jobs.", default=0,
@@ -159,6 +167,9 @@ def _training_job_schema() -> Schema:
                                                minimum=0),
                 "requestedAt": string(fmt="date-time"),
                 "reason": string("Why the last checkpoint was requested.", max_length=1024),
+                "restoreSeconds": number("Measured by the workers: from the acknowledged checkpoint to the new "
+                                         "worker set's first step (stop, reschedule, rendezvous, reshard-load).",
+                                         minimum=0),
             }),
             "reshards": integer(minimum=0),
             "startedAt": string("When all workers first ran.", fmt="date-time"),

@@ -31,6 +31,9 @@ parallelism) and the GPU (LOCAL_RANK, when a launcher such as torchrun sets it):
 
 It never raises and never blocks the training loop (a lost datagram is one lost
 sample). Without a JobClient, `StepReporter.from_env()` does the same.
+
+PyTorch jobs use `flotilla.worker.torch` (the `flotilla[torch]` extra), which does all of this
+with Distributed Checkpoint: see docs/training.md, "Bring your PyTorch job".
 """
 
 from flotilla.worker.client import CheckpointRequest, JobClient, WorkerIdentity

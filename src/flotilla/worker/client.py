@@ -93,13 +93,15 @@ class JobClient:
                                                  {"metadata": meta})
 
     def report_progress(self, steps: int, steps_per_second: float, checkpoint_step: int | None = None,
-                        force: bool = False) -> bool:
-        """Rank 0 reports; at most once per `min_interval` unless forced. True if sent."""
+                        force: bool = False, restore_seconds: float | None = None) -> bool:
+        """Rank 0 reports; at most once per `min_interval` unless forced. True if sent. `restore_seconds`: what
+        this worker set's start from an acknowledged checkpoint cost (the operator records it in status)."""
         now = self._clock()
         if not force and now - self._last_report < self._min_interval:
             return False
         self._patch_annotations(checkpoint.progress_annotation(steps, steps_per_second, now,
-                                                               self.identity.generation, checkpoint_step))
+                                                               self.identity.generation, checkpoint_step,
+                                                               restore_seconds))
         self._last_report = now
         return True
 
