@@ -32,6 +32,7 @@ from flotilla.health.samples import Sample
 
 OUTLOOKS = ("on-track", "at-risk", "missed", "done", "no-deadline")
 FINISHED = ("Succeeded", "Failed", "Rejected")
+ADMITTED = ("Admitted", "Running", "Resharding")  # holding, or promised, a guaranteed share
 # Mirrored kind -> (table, key column)
 _TABLES: dict[str, tuple[type, Any]] = {
     "TrainingJob": (TrainingJobRow, TrainingJobRow.key),
@@ -357,6 +358,26 @@ class Store:
         return {"nodes": int(nodes), "gpus": int(total), "schedulableGpus": int(sched),
                 "trainingGpus": int(training), "servingGpus": int(serving),
                 "freeGpus": max(0, int(sched) - int(training) - int(serving))}
+
+    def gpu_map(self) -> tuple[list[tuple[Any, ...]], list[tuple[str, str, int]]]:
+        """Every node (name, domain, labels, GPUs, ready, unschedulable, healthy, taint) by name, and every
+        training allocation (node, job, GPUs): what the console's GPU map draws, in two queries."""
+        n = NodeRow
+        with self.session() as s:
+            nodes = [tuple(r) for r in s.execute(sa.select(n.name, n.domain, n.labels, n.total_gpus, n.ready,
+                                                           n.unschedulable, n.healthy, n.taint).order_by(n.name))]
+            allocations = [tuple(r) for r in s.execute(
+                sa.select(AllocationRow.node, AllocationRow.job, AllocationRow.gpus).order_by(AllocationRow.job))]
+        return nodes, allocations
+
+    def reservations(self) -> list[tuple[str, str, int, int, float]]:
+        """(key, phase, minGPUs, GPUs now, deadline) of every admitted, unfinished job with a deadline ahead."""
+        j = TrainingJobRow
+        with self.session() as s:
+            return [tuple(r) for r in s.execute(  # type: ignore[misc]
+                sa.select(j.key, j.phase, j.min_gpus, j.gpus, j.deadline)
+                .where(j.phase.in_(ADMITTED), j.deadline.is_not(None), j.deadline > self.clock())
+                .order_by(j.deadline.desc(), j.key))]
 
     def node_health_counts(self) -> dict[str, int]:
         with self.session() as s:

@@ -76,3 +76,40 @@ def decision(row: DecisionRow) -> dict[str, Any]:
 def sample(row: SampleRow) -> dict[str, Any]:
     return {"ts": row.ts, "time": iso(row.ts), "metric": row.metric, "value": row.value, "gpu": row.gpu,
             "job": row.job}
+
+
+RACK_LABEL = "flotilla.dev/rack"
+
+
+def node_state(ready: bool, unschedulable: bool, healthy: bool) -> str:
+    """One word for the GPU map: unhealthy wins over not-ready, which wins over cordoned."""
+    if not healthy:
+        return "unhealthy"
+    if not ready:
+        return "notready"
+    return "cordoned" if unschedulable else "ok"
+
+
+def gpu_map(nodes: list[tuple[Any, ...]], allocations: list[tuple[str, str, int]],
+            serving: dict[str, dict[str, int]], now: float) -> dict[str, Any]:
+    """The console's GPU map in one compact answer: holders are listed once and nodes point at them by index,
+    so 1,000 nodes stay in about 100 kB. `serving` is node -> {ServingDeployment: GPUs} from its pods."""
+    training: dict[str, int] = {}
+    servings: dict[str, int] = {}
+    held: dict[str, list[list[Any]]] = {}
+    for node, job, gpus in allocations:
+        held.setdefault(node, []).append(["t", training.setdefault(job, len(training)), gpus])
+    for node, by_serving in sorted(serving.items()):
+        for key, gpus in sorted(by_serving.items()):
+            held.setdefault(node, []).append(["s", servings.setdefault(key, len(servings)), gpus])
+    out = []
+    for name, domain, labels, total, ready, unschedulable, healthy, taint in nodes:
+        out.append({"name": name, "domain": domain, "rack": (labels or {}).get(RACK_LABEL) or domain,
+                    "gpus": total, "state": node_state(ready, unschedulable, healthy), "tainted": taint is not None,
+                    "holders": held.get(name, [])})
+    return {"time": iso(now), "training": list(training), "serving": list(servings), "nodes": out}
+
+
+def reservation(row: tuple[str, str, int, int, float]) -> dict[str, Any]:
+    key, phase, min_gpus, gpus, deadline = row
+    return {"key": key, "phase": phase, "guaranteedGPUs": min_gpus, "gpus": gpus, "deadline": iso(deadline)}
