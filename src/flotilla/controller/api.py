@@ -358,10 +358,12 @@ def create_app(ctl: Controller) -> FastAPI:
         return JSONResponse(views.gpu_map(nodes, allocations, serving, store.clock()))
 
     @app.get("/v1/timeline", tags=["training"],
-             summary="Admitted jobs' guaranteed shares until their deadlines, and the schedulable GPUs (the console's "
-                     "training timeline)")
+             summary="Admitted jobs' guaranteed shares until their deadlines, the serving plans' GPUs and the "
+                     "schedulable GPUs (the console's training timeline)")
     def timeline(_: Reader) -> JSONResponse:
-        return JSONResponse({"time": now_iso(), "schedulableGpus": store.capacity()["schedulableGpus"],
+        capacity = store.capacity()
+        return JSONResponse({"time": now_iso(), "schedulableGpus": capacity["schedulableGpus"],
+                             "servingGpus": capacity["servingGpus"],
                              "jobs": [views.reservation(r) for r in store.reservations()]})
 
     @app.get("/v1/cluster", tags=["cluster"], summary="GPU capacity, allocation and free; deadline outlook; node health")

@@ -346,14 +346,15 @@ function timeline(plan) {
   const now = Date.now();
   const capacity = plan.schedulableGpus;
   const admitted = plan.jobs;  // latest deadline first: the longest bands at the bottom make a staircase
-  const reserved = admitted.reduce((a, j) => a + j.guaranteedGPUs, 0);
-  const W = 900, H = 260, L = 46, B = 24, T = 10, R = 10;
+  const serving = plan.servingGpus;  // what the serving plans hold: training is guaranteed what is left
+  const reserved = serving + admitted.reduce((a, j) => a + j.guaranteedGPUs, 0);
+  const W = 900, H = 220, L = 46, B = 24, T = 10, R = 10;
   const horizon = state.horizonHours * 3600e3;
   const top = Math.max(capacity, reserved, 1);
   const x = (t) => L + ((Math.min(t, now + horizon) - now) / horizon) * (W - L - R);
   const y = (g) => H - B - (g / top) * (H - B - T);
   const svg = s("svg", { viewBox: `0 0 ${W} ${H}`, role: "img", id: "timeline",
-    "aria-label": `Guaranteed GPUs over the next ${state.horizonHours} hours: ${reserved} of ${capacity} schedulable GPUs reserved now by ${admitted.length} admitted jobs` });
+    "aria-label": `Reserved GPUs over the next ${state.horizonHours} hours: ${reserved} of ${capacity} schedulable GPUs, ${serving} by serving plans and the rest guaranteed to ${admitted.length} admitted jobs` });
   svg.append(s("line", { class: "axis", x1: L, y1: H - B, x2: W - R, y2: H - B }), s("line", { class: "axis", x1: L, y1: T, x2: L, y2: H - B }));
   for (let i = 0; i <= 4; i++) {
     const t = now + (horizon * i) / 4;
@@ -362,6 +363,13 @@ function timeline(plan) {
   }
   svg.append(s("text", { x: 4, y: y(top) + 10 }, `${top}`), s("text", { x: 4, y: H - B }, "0"));
   let base = 0;
+  if (serving) {
+    const rect = s("rect", { x: x(now), y: y(serving), width: x(now + horizon) - x(now), height: y(0) - y(serving), class: "serving-band" });
+    rect.append(s("title", {}, `serving plans: ${serving} GPUs`));
+    svg.append(rect);
+    if (y(0) - y(serving) >= 12) svg.append(s("text", { x: x(now) + 4, y: y(serving / 2) + 4, class: "on-dark" }, `serving plans · ${serving} GPUs`));
+    base = serving;
+  }
   admitted.forEach((j, i) => {
     const g = j.guaranteedGPUs;
     const end = new Date(j.deadline).getTime();
@@ -380,7 +388,7 @@ function timeline(plan) {
     h("div", { class: "filters" }, h("label", {}, "Horizon",
       h("select", { "aria-label": "timeline horizon", onchange: (e) => { state.horizonHours = Number(e.target.value); refresh(true); } },
         [2, 6, 24, 168, 720].map((n) => h("option", { value: n, selected: n === state.horizonHours }, n < 48 ? `${n} h` : `${n / 24} d`)))),
-      h("span", {}, `${reserved} of ${capacity} schedulable GPUs guaranteed now to ${admitted.length} admitted jobs; `
+      h("span", {}, `${reserved} of ${capacity} schedulable GPUs reserved now: ${serving} by serving plans, the rest guaranteed to ${admitted.length} admitted jobs; `
         + `${Math.max(0, capacity - reserved)} left for a new job's guarantee. A job whose share does not fit under the line until its deadline is rejected.`)),
     svg);
 }
