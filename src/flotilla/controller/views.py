@@ -30,7 +30,9 @@ def job(row_outlook: tuple[TrainingJobRow, str]) -> dict[str, Any]:
         "elasticity": {"minGPUs": row.min_gpus, "maxGPUs": row.max_gpus},
         "gpus": row.gpus, "placement": [{"node": n, "gpus": g} for n, g in sorted(row.placement.items())],
         "reshards": row.reshards, "checkpointGeneration": row.checkpoint_generation,
-        "checkpointRequest": row.checkpoint_request, "updated": iso(row.updated),
+        "checkpointRequest": row.checkpoint_request,
+        "lentTo": [{"serving": k, "gpus": g} for k, g in sorted((row.lent_to or {}).items())],
+        "updated": iso(row.updated),
     }
 
 
@@ -44,7 +46,10 @@ def serving(row: ServingDeploymentRow) -> dict[str, Any]:
                  + row.decode_replicas * row.decode_gpus_per_instance,
                  "predictedGoodput": row.predicted_goodput, "time": iso(row.last_plan_time),
                  "reason": row.last_plan_reason},
-        "slo": row.slo, "observed": row.observed, "replanRequest": row.replan_request, "updated": iso(row.updated),
+        "slo": row.slo, "observed": row.observed, "replanRequest": row.replan_request,
+        "pool": None if row.granted_gpus is None else {"grantedGPUs": row.granted_gpus},
+        "borrowedFrom": [{"job": k, "gpus": g} for k, g in sorted((row.borrowed_from or {}).items())],
+        "updated": iso(row.updated),
     }
 
 
@@ -78,8 +83,6 @@ def sample(row: SampleRow) -> dict[str, Any]:
             "job": row.job}
 
 
-RACK_LABEL = "flotilla.dev/rack"
-
 
 def node_state(ready: bool, unschedulable: bool, healthy: bool) -> str:
     """One word for the GPU map: unhealthy wins over not-ready, which wins over cordoned."""
@@ -103,8 +106,8 @@ def gpu_map(nodes: list[tuple[Any, ...]], allocations: list[tuple[str, str, int]
         for key, gpus in sorted(by_serving.items()):
             held.setdefault(node, []).append(["s", servings.setdefault(key, len(servings)), gpus])
     out = []
-    for name, domain, labels, total, ready, unschedulable, healthy, taint in nodes:
-        out.append({"name": name, "domain": domain, "rack": (labels or {}).get(RACK_LABEL) or domain,
+    for name, domain, rack, total, ready, unschedulable, healthy, taint in nodes:
+        out.append({"name": name, "domain": domain, "rack": rack or domain,
                     "gpus": total, "state": node_state(ready, unschedulable, healthy), "tainted": taint is not None,
                     "holders": held.get(name, [])})
     return {"time": iso(now), "training": list(training), "serving": list(servings), "nodes": out}

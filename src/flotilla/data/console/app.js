@@ -409,6 +409,7 @@ function renderJob(j) {
       h("dt", {}, "ETA"), h("dd", {}, fmtTime(j.estimatedCompletion)),
       h("dt", {}, "Priority"), h("dd", {}, String(j.priority)),
       h("dt", {}, "Reshards"), h("dd", {}, String(j.reshards)),
+      h("dt", {}, "Lent to serving"), h("dd", {}, loanList(j.lentTo, "serving")),
       h("dt", {}, "Checkpoint request"), h("dd", {}, j.checkpointRequest ? JSON.stringify(j.checkpointRequest) : "none"))),
     isAdmin() && !["Succeeded", "Failed", "Rejected"].includes(j.phase) ? jobActions(j, key) : null,
     h("h3", {}, "Latest decisions"), decisionTable(j.history),
@@ -454,21 +455,28 @@ function renderServing({ serving, granted }) {
     h("h2", {}, "Serving"),
     h("p", { class: "question" }, "Does each model meet its latency SLO, and with how many GPUs? P:D is prefill to decode instances."),
     h("table", { "aria-label": "serving deployments" },
-      h("thead", {}, h("tr", {}, ["Deployment", "Mode", "P:D", "GPUs granted / planned", "SLO attainment (observed / target)",
-        "Load (req/s)", "Last plan"].map((t) => h("th", { scope: "col" }, t)))),
+      h("thead", {}, h("tr", {}, ["Deployment", "Mode", "P:D", "GPUs held / granted / planned", "Borrowed from training",
+        "SLO attainment (observed / target)", "Load (req/s)", "Last plan"].map((t) => h("th", { scope: "col" }, t)))),
       h("tbody", {}, serving.items.map((d) => h("tr", { dataset: { serving: d.key } },
         h("td", {}, h("a", { href: `#/serving/${d.key}`, "data-key": `sd:${d.key}` }, d.key)),
         h("td", {}, d.plan.mode),
         h("td", {}, `${d.plan.prefillReplicas}:${d.plan.decodeReplicas}`),
-        h("td", { class: "num" }, `${granted[d.key] || 0} / ${d.plan.gpus}`),
+        h("td", { class: "num" }, `${granted[d.key] || 0} / ${d.pool ? d.pool.grantedGPUs : "—"} / ${d.plan.gpus}`),
+        h("td", {}, loanList(d.borrowedFrom, "job")),
         h("td", {}, `${pct(d.observed && d.observed.attainment)} / ${pct(d.slo && d.slo.attainment)}`),
         h("td", { class: "num" }, d.observed && d.observed.requestsPerSecond !== undefined ? d.observed.requestsPerSecond.toFixed(1) : "—"),
         h("td", {}, d.plan.reason || "—", h("br"), h("small", {}, fmtTime(d.plan.time))))))),
   ];
 }
 
+function loanList(loans, side) {
+  if (!loans || !loans.length) return "none";
+  return loans.map((l, i) => [i ? ", " : "", side === "job" ? jobLink(l.job) : h("a", { href: `#/serving/${l.serving}` }, l.serving),
+                              ` (${l.gpus} GPUs)`]);
+}
+
 function renderServingOne([d, history]) {
-  const loans = history.items.filter((x) => /lend|borrow|loan/i.test(`${x.kind} ${x.reason}`));
+  const loans = history.items.filter((x) => x.kind === "loan");
   return [
     h("h2", {}, `Serving deployment ${d.key}`),
     h("p", {}, h("a", { href: "#/serving" }, "← all deployments")),
@@ -480,8 +488,10 @@ function renderServingOne([d, history]) {
       h("dt", {}, "Observed"), h("dd", {}, d.observed && Object.keys(d.observed).length ? JSON.stringify(d.observed) : "no statistics yet"),
       h("dt", {}, "Predicted goodput"), h("dd", {}, d.plan.predictedGoodput === null ? "—" : `${d.plan.predictedGoodput.toFixed(2)} req/s`),
       h("dt", {}, "Last plan"), h("dd", {}, `${d.plan.reason || "—"} (${fmtTime(d.plan.time)})`))),
-    h("h3", {}, "Loans to and from training"),
-    loans.length ? decisionTable(loans) : h("p", {}, "No loans recorded in the decision history."),
+    h("h3", {}, "Loans from training"),
+    h("p", { "data-field": "borrowed" }, "Borrowed now: ", loanList(d.borrowedFrom, "job"),
+      d.pool ? ` · the pool grants ${d.pool.grantedGPUs} GPUs` : ""),
+    loans.length ? decisionTable(loans) : h("p", {}, "No loan in the decision history."),
     h("h3", {}, "Plan history"), decisionTable(history.items),
   ];
 }
