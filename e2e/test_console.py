@@ -144,7 +144,9 @@ def test_every_page_shows_the_clusters_objects_and_the_map_puts_the_job_on_its_n
     browser.wait(d, lambda d: by_css(d, f"#timeline rect[data-job='{ns}/llama-ft']"), "llama-ft in the timeline")
     row = by_css(d, f"tr[data-job='{ns}/resnet50']")[0].text
     assert "Running" in row or "Admitted" in row, row
+    d.set_window_size(1440, 1100)  # the timeline and the job table in one picture
     d.save_screenshot(str(shots / "training.png"))
+    d.set_window_size(1440, 900)
 
     open_page(d, base, "#/serving", f"tr[data-serving='{ns}/chat']", "the serving page")
     assert "1:2" in by_css(d, f"tr[data-serving='{ns}/chat']")[0].text  # examples/: fixed, 1 prefill, 2 decode

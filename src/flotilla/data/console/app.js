@@ -377,7 +377,7 @@ function timeline(plan) {
                              fill: `hsl(${hue(i)}, 55%, 55%)`, "data-job": j.key });
     rect.append(s("title", {}, `${j.key}: ${g} GPUs guaranteed until ${fmtTime(j.deadline)}${end > now + horizon ? " (beyond this view)" : ""}; holds ${j.gpus} now`));
     svg.append(rect);
-    if (y(base) - y(base + g) >= 12) {
+    if (y(base) - y(base + g) >= 10) {
       svg.append(s("text", { x: x(now) + 4, y: y(base + g / 2) + 4 }, `${j.key} · ${g} GPUs${end > now + horizon ? " →" : ""}`));
     }
     base += g;
