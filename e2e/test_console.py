@@ -94,6 +94,11 @@ def by_css(driver, selector):
     return driver.find_elements("css selector", selector)
 
 
+def click(driver, selector: str, what: str) -> None:
+    """Click the element now matching `selector` (a poll may have redrawn the page since it was found)."""
+    browser.wait(driver, lambda d: by_css(d, selector)[0].click() or True, what)
+
+
 def open_page(driver, base: str, fragment: str, ready: str, what: str):
     driver.get(f"{base}/ui/{fragment}")
     return browser.wait(driver, lambda d: by_css(d, ready), what, timeout=20)
@@ -135,7 +140,7 @@ def test_every_page_shows_the_clusters_objects_and_the_map_puts_the_job_on_its_n
     cell = by_css(d, f"#gpumap .cell[data-holder='{ns}/llama-ft']")[0]
     assert f"{ns}/llama-ft" in cell.get_attribute("title")  # what hovering shows
     d.save_screenshot(str(shots / "gpu-map.png"))
-    cell.click()  # opens the job
+    click(d, f"#gpumap .cell[data-holder='{ns}/llama-ft']", "a GPU cell of llama-ft")  # opens the job
     browser.wait(d, lambda d: by_css(d, "[data-field=phase]") and d.current_url.endswith(f"#/training/{ns}/llama-ft"),
                  "the job's page from its GPU cell")
     d.save_screenshot(str(shots / "job.png"))
@@ -169,7 +174,7 @@ def test_every_page_shows_the_clusters_objects_and_the_map_puts_the_job_on_its_n
 
 
 def test_an_injected_fault_turns_the_node_unhealthy_in_the_map_within_10_s(
-        cluster_with_examples, admin_browser, redis_url, log_dir, tmp_path):
+        cluster_with_examples, admin_browser, redis_url, log_dir, tmp_path, shots):
     ns, api, base = cluster_with_examples
     d = admin_browser
     nodes = sorted(p["node"] for p in running("resnet50", ns)["placement"]) or sorted(
@@ -193,6 +198,13 @@ def test_an_injected_fault_turns_the_node_unhealthy_in_the_map_within_10_s(
         print(f"{faulty}: fault at {fault_at:.1f}, unhealthy in the map {seen - fault_at:.1f} s later")
         assert seen - fault_at <= 10.0, f"the map showed the fault {seen - fault_at:.1f} s after it happened"
         assert all(node_state_in_map(d, n) == "ok" for n in everyone if n != faulty)
+        d.save_screenshot(str(shots / "gpu-map-fault.png"))
+        # The node's page shows the detector's evidence: the metric it judged, over which window.
+        open_page(d, base, f"#/nodes/{faulty}", ".evidence dl", "the detector's evidence")
+        evidence = by_css(d, ".evidence")[0].text
+        assert "metric" in evidence and "window" in evidence, evidence
+        assert "unhealthy" in d.find_element("css selector", "[data-field=state]").text
+        d.save_screenshot(str(shots / "node-unhealthy.png"))
     finally:
         for a in agents:
             a.stop()
@@ -212,15 +224,15 @@ def test_an_admin_drains_a_node_from_the_ui_and_the_reshard_shows_in_decisions(c
     node = job["placement"][0]["node"]
     open_page(d, base, f"#/nodes/{node}", "#act-drain", "the drain button")
     try:
-        by_css(d, "#act-drain")[0].click()
+        click(d, "#act-drain", "the drain button")
         text = browser.wait(d, lambda d: d.find_element("id", "confirm-text").text, "the confirmation")
         assert node in text and "checkpoint" in text and f"{ns}/llama-ft" in text, text
-        d.find_element("id", "confirm-ok").click()
+        click(d, "#confirm-ok", "Confirm")
         status = browser.wait(d, lambda d: by_css(d, "#answer [data-answer-status]")[0].get_attribute(
             "data-answer-status"), "the API's answer")
         assert status == "202", d.find_element("id", "answer").text
         assert f"{ns}/llama-ft" in d.find_element("id", "answer").text  # the checkpoint request it made
-        d.find_element("css selector", "#answer button").click()
+        click(d, "#answer button", "Close")
 
         moved = wait_for("llama-ft moved off the drained node", lambda: (s := running("llama-ft", ns)) and node not in
                          {p["node"] for p in s["placement"]} and s.get("reshards", 0) > before and s, timeout=120)

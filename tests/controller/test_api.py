@@ -368,7 +368,6 @@ def test_gpumap_lists_every_node_with_its_holders_and_state(client, cluster, con
     assert [(n["rack"], n["gpus"], n["state"], n["tainted"]) for n in body["nodes"]] == [
         ("r1", 8, "ok", False), ("r1", 8, "ok", False), ("r2", 4, "unhealthy", True)]
     assert "default/done" not in body["training"]  # a finished job holds nothing
-    assert body["time"] == iso(NOW)
 
 
 def test_gpumap_states_cordoned_and_not_ready(client, store):

@@ -94,7 +94,7 @@ def node_state(ready: bool, unschedulable: bool, healthy: bool) -> str:
 
 
 def gpu_map(nodes: list[tuple[Any, ...]], allocations: list[tuple[str, str, int]],
-            serving: dict[str, dict[str, int]], now: float) -> dict[str, Any]:
+            serving: dict[str, dict[str, int]]) -> dict[str, Any]:
     """The console's GPU map in one compact answer: holders are listed once and nodes point at them by index,
     so 1,000 nodes stay in about 100 kB. `serving` is node -> {ServingDeployment: GPUs} from its pods."""
     training: dict[str, int] = {}
@@ -110,7 +110,7 @@ def gpu_map(nodes: list[tuple[Any, ...]], allocations: list[tuple[str, str, int]
         out.append({"name": name, "domain": domain, "rack": rack or domain,
                     "gpus": total, "state": node_state(ready, unschedulable, healthy), "tainted": taint is not None,
                     "holders": held.get(name, [])})
-    return {"time": iso(now), "training": list(training), "serving": list(servings), "nodes": out}
+    return {"training": list(training), "serving": list(servings), "nodes": out}
 
 
 def reservation(row: tuple[str, str, int, int, float]) -> dict[str, Any]:

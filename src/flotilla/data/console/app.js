@@ -22,7 +22,7 @@ function h(tag, attrs, ...children) {
     else if (k === "dataset") Object.assign(el.dataset, v);
     else el.setAttribute(k, v === true ? "" : v);
   }
-  for (const c of children.flat()) {
+  for (const c of children.flat(Infinity)) {
     if (c === null || c === undefined || c === false) continue;
     el.append(c instanceof Node ? c : document.createTextNode(String(c)));
   }
@@ -154,13 +154,14 @@ async function refresh(force = false) {
     return;
   }
   if (state.page !== `${page}:${arg}`) return;  // navigated away while loading
-  const text = JSON.stringify(data);
+  // What is drawn: a row's "updated" stamp moves with every watch event and changes nothing on the page.
+  const text = JSON.stringify(data, (k, v) => (k === "updated" ? undefined : v));
   setStatus(`${state.who ? `${state.who.name} (${state.who.role})` : ""} · updated ${new Date().toLocaleTimeString()}`);
   if (!force && text === state.last) return;
   state.last = text;
   const focused = document.activeElement && document.activeElement.dataset.key;
   const built = pages[page].render(data, arg);
-  view.replaceChildren(...[built].flat());
+  view.replaceChildren(...[built].flat(Infinity));
   document.title = `${pages[page].title} · Flotilla`;
   if (focused) view.querySelector(`[data-key="${CSS.escape(focused)}"]`)?.focus();
   for (const a of document.querySelectorAll("header nav a")) {
