@@ -4,7 +4,7 @@
 * the GPU map shows the running job's GPUs on the nodes its status.placement names;
 * a GPU fault injected by a node agent turns the node unhealthy in the map within 10 s of the fault;
 * an admin drains a node from the UI (confirmation, the API's answer shown); the job moves off it through a
-  checkpoint and its reshard appears on the Decisions page;
+  checkpoint and its reshard appears on the Decisions page; an admin changes a job's priority from its page;
 * a read token sees no action button, and the API refuses it the action.
 
 Screenshots go to $FLOTILLA_E2E_LOGS/console/ (or the session's log folder, printed); with
@@ -247,6 +247,25 @@ def test_an_admin_drains_a_node_from_the_ui_and_the_reshard_shows_in_decisions(c
     finally:
         api.post(f"/v1/nodes/{node}/return-to-service", json={"reason": "e2e console done"})
         kubectl("uncordon", node, check=False)
+
+
+def test_an_admin_changes_a_jobs_priority_from_the_ui(cluster_with_examples, admin_browser):
+    ns, api, base = cluster_with_examples
+    d = admin_browser
+    open_page(d, base, f"#/training/{ns}/resnet50", "#new-priority", "the job's actions")
+    field = by_css(d, "#new-priority")[0]
+    field.clear()
+    field.send_keys("7")
+    click(d, "#new-priority ~ button, form:has(#new-priority) button[type=submit]", "Change priority")
+    text = browser.wait(d, lambda d: d.find_element("id", "confirm-text").text, "the confirmation")
+    assert f"{ns}/resnet50" in text and "to 7" in text, text
+    click(d, "#confirm-ok", "Confirm")
+    status = browser.wait(d, lambda d: by_css(d, "#answer [data-answer-status]")[0].get_attribute(
+        "data-answer-status"), "the API's answer")
+    assert status == "200", d.find_element("id", "answer").text
+    click(d, "#answer button", "Close")
+    assert wait_for("spec.priority 7", lambda: (get("trainingjob", "resnet50", ns) or {}).get("spec", {})
+                    .get("priority") == 7, timeout=20)
 
 
 def test_a_read_token_sees_no_action_and_the_api_refuses_it(cluster_with_examples):

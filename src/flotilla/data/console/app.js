@@ -91,6 +91,9 @@ function confirmAction(text) {
   return new Promise((resolve) => dlg.addEventListener("close", () => resolve(dlg.returnValue === "ok"), { once: true }));
 }
 
+// crypto.randomUUID exists only in secure contexts (HTTPS, localhost); getRandomValues everywhere.
+const randomHex = (n) => Array.from(crypto.getRandomValues(new Uint8Array(n)), (b) => b.toString(16).padStart(2, "0")).join("");
+
 async function act(what, method, path, body) {
   if (!(await confirmAction(what))) return;
   const box = document.getElementById("answer");
@@ -98,7 +101,7 @@ async function act(what, method, path, body) {
   box.replaceChildren(h("p", {}, "Sending…"));
   try {
     const { status, body: answer } = await api(path, { method, body, keepErrors: true,
-      headers: { "Idempotency-Key": `console-${crypto.randomUUID()}` } });
+      headers: { "Idempotency-Key": `console-${randomHex(16)}` } });
     box.className = status >= 400 ? "refused" : "";
     box.replaceChildren(
       h("h2", {}, `${status >= 400 ? "Refused" : "Done"}: ${method} ${path} → ${status}`),
