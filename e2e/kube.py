@@ -112,12 +112,13 @@ class FlotillaProcess:
 
 
 @contextmanager
-def controller_api(log_dir: Path, state: Path, *extra: str) -> Iterator[Any]:
-    """`flotilla controller` on a free port (SQLite in `state`), yielding an admin API client."""
+def controller_api(log_dir: Path, state: Path, *extra: str, more_tokens: str = "") -> Iterator[Any]:
+    """`flotilla controller` on a free port (SQLite in `state`), yielding an admin API client.
+    `more_tokens`: further lines of the tokens file ('<token>,<role>,<name>')."""
     import httpx
 
     admin = secrets.token_hex(16)
-    (state / "tokens").write_text(f"{admin},admin,e2e\n")
+    (state / "tokens").write_text(f"{admin},admin,e2e\n{more_tokens}")
     port = free_port()
     proc = FlotillaProcess(log_dir / f"controller-{state.name}.log", "controller", "--db-url",
                            f"sqlite:///{state}/c.db", "--tokens-file", str(state / "tokens"), "--port", str(port),

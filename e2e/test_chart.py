@@ -175,7 +175,7 @@ def test_each_serviceaccount_may_do_only_its_job(release):
                            ("delete", "trainingjobs.flotilla.dev"), ("delete", "deployments.apps"),
                            ("update", "leases.coordination.k8s.io")):
         assert not can_i(OP, ns, verb, resource, "default"), f"operator may {verb} {resource}"
-    # The controller: cordon and taint nodes, but never touch pods or secrets.
+    # The controller: cordon and taint nodes, list pods (the GPU map), but never change pods or read secrets.
     assert can_i(CTL, ns, "patch", "nodes", "default")
     for verb, resource in (("delete", "pods"), ("create", "pods"), ("get", "secrets"), ("delete", "nodes")):
         assert not can_i(CTL, ns, verb, resource, "default"), f"controller may {verb} {resource}"

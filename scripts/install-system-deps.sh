@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Debian packages Flotilla's tests and demo use: redis-server (metrics bus), PostgreSQL
-# (optional database), openssl (cluster certificates), curl. Go must already be
+# (optional database), openssl (cluster certificates), curl, chromium and chromium-driver (the console's
+# browser tests and bench/console.py drive a headless Chromium; nothing is downloaded). Go must already be
 # installed (it builds the Kubernetes binaries). Installs only what is missing.
 set -euo pipefail
 need=()
@@ -9,6 +10,8 @@ command -v redis-server >/dev/null || need+=(redis-server)
 command -v openssl >/dev/null || need+=(openssl)
 command -v curl >/dev/null || need+=(curl)
 command -v make >/dev/null || need+=(make)
+command -v chromium >/dev/null || need+=(chromium)
+command -v chromedriver >/dev/null || need+=(chromium-driver)
 if [ ${#need[@]} -gt 0 ]; then
   SUDO=; [ "$(id -u)" -eq 0 ] || SUDO=sudo
   echo "[deps] installing ${need[*]}"
@@ -17,4 +20,4 @@ if [ ${#need[@]} -gt 0 ]; then
 fi
 # The Debian postgresql package starts a cluster of its own; the tests start throw-away ones.
 command -v go >/dev/null || { echo "[deps] error: Go is needed to build the Kubernetes binaries (https://go.dev/dl/)" >&2; exit 1; }
-echo "[deps] ok: $(redis-server --version | cut -d' ' -f3), $(go version | cut -d' ' -f3), openssl $(openssl version | cut -d' ' -f2)"
+echo "[deps] ok: $(redis-server --version | cut -d' ' -f3), $(go version | cut -d' ' -f3), openssl $(openssl version | cut -d' ' -f2), $(chromium --version 2>/dev/null | cut -d' ' -f1-2)"

@@ -54,3 +54,18 @@ def test_the_operator_reads_the_pool_policy_file_and_names_what_is_wrong(tmp_pat
         operator.pool_policy(_operator_args("--policy", "fifo-gang", "--pool-policy", str(good))[1])
     with pytest.raises(SystemExit, match="No such file"):
         operator.pool_policy(_operator_args("--pool-policy", str(tmp_path / "missing.yaml"))[1])
+
+
+def test_demo_console_tokens_are_made_once_owner_only_and_accepted_by_the_controller(tmp_path):
+    from flotilla.commands.demo import console_tokens
+    from flotilla.controller.auth import TokenAuthenticator
+
+    path = tmp_path / "console-tokens"
+    read, admin = console_tokens(path)
+    assert console_tokens(path) == (read, admin)  # the same tokens on the next run
+    assert path.stat().st_mode & 0o777 == 0o600
+    auth = TokenAuthenticator(path)
+    assert (auth.identify(read).role, auth.identify(admin).role) == ("read", "admin")
+    path.write_text(f"{read},read,viewer\n")
+    with pytest.raises(SystemExit, match="needs a read and an admin token"):
+        console_tokens(path)

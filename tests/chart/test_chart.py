@@ -182,10 +182,12 @@ def test_rbac_is_exactly_what_each_component_uses(render):
     assert lease_role["rules"] == [{"apiGroups": ["coordination.k8s.io"], "resources": ["leases"],
                                     "resourceNames": [OP], "verbs": ["get", "update"]}]
     # From the controller: mirror (list/watch), checkpoint requests, spec edits and spec.plan applies (patch; never
-    # create, never status), cordon/taint/condition, and an Event on a Node whose health it changes.
+    # create, never status), cordon/taint/condition, an Event on a Node whose health it changes, and the serving
+    # pods' places for the console's GPU map (list only).
     assert rules(o, "ClusterRole", CTL) == (
         triples("flotilla.dev", ["trainingjobs", "servingdeployments"], ["get", "list", "watch", "patch"])
         | triples("", ["nodes"], ["get", "list", "watch", "patch"])
+        | triples("", ["pods"], ["list"])
         | triples("", ["nodes/status"], ["patch"])
         | triples("", ["events"], ["create", "get", "patch"])
         | triples("authentication.k8s.io", ["tokenreviews"], ["create"])

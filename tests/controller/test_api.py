@@ -12,6 +12,9 @@ ROUTES = [
     ("GET", "/metrics", "read"),
     ("GET", "/v1/cluster", "read"),
     ("GET", "/v1/cluster/domains", "read"),
+    ("GET", "/v1/gpumap", "read"),
+    ("GET", "/v1/timeline", "read"),
+    ("GET", "/v1/whoami", "read"),
     ("GET", "/v1/jobs", "read"),
     ("GET", "/v1/jobs/default/j1", "read"),
     ("GET", "/v1/jobs/default/j1/history", "read"),
@@ -96,7 +99,7 @@ def test_cluster_after_every_job_finished_counts_no_training_gpus(client, store)
 
 def test_probes(client):
     assert client.get("/healthz").json() == {"status": "ok"}
-    assert client.get("/readyz").json() == {"status": "ready", "schema": "0004"}
+    assert client.get("/readyz").json() == {"status": "ready", "schema": "0005"}
     assert client.get("/openapi.json").json()["info"]["title"] == "Flotilla controller"
 
 
@@ -356,3 +359,60 @@ def test_unknown_route_and_method_are_json(client):
 def test_cors_is_off_by_default(client):
     r = client.get("/v1/cluster", headers={**auth(READER), "Origin": "https://evil.example"})
     assert "access-control-allow-origin" not in r.headers
+
+
+# ---------- the console's data and assets ----------
+
+def test_gpumap_lists_every_node_with_its_holders_and_state(client, cluster, controller):
+    controller.serving_placement = lambda: {"b": {"default/s1": 3}}
+    r = client.get("/v1/gpumap", headers=auth(READER))
+    assert r.status_code == 200, r.text
+    body = r.json()
+    by_name = {n["name"]: n for n in body["nodes"]}
+    assert list(by_name) == ["a", "b", "c"]
+    holders = {name: {(body["training"] if k == "t" else body["serving"])[i]: g for k, i, g in n["holders"]}
+               for name, n in by_name.items()}
+    assert holders == {"a": {"default/j1": 4, "team/j2": 2}, "b": {"team/j2": 2, "default/s1": 3}, "c": {}}
+    assert [(n["rack"], n["gpus"], n["state"], n["tainted"]) for n in body["nodes"]] == [
+        ("r1", 8, "ok", False), ("r1", 8, "ok", False), ("r2", 4, "unhealthy", True)]
+    assert "default/done" not in body["training"]  # a finished job holds nothing
+
+
+def test_gpumap_states_cordoned_and_not_ready(client, store):
+    store.upsert_node(parse_node(node("x", unschedulable=True)))
+    down = node("y")
+    down["status"]["conditions"] = [{"type": "Ready", "status": "False"}]
+    store.upsert_node(parse_node(down))
+    states = {n["name"]: n["state"] for n in client.get("/v1/gpumap", headers=auth(READER)).json()["nodes"]}
+    assert states == {"x": "cordoned", "y": "notready"}
+
+
+def test_timeline_lists_admitted_jobs_with_deadlines_ahead(client, cluster, store):
+    store.upsert_job(parse_training_job(training_job("late", placement={}, phase="Running", deadline=NOW - 60)))
+    store.upsert_job(parse_training_job(training_job("waiting", placement={}, phase="Pending")))
+    store.upsert_job(parse_training_job(training_job("far", placement={"b": 2}, deadline=NOW + 7200)))
+    body = client.get("/v1/timeline", headers=auth(READER)).json()
+    assert [(j["key"], j["guaranteedGPUs"], j["deadline"]) for j in body["jobs"]] == [
+        ("default/far", 2, iso(NOW + 7200)), ("default/j1", 2, iso(NOW + 3600)), ("team/j2", 2, iso(NOW + 3600))]
+    assert body["schedulableGpus"] == 16  # c is unhealthy and cordoned
+    assert body["servingGpus"] == 2 * 1 + 4 * 2
+
+
+def test_whoami_names_the_tokens_role(client):
+    assert client.get("/v1/whoami", headers=auth(READER)).json() == {"name": "bob", "role": "read"}
+    assert client.get("/v1/whoami", headers=auth(ADMIN)).json() == {"name": "alice", "role": "admin"}
+
+
+def test_console_assets_are_served_without_a_token_and_with_a_strict_csp(client):
+    r = client.get("/ui", follow_redirects=False)
+    assert r.status_code == 308 and r.headers["location"] == "/ui/"
+    page = client.get("/ui/")
+    assert page.status_code == 200 and "<title>Flotilla console</title>" in page.text
+    assert "default-src 'self'" in page.headers["content-security-policy"]
+    assert page.headers["x-content-type-options"] == "nosniff"
+    script = client.get("/ui/app.js")
+    assert script.status_code == 200 and "javascript" in script.headers["content-type"]
+    assert "sessionStorage" in script.text and "localStorage" not in script.text
+    assert client.get("/ui/app.css").status_code == 200
+    assert client.get("/ui/missing.js").status_code == 404
+    assert client.get("/ui/../controller/api.py").status_code == 404

@@ -9,7 +9,7 @@ from kubernetes.client.rest import ApiException
 
 from controller_fixtures import node, training_job
 from flotilla.controller.actions import ClusterActionError, ObjectNotFound
-from flotilla.controller.kube import KINDS, KubeActions, Sync
+from flotilla.controller.kube import KINDS, KubeActions, ServingPlacement, Sync, serving_gpus_by_node
 from flotilla.controller.metrics import ControllerMetrics
 
 JOB, NODE = KINDS[0], KINDS[2]
@@ -165,3 +165,38 @@ def test_access_reviewer_asks_about_the_stats_subresource_as_the_caller(monkeypa
     ra = spec.resource_attributes
     assert (ra.group, ra.resource, ra.subresource, ra.verb, ra.namespace, ra.name) == (
         "flotilla.dev", "servingdeployments", "stats", "update", "default", "s1")
+
+
+def serving_pod(ns, serving, node, gpus, phase="Running"):
+    return {"metadata": {"namespace": ns, "labels": {"flotilla.dev/serving": serving, "flotilla.dev/role": "decode"}},
+            "spec": {"nodeName": node, "containers": [{"resources": {"limits": {"nvidia.com/gpu": str(gpus)}}},
+                                                      {"resources": {"limits": None}}]},
+            "status": {"phase": phase}}
+
+
+def test_serving_gpus_by_node_sums_each_deployments_pods():
+    pods = [serving_pod("llm", "chat", "a", 2), serving_pod("llm", "chat", "a", 2), serving_pod("llm", "chat", "b", 1),
+            serving_pod("ml", "chat", "b", 4), serving_pod("llm", "chat", None, 2),  # not scheduled yet
+            serving_pod("llm", "chat", "c", 0)]
+    assert serving_gpus_by_node(pods) == {"a": {"llm/chat": 4}, "b": {"llm/chat": 1, "ml/chat": 4}}
+
+
+def test_serving_placement_lists_once_per_interval_and_keeps_the_last_answer_on_failure(caplog):
+    now = [0.0]
+    placement = ServingPlacement(client.ApiClient(), ttl_s=2.0, clock=lambda: now[0])
+    calls = []
+
+    def list_pods(**kw):
+        calls.append(kw)
+        if len(calls) == 2:
+            raise ApiException(status=503)
+        return {"items": [serving_pod("llm", "chat", "a", 2)]}
+
+    placement.core = SimpleNamespace(list_pod_for_all_namespaces=list_pods, api_client=client.ApiClient())
+    assert placement() == {"a": {"llm/chat": 2}}
+    assert calls[0]["label_selector"] == "flotilla.dev/serving"
+    now[0] = 1.0
+    assert placement() == {"a": {"llm/chat": 2}} and len(calls) == 1  # within the interval: no list
+    now[0] = 3.0
+    assert placement() == {"a": {"llm/chat": 2}} and len(calls) == 2  # the list failed: the last answer
+    assert "listing serving pods" in caplog.text

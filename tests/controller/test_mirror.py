@@ -116,3 +116,32 @@ def test_serving_and_node_changes():
     assert kinds == ["cordon", "health"]
     assert [d.kind for d in node_changes(parse_node(node("n", unschedulable=True)), parse_node(node("n")), NOW)] \
         == ["uncordon"]
+
+
+def test_loans_through_the_pool_are_mirrored_and_recorded():
+    job = training_job("j")
+    job["status"]["lentTo"] = [{"serving": "llm/chat", "gpus": 4}]
+    assert dict(parse_training_job(job).lent_to) == {"llm/chat": 4}
+    before = parse_serving_deployment(serving("chat", "llm"))
+    assert dict(before.borrowed_from) == {} and before.granted_gpus is None
+    lending = serving("chat", "llm")
+    lending["status"]["borrowedFrom"] = [{"job": "default/j", "gpus": 4}]
+    lending["status"]["pool"] = {"grantedGPUs": 14, "demandedGPUs": 14}
+    after = parse_serving_deployment(lending)
+    assert dict(after.borrowed_from) == {"default/j": 4} and after.granted_gpus == 14
+    [loan] = serving_changes(before, after, NOW)
+    assert (loan.kind, loan.object, loan.reason) == ("loan", "llm/chat",
+                                                     "borrowed 4 GPUs of training jobs' surplus through the pool")
+    assert loan.inputs == {"from": {}, "to": {"default/j": 4}, "grantedGPUs": 14}
+    [back] = serving_changes(after, before, NOW)
+    assert back.reason.startswith("gave back 4 GPUs")
+
+
+@pytest.mark.parametrize("status, field", [({"lentTo": {"x": 1}}, "status.lentTo must be a list"),
+                                           ({"lentTo": [{"gpus": 1}]}, "status.lentTo[0].serving"),
+                                           ({"lentTo": [{"serving": "a/b", "gpus": "2"}]}, "status.lentTo[0].gpus")])
+def test_malformed_loans_name_the_field(status, field):
+    job = training_job("j")
+    job["status"].update(status)
+    with pytest.raises(ValueError, match=re.escape(field)):
+        parse_training_job(job)

@@ -50,6 +50,7 @@ class TrainingJobRow(Base):
     reshards: Mapped[int] = mapped_column(sa.Integer)
     checkpoint_generation: Mapped[int] = mapped_column(sa.Integer)
     checkpoint_request: Mapped[dict[str, Any] | None] = mapped_column(sa.JSON)
+    lent_to: Mapped[dict[str, int] | None] = mapped_column(sa.JSON)  # ServingDeployment -> GPUs (None before 0004)
     # When the job entered phase Resharding (None when not resharding): for the reshard duration metric.
     resharding_since: Mapped[float | None] = mapped_column(Seconds)
     updated: Mapped[float] = mapped_column(Seconds)
@@ -81,6 +82,8 @@ class ServingDeploymentRow(Base):
     last_plan_time: Mapped[float | None] = mapped_column(Seconds)
     last_plan_reason: Mapped[str | None] = mapped_column(sa.Text)
     replan_request: Mapped[dict[str, Any] | None] = mapped_column(sa.JSON)
+    borrowed_from: Mapped[dict[str, int] | None] = mapped_column(sa.JSON)  # TrainingJob -> GPUs (None before 0004)
+    granted_gpus: Mapped[int | None] = mapped_column(sa.Integer)  # status.pool.grantedGPUs; None: no pool
     updated: Mapped[float] = mapped_column(Seconds)
 
 

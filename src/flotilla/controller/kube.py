@@ -24,6 +24,7 @@ from flotilla.controller.auth import NO_ROLE, Identity, ReviewUnavailable
 from flotilla.controller.ingest_auth import NODE_NAME_EXTRA, StatsAccess
 from flotilla.controller.metrics import ControllerMetrics
 from flotilla.controller.mirror import (
+    GPU_RESOURCE,
     GROUP,
     HEALTH_CONDITION,
     UNHEALTHY_TAINT,
@@ -34,7 +35,7 @@ from flotilla.controller.mirror import (
 )
 from flotilla.controller.store import Store, SyncResult
 from flotilla.operator.recorder import EventRecorder
-from flotilla.resources.names import Reason
+from flotilla.resources.names import LABEL_SERVING, Reason
 
 log = logging.getLogger(__name__)
 FIELD_MANAGER = "flotilla-controller"
@@ -203,6 +204,47 @@ class Sync:
 
     def stop(self) -> None:
         self._stop.set()
+
+
+class ServingPlacement:
+    """node -> {ServingDeployment: GPUs} from the serving pods (label flotilla.dev/serving), listed when the
+    console's GPU map asks and kept for `ttl_s`, so that many open consoles cost one list per interval. A failed
+    list keeps the last answer (logged)."""
+
+    def __init__(self, api: client.ApiClient, ttl_s: float = 2.0, clock: Callable[[], float] = time.monotonic
+                 ) -> None:
+        self.core, self.ttl_s, self.clock = client.CoreV1Api(api), ttl_s, clock
+        self._lock = threading.Lock()
+        self._at: float | None = None
+        self._answer: dict[str, dict[str, int]] = {}
+
+    def __call__(self) -> dict[str, dict[str, int]]:
+        with self._lock:
+            if self._at is not None and self.clock() - self._at < self.ttl_s:
+                return self._answer
+            try:
+                pods = self.core.list_pod_for_all_namespaces(
+                    label_selector=LABEL_SERVING, field_selector="status.phase!=Succeeded,status.phase!=Failed")
+                self._answer = serving_gpus_by_node(self.core.api_client.sanitize_for_serialization(pods)["items"])
+            except Exception as e:  # the map still draws training and health
+                log.warning("listing serving pods for the GPU map: %s", e)
+            self._at = self.clock()
+            return self._answer
+
+
+def serving_gpus_by_node(pods: list[Mapping[str, Any]]) -> dict[str, dict[str, int]]:
+    out: dict[str, dict[str, int]] = {}
+    for pod in pods:
+        meta, spec = pod.get("metadata") or {}, pod.get("spec") or {}
+        node, serving = spec.get("nodeName"), (meta.get("labels") or {}).get(LABEL_SERVING)
+        if not node or not serving:
+            continue
+        gpus = sum(int(((c.get("resources") or {}).get("limits") or {}).get(GPU_RESOURCE) or 0)
+                   for c in spec.get("containers") or [])
+        if gpus:
+            key = f"{meta.get('namespace')}/{serving}"
+            out.setdefault(node, {})[key] = out.get(node, {}).get(key, 0) + gpus
+    return out
 
 
 REVIEW_TIMEOUT_S = 5.0

@@ -63,6 +63,7 @@ class JobRecord:
     checkpoint_generation: int
     checkpoint_request: Mapping[str, Any] | None
     last_condition: str  # "Reason: message" of the newest condition, for decision reasons
+    lent_to: Mapping[str, int] = field(default_factory=dict)  # ServingDeployment -> GPUs lent through the pool
 
 
 @dataclass(frozen=True)
@@ -81,6 +82,8 @@ class ServingRecord:
     last_plan_time: float | None
     last_plan_reason: str | None
     replan_request: Mapping[str, Any] | None
+    borrowed_from: Mapping[str, int] = field(default_factory=dict)  # TrainingJob -> GPUs borrowed through the pool
+    granted_gpus: int | None = None  # what the unified pool grants (status.pool.grantedGPUs); None without a pool
 
 
 @dataclass(frozen=True)
@@ -177,6 +180,19 @@ def _last_condition(status: Mapping[str, Any]) -> str:
     return f"{newest.get('reason') or newest.get('type', '')}: {newest.get('message') or ''}".strip(": ")
 
 
+def _loans(status: Mapping[str, Any], key: str, other: str) -> dict[str, int]:
+    """status.lentTo / status.borrowedFrom ([{other: "ns/name", gpus}]) -> {ns/name: GPUs}."""
+    raw = status.get(key) or []
+    if not isinstance(raw, list):
+        raise ValueError(f"status.{key} must be a list")
+    out: dict[str, int] = {}
+    for i, entry in enumerate(raw):
+        if not isinstance(entry, Mapping) or not isinstance(entry.get(other), str):
+            raise ValueError(f"status.{key}[{i}].{other} must be a string")
+        out[entry[other]] = out.get(entry[other], 0) + _int(entry, "gpus", f"status.{key}[{i}]")
+    return out
+
+
 def parse_training_job(obj: Mapping[str, Any]) -> JobRecord:
     namespace, name, meta = _metadata(obj, namespaced=True)
     spec, status = _dict(obj, "spec", ""), _dict(obj, "status", "")
@@ -222,6 +238,7 @@ def parse_training_job(obj: Mapping[str, Any]) -> JobRecord:
         checkpoint_generation=_int(_dict(status, "checkpoint", "status"), "generation", "status.checkpoint"),
         checkpoint_request=_annotation_json(meta, CHECKPOINT_REQUEST),
         last_condition=_last_condition(status),
+        lent_to=_loans(status, "lentTo", "serving"),
     )
 
 
@@ -247,6 +264,8 @@ def parse_serving_deployment(obj: Mapping[str, Any]) -> ServingRecord:
         last_plan_time=parse_time(last_plan.get("time"), "status.lastPlan.time"),
         last_plan_reason=last_plan.get("reason"),
         replan_request=_annotation_json(meta, REPLAN_REQUEST),
+        borrowed_from=_loans(status, "borrowedFrom", "job"),
+        granted_gpus=(_int(pool, "grantedGPUs", "status.pool") if (pool := _dict(status, "pool", "status")) else None),
     )
 
 
@@ -301,12 +320,20 @@ def job_changes(old: JobRecord | None, new: JobRecord, now: float) -> list[Decis
 def serving_changes(old: ServingRecord | None, new: ServingRecord, now: float) -> list[DecisionRecord]:
     if old is None:
         return []
-    if (old.prefill_replicas, old.decode_replicas) == (new.prefill_replicas, new.decode_replicas):
-        return []
-    return [DecisionRecord("plan", "ServingDeployment", new.key, new.last_plan_reason or "observed plan change", {
-        "from": {"prefill": old.prefill_replicas, "decode": old.decode_replicas},
-        "to": {"prefill": new.prefill_replicas, "decode": new.decode_replicas},
-        "observed": dict(new.observed), "predictedGoodput": new.predicted_goodput}, time=now)]
+    out: list[DecisionRecord] = []
+    if (old.prefill_replicas, old.decode_replicas) != (new.prefill_replicas, new.decode_replicas):
+        out.append(DecisionRecord("plan", "ServingDeployment", new.key, new.last_plan_reason or "observed plan change", {
+            "from": {"prefill": old.prefill_replicas, "decode": old.decode_replicas},
+            "to": {"prefill": new.prefill_replicas, "decode": new.decode_replicas},
+            "observed": dict(new.observed), "predictedGoodput": new.predicted_goodput}, time=now))
+    if dict(old.borrowed_from) != dict(new.borrowed_from):
+        lent = sum(new.borrowed_from.values()) - sum(old.borrowed_from.values())
+        out.append(DecisionRecord("loan", "ServingDeployment", new.key,
+                                  f"{'borrowed' if lent > 0 else 'gave back'} {abs(lent)} GPUs of training jobs' "
+                                  "surplus through the pool" if lent else "loans moved between training jobs",
+                                  {"from": dict(old.borrowed_from), "to": dict(new.borrowed_from),
+                                   "grantedGPUs": new.granted_gpus}, time=now))
+    return out
 
 
 def node_changes(old: NodeRecord | None, new: NodeRecord, now: float) -> list[DecisionRecord]:

@@ -97,6 +97,7 @@ class ControllerService:
         reviewer = None
         ingest_policy = IngestPolicy(SHARED, settings.agent_service_accounts)
         self.sync: Sync | None = None
+        serving_placement = None
         if settings.kubernetes:
             from flotilla.controller import kube  # only with a cluster: keeps --no-kubernetes free of kubeconfig
 
@@ -110,6 +111,7 @@ class ControllerService:
                 ingest_policy = IngestPolicy(TOKENREVIEW, settings.agent_service_accounts,
                                              kube.access_reviewer(api_client))
             self.sync = kube.Sync(api_client, self.store, self.metrics)
+            serving_placement = kube.ServingPlacement(api_client)
         self.replanner = (ServingReplanner(actions, self.store, self.metrics, settings.replan_policy)
                           if settings.replan and settings.kubernetes else None)
         pod = (settings.pod_namespace, settings.pod_name) if settings.pod_namespace and settings.pod_name else None
@@ -126,7 +128,8 @@ class ControllerService:
             ingest_limit=settings.ingest_limit, cors_origins=settings.cors_origins,
             on_return_to_service=self.health.release if self.health is not None else None,
             serving_stats=self.replanner.observe if self.replanner is not None else None,
-            conditions=self.health.conditions if self.health is not None else None)
+            conditions=self.health.conditions if self.health is not None else None,
+            serving_placement=serving_placement)
         self.app = create_app(self.controller)
         entry_auth = {"auth": authenticator, "policy": ingest_policy} if settings.ingest_auth == TOKENREVIEW else {}
         self.consumer = (RedisConsumer(settings.redis_url, self.ingestor, f"{socket.gethostname()}-{os.getpid()}",

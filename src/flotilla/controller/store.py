@@ -30,8 +30,10 @@ from flotilla.controller.mirror import (
 )
 from flotilla.health.samples import Sample
 
+RACK_LABEL = "flotilla.dev/rack"
 OUTLOOKS = ("on-track", "at-risk", "missed", "done", "no-deadline")
 FINISHED = ("Succeeded", "Failed", "Rejected")
+ADMITTED = ("Admitted", "Running", "Resharding")  # holding, or promised, a guaranteed share
 # Mirrored kind -> (table, key column)
 _TABLES: dict[str, tuple[type, Any]] = {
     "TrainingJob": (TrainingJobRow, TrainingJobRow.key),
@@ -67,8 +69,9 @@ def outlook_expr(now: float) -> sa.ColumnElement[str]:
 
 
 def _job_record(row: TrainingJobRow) -> JobRecord:
-    fields = {f.name for f in dataclasses.fields(JobRecord)} - {"last_condition", "uid"}
-    return JobRecord(**{name: getattr(row, name) for name in fields}, uid=row.uid or "", last_condition="")
+    fields = {f.name for f in dataclasses.fields(JobRecord)} - {"last_condition", "uid", "lent_to"}
+    return JobRecord(**{name: getattr(row, name) for name in fields}, uid=row.uid or "", last_condition="",
+                     lent_to=row.lent_to or {})
 
 
 def _held(rec: JobRecord) -> dict[str, int]:
@@ -77,7 +80,8 @@ def _held(rec: JobRecord) -> dict[str, int]:
 
 
 def _serving_record(row: ServingDeploymentRow) -> ServingRecord:
-    return ServingRecord(**{f.name: getattr(row, f.name) for f in dataclasses.fields(ServingRecord)})
+    record = ServingRecord(**{f.name: getattr(row, f.name) for f in dataclasses.fields(ServingRecord)})
+    return dataclasses.replace(record, borrowed_from=row.borrowed_from or {})  # None: mirrored before 0004
 
 
 def _node_record(row: NodeRow) -> NodeRecord:
@@ -107,6 +111,7 @@ class Store:
             old = _job_record(row) if same else None
             values = {f.name: getattr(rec, f.name) for f in dataclasses.fields(JobRecord) if f.name != "last_condition"}
             values["placement"] = dict(rec.placement)
+            values["lent_to"] = dict(rec.lent_to)
             values["checkpoint_request"] = dict(rec.checkpoint_request) if rec.checkpoint_request else None
             since = row.resharding_since if same else None
             reshard_seconds = None
@@ -134,7 +139,7 @@ class Store:
             row = s.get(ServingDeploymentRow, rec.key)
             old = _serving_record(row) if row is not None else None
             values = {f.name: getattr(rec, f.name) for f in dataclasses.fields(ServingRecord)}
-            for k in ("slo", "observed", "replan_request"):
+            for k in ("slo", "observed", "replan_request", "borrowed_from"):
                 values[k] = dict(values[k]) if values[k] is not None else None
             if row is None:
                 s.add(ServingDeploymentRow(**values, updated=now))
@@ -357,6 +362,29 @@ class Store:
         return {"nodes": int(nodes), "gpus": int(total), "schedulableGpus": int(sched),
                 "trainingGpus": int(training), "servingGpus": int(serving),
                 "freeGpus": max(0, int(sched) - int(training) - int(serving))}
+
+    def gpu_map(self) -> tuple[list[tuple[Any, ...]], list[tuple[str, str, int]]]:
+        """Every node (name, domain, rack label or None, GPUs, ready, unschedulable, healthy, taint) by name, and
+        every training allocation (node, job, GPUs): what the console's GPU map draws, in two queries. Polled by
+        every open console, so it reads only these columns (the rack out of the labels in SQL) and skips the ORM
+        (2-3 times faster at 1,000 nodes)."""
+        n = NodeRow
+        nodes_q = sa.select(n.name, n.domain, n.labels[RACK_LABEL].as_string(), n.total_gpus, n.ready,
+                            n.unschedulable, n.healthy, n.taint).order_by(n.name)
+        allocations_q = sa.select(AllocationRow.node, AllocationRow.job, AllocationRow.gpus).order_by(AllocationRow.job)
+        with self.engine.connect() as c:
+            nodes = [tuple(r) for r in c.execute(nodes_q)]
+            allocations = [(node, job, gpus) for node, job, gpus in c.execute(allocations_q)]
+        return nodes, allocations
+
+    def reservations(self) -> list[tuple[str, str, int, int, float]]:
+        """(key, phase, minGPUs, GPUs now, deadline) of every admitted, unfinished job with a deadline ahead."""
+        j = TrainingJobRow
+        with self.session() as s:
+            return [tuple(r) for r in s.execute(  # type: ignore[misc]
+                sa.select(j.key, j.phase, j.min_gpus, j.gpus, j.deadline)
+                .where(j.phase.in_(ADMITTED), j.deadline.is_not(None), j.deadline > self.clock())
+                .order_by(j.deadline.desc(), j.key))]
 
     def node_health_counts(self) -> dict[str, int]:
         with self.session() as s:
