@@ -40,6 +40,11 @@ class ApplyDeployment:
 
 
 @dataclass(frozen=True)
+class ApplyObject:
+    manifest: dict[str, Any]  # a Service or an InferencePool, server-side applied
+
+
+@dataclass(frozen=True)
 class PostEvent:
     involved: dict[str, Any]  # apiVersion, kind, namespace, name, uid
     type: str  # Normal | Warning
@@ -48,7 +53,7 @@ class PostEvent:
     fields: dict[str, Any] = field(default_factory=dict)
 
 
-Action = PatchStatus | PatchAnnotations | CreatePod | DeletePod | ApplyDeployment | PostEvent
+Action = PatchStatus | PatchAnnotations | CreatePod | DeletePod | ApplyDeployment | ApplyObject | PostEvent
 
 
 def involved(body: dict[str, Any]) -> dict[str, Any]:
