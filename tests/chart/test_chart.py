@@ -150,6 +150,8 @@ def test_rbac_is_exactly_what_each_component_uses(render):
         | triples("", ["nodes"], ["list", "watch"])
         | triples("", ["pods"], ["get", "list", "watch", "create", "delete"])
         | triples("apps", ["deployments"], ["list", "watch", "create", "patch"])
+        | triples("", ["services"], ["create", "patch"])  # a ServingDeployment's endpoint, server-side applied
+        | triples("inference.networking.k8s.io", ["inferencepools"], ["create", "patch"])
         | triples("", ["events"], ["create", "get", "patch"])
         | triples("apiextensions.k8s.io", ["customresourcedefinitions"], ["list", "watch"]))
     lease_role = o[("Role", f"{OP}-leader-election")]
@@ -162,6 +164,7 @@ def test_rbac_is_exactly_what_each_component_uses(render):
         | triples("", ["nodes"], ["get", "list", "watch", "patch"])
         | triples("", ["nodes/status"], ["patch"])
         | triples("", ["events"], ["create", "get", "patch"])
+        | triples("discovery.k8s.io", ["endpointslices"], ["list"])  # the serving engines it scrapes
         | triples("authentication.k8s.io", ["tokenreviews"], ["create"])
         | triples("authorization.k8s.io", ["subjectaccessreviews"], ["create"]))
     # Posting serving statistics: the (virtual) subresource the controller's SubjectAccessReview asks about.

@@ -59,6 +59,7 @@ class KubeActions:
     def __init__(self, api: client.ApiClient) -> None:
         self.custom = client.CustomObjectsApi(api)
         self.core = client.CoreV1Api(api)
+        self.discovery = client.DiscoveryV1Api(api)
         self.events = EventRecorder(self.core, FIELD_MANAGER)
 
     def _patch_custom(self, plural: str, namespace: str, name: str, body: dict[str, Any]) -> None:
@@ -91,6 +92,24 @@ class KubeActions:
             return self.custom.list_cluster_custom_object(GROUP, VERSION, plural)["items"]
         except ApiException as e:
             raise _wrap(e, plural) from None
+
+    def service_endpoints(self, namespace: str, service: str) -> list[tuple[str, str]]:
+        try:
+            slices = self.discovery.list_namespaced_endpoint_slice(
+                namespace, label_selector=f"kubernetes.io/service-name={service}").items
+        except ApiException as e:
+            raise _wrap(e, f"endpointslices of {namespace}/{service}") from None
+        out = []
+        for s in slices:
+            ports = s.ports or []
+            port = next((p.port for p in ports if p.name == "http"), ports[0].port if ports else None)
+            for e in s.endpoints or []:
+                if port is None or (e.conditions is not None and e.conditions.ready is False):
+                    continue
+                pod = e.target_ref.name if e.target_ref is not None else e.addresses[0]
+                host = e.addresses[0] if ":" not in e.addresses[0] else f"[{e.addresses[0]}]"
+                out.append((pod, f"{host}:{port}"))
+        return sorted(out)
 
     def set_unschedulable(self, node: str, unschedulable: bool) -> None:
         try:
