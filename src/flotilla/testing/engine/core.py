@@ -330,7 +330,8 @@ class Engine:
         else:
             if request.generated:
                 raise ValueError(f"request {request.id}: already has {request.generated} token(s)")
-            request.arrival = now
+            if math.isnan(request.arrival):  # a router that held the request may have dated it already
+                request.arrival = now
             request.computed = 0
         request.blocks = 0
         self.waiting.append(request)
@@ -356,9 +357,10 @@ class Engine:
         if not batch.work:
             self._gauges()
             return None
-        iteration = Iteration(now, self._duration_s(batch.work))
+        decode = [_is_decode(request, tokens) for request, tokens in batch.work]
+        iteration = Iteration(now, self._duration_s(batch.work, decode))
         iteration.preempted = batch.preempted
-        self._complete(batch.work, iteration)
+        self._complete(batch.work, decode, iteration)
         self._gauges()
         return iteration
 
@@ -397,15 +399,20 @@ class Engine:
                 return True
 
     def _schedule_mixed(self) -> _Batch:
-        batch, budget = _Batch(), self.max_num_batched_tokens
+        batch, budget, block = _Batch(), self.max_num_batched_tokens, self.block_size
         for request in list(self.running):
             if budget == 0:
                 break
-            if request not in self.running:
+            if batch.preempted and request in batch.preempted:
                 continue  # preempted for an earlier request in this loop
-            tokens = min(request.tokens - request.computed, budget)
-            if not (self._allocate(request, tokens, admitting=False) or self._preempt_for(request, tokens, batch)):
-                continue
+            tokens = min(request.prompt_tokens + request.generated - request.computed, budget)
+            need = -(-(request.computed + tokens) // block) - request.blocks  # inlined _allocate: the hot path
+            if need > 0:
+                if need <= self.free_blocks:
+                    self.free_blocks -= need
+                    request.blocks += need
+                elif not self._preempt_for(request, tokens, batch):
+                    continue
             batch.work.append((request, tokens))
             budget -= tokens
         while self.waiting and budget > 0 and len(self.running) < self.max_num_seqs and not batch.preempted:
@@ -437,27 +444,24 @@ class Engine:
     def _schedule_decodes(self) -> _Batch:
         batch = _Batch()
         for request in list(self.running):
-            if request not in self.running:
+            if batch.preempted and request in batch.preempted:
                 continue
             if not self._allocate(request, 1, admitting=False) and not self._preempt_for(request, 1, batch):
                 continue
             batch.work.append((request, 1))
         return batch
 
-    def _duration_s(self, work: list[tuple[Request, int]]) -> float:
+    def _duration_s(self, work: list[tuple[Request, int]], decode: list[bool]) -> float:
         fit = self.fit
-        prefill_tokens = squares = 0
-        decodes = context = 0
-        for request, tokens in work:
-            if _is_decode(request, tokens):
+        prefill_tokens = squares = decodes = context = 0
+        for (request, tokens), is_decode in zip(work, decode):
+            if is_decode:
                 decodes += 1
                 context += request.computed + 1
             else:
                 prefill_tokens += tokens
-                done_before = request.computed
-                squares += tokens * (2 * done_before + tokens)
-        fixed = 0.0
-        ms = 0.0
+                squares += tokens * (2 * request.computed + tokens)
+        fixed = ms = 0.0
         if prefill_tokens:
             a, b, c = fit.prefill
             fixed = a
@@ -468,20 +472,22 @@ class Engine:
             ms += b * context + c * decodes
         return (fixed + ms) / 1000.0
 
-    def _complete(self, work: list[tuple[Request, int]], iteration: Iteration) -> None:
+    def _complete(self, work: list[tuple[Request, int]], decode: list[bool], iteration: Iteration) -> None:
         end = iteration.end
-        for request, tokens in work:
-            if _is_decode(request, tokens):
+        metrics = self.metrics
+        produced = iteration.produced
+        for (request, tokens), is_decode in zip(work, decode):
+            if is_decode:
                 iteration.decode_requests += 1
             else:
                 iteration.prefill_tokens += tokens
-                self.metrics.prompt_tokens += tokens if request.generated == 0 else 0
+                if request.generated == 0:
+                    metrics.prompt_tokens += tokens
             request.computed += tokens
-            if request.computed < request.tokens:
+            if request.computed < request.prompt_tokens + request.generated:
                 continue  # a chunk of a prompt: no token yet
             request.generated += 1
-            self.metrics.generation_tokens += 1
-            iteration.produced.append(request)
+            produced.append(request)
             if request.generated == 1:
                 request.first_token_at = end
                 iteration.first_tokens.append(request)
@@ -489,11 +495,12 @@ class Engine:
                 request.finished_at = end
                 self._leave(request)
                 iteration.finished.append(request)
-                self.metrics.finish(request)
+                metrics.finish(request)
             elif self.role == "prefill":
                 self._leave(request)
                 transfer = request.prompt_tokens * self.profile.kv_bytes_per_token / self.kv_transfer_bytes_per_s
                 iteration.handoffs.append(Handoff(request, end + transfer))
+        metrics.generation_tokens += len(produced)
 
     def _leave(self, request: Request) -> None:
         self.running.remove(request)
