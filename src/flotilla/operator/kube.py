@@ -234,14 +234,13 @@ def inference_pools_served(api: client.ApiClient, timeout: float) -> bool:
     """The API server serves InferencePools (the Gateway API Inference Extension's CRD is installed):
     API discovery, which every authenticated client may read."""
     try:
-        found = api.call_api(f"/apis/{names.INFERENCE_POOL_GROUP}/{names.INFERENCE_POOL_VERSION}", "GET",
-                             response_type="object", auth_settings=["BearerToken"], _return_http_data_only=True,
-                             _request_timeout=timeout)
+        found = client.CustomObjectsApi(api).get_api_resources(
+            names.INFERENCE_POOL_GROUP, names.INFERENCE_POOL_VERSION, _request_timeout=timeout)
     except ApiException as e:
         if e.status == 404:
             return False
         raise
-    return any(r.get("name") == names.INFERENCE_POOL_PLURAL for r in (found or {}).get("resources") or [])
+    return any(r.name == names.INFERENCE_POOL_PLURAL for r in found.resources or [])
 
 
 def _target(a: Action) -> str:

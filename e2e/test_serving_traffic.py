@@ -1,0 +1,203 @@
+"""Serving that traffic goes through, on a real API server.
+
+`kubectl apply` of a ServingDeployment gives Services, an InferencePool (validated by the API server
+against the Gateway API Inference Extension's own CRD) and `status.endpoint`; engine doubles (they stand in
+for vLLM; e2e/serving_pods.py plays the kubelet and kube-proxy) answer OpenAI completions through the decode
+Service, each decode instance calling a prefill instance first. guidellm sends load through the endpoint;
+the controller scrapes the engines' vLLM metrics; when the load triples, a re-plan follows within two
+intervals, and the unified pool borrows GPUs from a TrainingJob through a checkpoint.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+
+from e2e.kube import (
+    ROOT,
+    SimulatedWorkersProcess,
+    apply,
+    controller_api,
+    get,
+    items,
+    kubectl,
+    wait_for,
+    wait_for_gpus_free_outside,
+)
+from e2e.serving_pods import ServingKubelet, wait_healthy
+from flotilla.controller import vllm
+from flotilla.testing.services import free_port, stop_process
+
+OPERATOR_ARGS = ("--pool-policy", str(Path(__file__).with_name("pool-policy.yaml")))
+INTERVAL = 5  # the planner's interval and the controller's scrape interval
+RATE = 5.0  # requests/s, then three times as many
+PROMPT, OUTPUT = 512, 128
+JOB_MAX = 30  # of the local cluster's 32 GPUs: serving holds 2 at the low load, 0 free; more must be borrowed
+
+
+@pytest.fixture(scope="module")
+def controller(log_dir, tmp_path_factory):
+    with controller_api(log_dir, tmp_path_factory.mktemp("traffic-controller"), "--scrape-interval", str(INTERVAL),
+                        "--scale-down-after", "600", "--peak-memory", "600") as api:
+        yield api
+
+
+@pytest.fixture(scope="module")
+def guidellm(tmp_path_factory):
+    """guidellm's executable, and a tokenizer it can load offline: whitespace words, as the engine counts."""
+    exe = subprocess.run([str(ROOT / "e2e" / "loadgen.sh")], capture_output=True, text=True,
+                         check=True).stdout.strip().splitlines()[-1]
+    tok = tmp_path_factory.mktemp("tokenizer")
+    vocab = {"[UNK]": 0, **{w: i + 1 for i, w in enumerate(["w", "tok"] + [f"w{i}" for i in range(5000)])}}
+    (tok / "tokenizer.json").write_text(json.dumps({
+        "version": "1.0", "truncation": None, "padding": None, "added_tokens": [], "normalizer": None,
+        "pre_tokenizer": {"type": "WhitespaceSplit"}, "post_processor": None,
+        "decoder": {"type": "WordPiece", "prefix": "##", "cleanup": False},
+        "model": {"type": "WordLevel", "vocab": vocab, "unk_token": "[UNK]"}}))
+    (tok / "tokenizer_config.json").write_text(json.dumps({"tokenizer_class": "PreTrainedTokenizerFast",
+                                                           "unk_token": "[UNK]", "model_max_length": 100000}))
+    return exe, tok
+
+
+class Load:
+    """One guidellm process sending a constant rate through the endpoint until stopped."""
+
+    def __init__(self, guidellm, target: str, rate: float, log_path: Path):
+        exe, tok = guidellm
+        self.log = open(log_path, "a")
+        self.proc = subprocess.Popen(
+            [exe, "benchmark", "run", "--target", target, "--profile", "constant", "--rate", str(rate),
+             "--max-seconds", "600", "--data", f"prompt_tokens={PROMPT},output_tokens={OUTPUT}",
+             "--processor", str(tok), "--model", "opt-13b", "--request-type", "text_completions",
+             "--output-dir", str(log_path.parent), "--outputs", "json", "--disable-console-interactive"],
+            stdout=self.log, stderr=subprocess.STDOUT, env={"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1",
+                                                            "PATH": "/usr/bin:/bin", "HOME": str(log_path.parent)})
+
+    def stop(self):
+        stop_process(self.proc)
+        self.log.close()
+
+
+def chat(port: int) -> str:
+    pool = lambda n: {"gpusPerInstance": 1, "template": {"spec": {"containers": [  # noqa: E731
+        {"name": n, "image": "vllm/vllm-openai", "ports": [{"name": "http", "containerPort": port}]}]}}}
+    return json.dumps({
+        "apiVersion": "flotilla.dev/v1alpha1", "kind": "ServingDeployment", "metadata": {"name": "chat"},
+        "spec": {"slo": {"ttftMs": 400, "tpotMs": 100, "attainment": 0.9},
+                 "workload": {"requestsPerSecond": RATE, "inputTokens": PROMPT, "outputTokens": OUTPUT},
+                 "profile": {"name": "opt-13b-a100"}, "maxGPUs": 8, "endpoint": {"port": port},
+                 "planner": {"mode": "auto", "intervalSeconds": INTERVAL},
+                 "prefill": pool("p"), "decode": pool("d")}})
+
+
+def llama_ft() -> str:
+    return json.dumps({
+        "apiVersion": "flotilla.dev/v1alpha1", "kind": "TrainingJob", "metadata": {"name": "llama-ft"},
+        "spec": {"deadlineSeconds": 86400, "totalSteps": 1_000_000,
+                 "elasticity": {"minGPUs": 4, "maxGPUs": JOB_MAX, "gpusPerWorker": 1},
+                 "throughput": [{"gpus": 2, "stepsPerSecond": 2.0}, {"gpus": JOB_MAX, "stepsPerSecond": 25.0}],
+                 "checkpoint": {"intervalSteps": 20, "restoreSeconds": 5},
+                 "template": {"spec": {"containers": [{"name": "w", "image": "busybox:1.36",
+                                                       "command": ["sh", "-c", "sleep 3600"]}]}}}})
+
+
+def test_traffic_through_the_endpoint_drives_the_plan_and_borrows_from_training(
+        operator, controller, namespace, log_dir, guidellm):
+    wait_for_gpus_free_outside(namespace)
+    port = free_port()  # the engines' port in every pod (each pod binds its own 127.x address)
+
+    def sd() -> dict:
+        return (get("servingdeployment", "chat", namespace) or {}).get("status", {})
+
+    def spec_plan() -> dict:
+        return (get("servingdeployment", "chat", namespace) or {}).get("spec", {}).get("plan") or {}
+
+    def tj() -> dict:
+        return (get("trainingjob", "llama-ft", namespace) or {}).get("status", {})
+
+    kubelet = ServingKubelet(namespace, log_dir).start()
+    loads: list[Load] = []
+    workers = None
+    try:
+        assert apply(chat(port), namespace).returncode == 0
+        first = wait_for("chat Ready", lambda: (s := sd()).get("phase") == "Ready" and s, timeout=60)
+        assert first["ratio"] == "1:1" and first["gpus"] == 2
+        assert first["endpoint"] == f"http://chat-decode.{namespace}.svc:{port}"
+        # The endpoint's objects: Services per pool, llm-d's role labels, the InferencePool.
+        for role in ("prefill", "decode"):
+            svc = get("service", f"chat-{role}", namespace)
+            assert svc["spec"]["selector"] == {"flotilla.dev/serving": "chat", "flotilla.dev/role": role}
+            assert svc["spec"]["ports"][0]["port"] == port and svc["metadata"]["labels"]["llm-d.ai/role"] == role
+            assert all(p["metadata"]["labels"]["llm-d.ai/role"] == role
+                       for p in items("pods", namespace, f"flotilla.dev/role={role}"))
+        pool = get("inferencepool", "chat", namespace)
+        assert pool is not None and first["inferencePool"] == "chat"
+        assert pool["spec"]["selector"]["matchLabels"] == {"flotilla.dev/serving": "chat",
+                                                           "llm-d.ai/inference-serving": "true"}
+        assert pool["spec"]["targetPorts"] == [{"number": port}]
+        assert pool["spec"]["endpointPickerRef"]["name"] == "chat-epp"
+        assert pool["spec"]["endpointPickerRef"]["failureMode"] == "FailClose"  # the CRD's default, filled in
+        # The schema is the real one: what it refuses is refused.
+        bad = {**pool, "metadata": {"name": "bad"}, "spec": {**pool["spec"], "targetPorts": []}}
+        refused = kubectl("apply", "-n", namespace, "-f", "-", stdin=json.dumps(bad), check=False)
+        assert refused.returncode != 0 and "targetPorts" in refused.stderr
+
+        # One completion through the endpoint: decode, after prefill.
+        wait_healthy(kubelet, {"prefill": 1, "decode": 1})
+        endpoint = kubelet.url("chat-decode")
+        r = httpx.post(f"{endpoint}/v1/completions", json={"model": "opt-13b", "prompt": " ".join(["w"] * PROMPT),
+                                                           "max_tokens": 8}, timeout=30)
+        assert r.status_code == 200 and r.json()["usage"]["completion_tokens"] == 8, r.text
+        [prefill] = kubelet.ready("prefill")
+        assert f"vllm:prompt_tokens_total{{model_name=\"opt-13b-a100-distserve\"}} {PROMPT}" in httpx.get(
+            f"http://{prefill.address}/metrics").text
+
+        workers = SimulatedWorkersProcess(log_dir / "simworkers-traffic.log", namespace).start()
+        assert apply(llama_ft(), namespace).returncode == 0
+        wait_for(f"llama-ft Running on {JOB_MAX} GPUs",
+                 lambda: (s := tj()).get("phase") == "Running" and s["gpus"] == JOB_MAX, timeout=90)
+
+        loads.append(Load(guidellm, endpoint, RATE, log_dir / "guidellm-base.log"))
+        seen = wait_for("the scraped rate near the offered one",
+                        lambda: 0.6 * RATE <= ((s := sd()).get("observed") or {}).get("requestsPerSecond", 0)
+                        <= 1.4 * RATE and s, timeout=90)
+        assert seen["ratio"] == first["ratio"] and seen["observed"]["ttftP90Ms"] > 0
+
+        proxy = kubelet.proxies["chat-decode"]
+        before = proxy.connections
+        loads.append(Load(guidellm, endpoint, 2 * RATE, log_dir / "guidellm-more.log"))  # the load triples
+        wait_for("the second generator's first request", lambda: proxy.connections > before, timeout=90,
+                 interval=0.1)
+        tripled_at = time.monotonic()
+        up = wait_for("a bigger plan", lambda: (p := spec_plan()).get("prefillReplicas", 0)
+                      + p.get("decodeReplicas", 0) > 2 and p, timeout=4 * INTERVAL + 10)
+        replan_s = time.monotonic() - tripled_at
+        print(f"re-plan {replan_s:.1f} s after the load tripled: {up['reason']}")
+        assert replan_s <= 2 * INTERVAL + 5, f"re-planned {replan_s:.1f} s after the load change"
+        decisions = controller.get("/v1/decisions", params={"kind": "plan", "object": f"{namespace}/chat"}).json()
+        made = [d for d in decisions["items"] if d["actor"] == "controller"]
+        assert made and made[0]["inputs"]["observed"]["requests_per_second"] > 1.4 * RATE
+
+        shrunk = wait_for("llama-ft lends GPUs", lambda: (s := tj()).get("phase") == "Running"
+                          and s["gpus"] < JOB_MAX and s.get("lentTo") and s, timeout=90)
+        assert shrunk["reshards"] >= 1 and shrunk["checkpoint"]["generation"] >= 1
+        ready = wait_for("chat Ready on the bigger plan, on borrowed GPUs",
+                         lambda: (s := sd()).get("phase") == "Ready" and s["gpus"] > first["gpus"]
+                         and s.get("borrowedFrom") and s, timeout=90)
+        assert ready["borrowedFrom"] == [{"job": f"{namespace}/llama-ft", "gpus": shrunk["lentTo"][0]["gpus"]}]
+        wait_healthy(kubelet, {"prefill": ready["prefillReplicas"], "decode": ready["decodeReplicas"]})
+        time.sleep(2 * INTERVAL)  # the new decode instances take requests
+        served = [vllm.parse(httpx.get(f"http://{e.address}/metrics").text, 0).requests
+                  for e in kubelet.ready("decode")]
+        assert sum(1 for n in served if n > 0) >= 2, served
+    finally:
+        for load in loads:
+            load.stop()
+        if workers is not None:
+            workers.stop()
+        kubelet.stop()
