@@ -8,8 +8,8 @@ address is loopback on Linux, so a local process can bind each pod's own address
 
 Service ClusterIPs do not route here (no kube-proxy), so it also plays kube-proxy: for each Service of
 the namespace's ServingDeployments, a TCP listener on 127.0.0.1 that forwards each connection to one of
-the Service's ready endpoints (its EndpointSlices), round robin, once that engine answers /health (a
-readiness probe's part). `url(service)` is where a client of that Service connects; decode engines reach
+the Service's ready endpoints (the Ready pods its selector matches: loopback addresses are refused in
+EndpointSlices), round robin, once that engine answers /health (a readiness probe's part). `url(service)` is where a client of that Service connects; decode engines reach
 the prefill Service through it.
 """
 
@@ -58,7 +58,6 @@ class ServingKubelet:
     def __init__(self, namespace: str, log_dir: Path, poll_s: float = 0.5) -> None:
         config.load_kube_config()
         self.core = client.CoreV1Api()
-        self.discovery = client.DiscoveryV1Api()
         self.namespace, self.log_dir, self.poll_s = namespace, log_dir, poll_s
         self.engines: dict[str, Engine] = {}  # pod UID -> its engine
         self.proxies: dict[str, Proxy] = {}
@@ -86,8 +85,12 @@ class ServingKubelet:
         return proxy
 
     async def _forward(self, proxy: Proxy, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        ready = [b for b in proxy.backends if any(e.address == b and e.healthy for e in self.engines.values())]
-        if not ready:
+        for _ in range(50):  # a Service just made, or an engine starting: wait a little, as a client's retry would
+            ready = [b for b in proxy.backends if any(e.address == b and e.healthy for e in self.engines.values())]
+            if ready:
+                break
+            await asyncio.sleep(0.1)
+        else:
             writer.close()
             return
         host, port = ready[next(self._rr) % len(ready)].rsplit(":", 1)
@@ -177,15 +180,20 @@ class ServingKubelet:
         return Engine(pod.metadata.name, role, f"{ip}:{port}", proc)
 
     def _endpoints(self, service: str) -> list[str]:
-        slices = self.discovery.list_namespaced_endpoint_slice(
-            self.namespace, label_selector=f"kubernetes.io/service-name={service}").items
-        out = []
-        for s in slices:
-            port = next((p.port for p in s.ports or [] if p.name == "http"), None)
-            for e in s.endpoints or []:
-                if port is not None and (e.conditions is None or e.conditions.ready is not False):
-                    out.extend(f"{a}:{port}" for a in e.addresses)
-        return sorted(out)
+        """The Service's ready endpoints, from the pods its selector matches (as the EndpointSlice controller
+        finds them: loopback pod IPs are refused in EndpointSlices themselves)."""
+        try:
+            svc = self.core.read_namespaced_service(service, self.namespace)
+        except client.ApiException as e:
+            if e.status == 404:
+                return []
+            raise
+        selector = ",".join(f"{k}={v}" for k, v in sorted((svc.spec.selector or {}).items()))
+        port = svc.spec.ports[0].target_port
+        pods = self.core.list_namespaced_pod(self.namespace, label_selector=selector).items
+        return sorted(f"{p.status.pod_ip}:{port}" for p in pods
+                      if p.status.pod_ip and p.metadata.deletion_timestamp is None
+                      and any(c.type == "Ready" and c.status == "True" for c in p.status.conditions or []))
 
     def ready(self, role: str) -> list[Engine]:
         return [e for e in self.engines.values() if e.role == role and e.healthy]

@@ -11,6 +11,7 @@ intervals, and the unified pool borrows GPUs from a TrainingJob through a checkp
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import time
 from pathlib import Path
@@ -34,15 +35,20 @@ from flotilla.controller import vllm
 from flotilla.testing.services import free_port, stop_process
 
 OPERATOR_ARGS = ("--pool-policy", str(Path(__file__).with_name("pool-policy.yaml")))
-INTERVAL = 5  # the planner's interval and the controller's scrape interval
+INTERVAL = 5  # the planner's interval
+SCRAPE = 2  # the controller's scrape interval
+# A rate counts requests as they finish: a request at the new rate is counted TTFT + 127 tokens x TPOT (~4 s
+# here) after it was sent.
+REQUEST_S = 5
 RATE = 5.0  # requests/s, then three times as many
 PROMPT, OUTPUT = 512, 128
+PHASE_S = 60  # seconds of load at each rate
 JOB_MAX = 30  # of the local cluster's 32 GPUs: serving holds 2 at the low load, 0 free; more must be borrowed
 
 
 @pytest.fixture(scope="module")
 def controller(log_dir, tmp_path_factory):
-    with controller_api(log_dir, tmp_path_factory.mktemp("traffic-controller"), "--scrape-interval", str(INTERVAL),
+    with controller_api(log_dir, tmp_path_factory.mktemp("traffic-controller"), "--scrape-interval", str(SCRAPE),
                         "--scale-down-after", "600", "--peak-memory", "600") as api:
         yield api
 
@@ -53,30 +59,40 @@ def guidellm(tmp_path_factory):
     exe = subprocess.run([str(ROOT / "e2e" / "loadgen.sh")], capture_output=True, text=True,
                          check=True).stdout.strip().splitlines()[-1]
     tok = tmp_path_factory.mktemp("tokenizer")
-    vocab = {"[UNK]": 0, **{w: i + 1 for i, w in enumerate(["w", "tok"] + [f"w{i}" for i in range(5000)])}}
+    # Every whitespace-separated word is one token, "w" (its unknown token, not a special one, so that a decoded
+    # prompt keeps one word per token): guidellm's synthetic prompts of N tokens are then N words.
     (tok / "tokenizer.json").write_text(json.dumps({
         "version": "1.0", "truncation": None, "padding": None, "added_tokens": [], "normalizer": None,
         "pre_tokenizer": {"type": "WhitespaceSplit"}, "post_processor": None,
         "decoder": {"type": "WordPiece", "prefix": "##", "cleanup": False},
-        "model": {"type": "WordLevel", "vocab": vocab, "unk_token": "[UNK]"}}))
+        "model": {"type": "WordLevel", "vocab": {"w": 0}, "unk_token": "w"}}))
     (tok / "tokenizer_config.json").write_text(json.dumps({"tokenizer_class": "PreTrainedTokenizerFast",
-                                                           "unk_token": "[UNK]", "model_max_length": 100000}))
+                                                           "model_max_length": 100000}))
     return exe, tok
 
 
 class Load:
-    """One guidellm process sending a constant rate through the endpoint until stopped."""
+    """One guidellm process: a constant rate through the endpoint for `seconds`, then the next rate."""
 
-    def __init__(self, guidellm, target: str, rate: float, log_path: Path):
+    def __init__(self, guidellm, target: str, rates: list[float], seconds: float, log_path: Path):
         exe, tok = guidellm
+        self.log_path = log_path
         self.log = open(log_path, "a")
         self.proc = subprocess.Popen(
-            [exe, "benchmark", "run", "--target", target, "--profile", "constant", "--rate", str(rate),
-             "--max-seconds", "600", "--data", f"prompt_tokens={PROMPT},output_tokens={OUTPUT}",
-             "--processor", str(tok), "--model", "opt-13b", "--request-type", "text_completions",
-             "--output-dir", str(log_path.parent), "--outputs", "json", "--disable-console-interactive"],
-            stdout=self.log, stderr=subprocess.STDOUT, env={"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1",
-                                                            "PATH": "/usr/bin:/bin", "HOME": str(log_path.parent)})
+            [exe, "run", "--backend", f"kind=openai_http,target={target},model=opt-13b,request_format=/v1/completions",
+             "--profile", f"kind=constant,rate={rates[0]}", "--override", "profile.rate",
+             ",".join(str(r) for r in rates), "--constraint", f"kind=max_duration,seconds={seconds}",
+             "--data", f"kind=synthetic_text,prompt_tokens={PROMPT},output_tokens={OUTPUT}",
+             "--tokenizer", f"kind=huggingface_auto,model={tok}",
+             "--output", f"kind=json,path={log_path.with_suffix('.json')}", "--disable-console-interactive"],
+            stdout=self.log, stderr=subprocess.STDOUT, cwd=log_path.parent,
+            # one worker process: guidellm's default of ten takes a minute to start on a small machine
+            env={**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1",
+                 "GUIDELLM__MAX_WORKER_PROCESSES": "1"})
+
+    def started(self, rate: float) -> bool:
+        """guidellm has started sending at `rate` (its log says so)."""
+        return f"Starting benchmark for strategy: constant@{rate:.2f}" in self.log_path.read_text(errors="replace")
 
     def stop(self):
         stop_process(self.proc)
@@ -150,6 +166,7 @@ def test_traffic_through_the_endpoint_drives_the_plan_and_borrows_from_training(
         # One completion through the endpoint: decode, after prefill.
         wait_healthy(kubelet, {"prefill": 1, "decode": 1})
         endpoint = kubelet.url("chat-decode")
+        wait_for("the decode Service's endpoints", lambda: kubelet.proxies["chat-decode"].backends, timeout=30)
         r = httpx.post(f"{endpoint}/v1/completions", json={"model": "opt-13b", "prompt": " ".join(["w"] * PROMPT),
                                                            "max_tokens": 8}, timeout=30)
         assert r.status_code == 200 and r.json()["usage"]["completion_tokens"] == 8, r.text
@@ -162,23 +179,24 @@ def test_traffic_through_the_endpoint_drives_the_plan_and_borrows_from_training(
         wait_for(f"llama-ft Running on {JOB_MAX} GPUs",
                  lambda: (s := tj()).get("phase") == "Running" and s["gpus"] == JOB_MAX, timeout=90)
 
-        loads.append(Load(guidellm, endpoint, RATE, log_dir / "guidellm-base.log"))
+        # guidellm: RATE for PHASE_S seconds, then three times as much
+        load = Load(guidellm, endpoint, [RATE, 3 * RATE], PHASE_S, log_dir / f"guidellm-{namespace}.log")
+        loads.append(load)
         seen = wait_for("the scraped rate near the offered one",
                         lambda: 0.6 * RATE <= ((s := sd()).get("observed") or {}).get("requestsPerSecond", 0)
-                        <= 1.4 * RATE and s, timeout=90)
+                        <= 1.4 * RATE and s, timeout=120)
         assert seen["ratio"] == first["ratio"] and seen["observed"]["ttftP90Ms"] > 0
-
+        wait_for("guidellm's second benchmark", lambda: load.started(3 * RATE), timeout=PHASE_S + 60, interval=0.2)
+        # Its worker process starts then (seconds here), and opens new connections with its first requests.
         proxy = kubelet.proxies["chat-decode"]
         before = proxy.connections
-        loads.append(Load(guidellm, endpoint, 2 * RATE, log_dir / "guidellm-more.log"))  # the load triples
-        wait_for("the second generator's first request", lambda: proxy.connections > before, timeout=90,
-                 interval=0.1)
+        wait_for("the tripled load's first request", lambda: proxy.connections > before, timeout=60, interval=0.05)
         tripled_at = time.monotonic()
         up = wait_for("a bigger plan", lambda: (p := spec_plan()).get("prefillReplicas", 0)
                       + p.get("decodeReplicas", 0) > 2 and p, timeout=4 * INTERVAL + 10)
         replan_s = time.monotonic() - tripled_at
         print(f"re-plan {replan_s:.1f} s after the load tripled: {up['reason']}")
-        assert replan_s <= 2 * INTERVAL + 5, f"re-planned {replan_s:.1f} s after the load change"
+        assert replan_s <= 2 * INTERVAL + REQUEST_S, f"re-planned {replan_s:.1f} s after the load change"
         decisions = controller.get("/v1/decisions", params={"kind": "plan", "object": f"{namespace}/chat"}).json()
         made = [d for d in decisions["items"] if d["actor"] == "controller"]
         assert made and made[0]["inputs"]["observed"]["requests_per_second"] > 1.4 * RATE

@@ -164,7 +164,7 @@ def test_rbac_is_exactly_what_each_component_uses(render):
         | triples("", ["nodes"], ["get", "list", "watch", "patch"])
         | triples("", ["nodes/status"], ["patch"])
         | triples("", ["events"], ["create", "get", "patch"])
-        | triples("discovery.k8s.io", ["endpointslices"], ["list"])  # the serving engines it scrapes
+        | triples("", ["pods"], ["list"])  # the serving engines it scrapes
         | triples("authentication.k8s.io", ["tokenreviews"], ["create"])
         | triples("authorization.k8s.io", ["subjectaccessreviews"], ["create"]))
     # Posting serving statistics: the (virtual) subresource the controller's SubjectAccessReview asks about.

@@ -13,9 +13,11 @@ from tests.controller.test_vllm import exposition
 
 
 class Engines:
-    """Real HTTP servers on loopback, each answering /metrics with what the test sets."""
+    """Real HTTP servers on loopback, one address each (127.0.0.11, ...) and one port, as pods of a pool are;
+    each answers /metrics with what the test sets."""
 
     def __init__(self, count):
+        self.port = free_port()
         self.text = [""] * count
         self.status = [200] * count
         self.servers = []
@@ -36,12 +38,13 @@ class Engines:
                 def log_message(self, *_):
                     pass
 
-            server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+            server = ThreadingHTTPServer((self.ip(i), self.port), Handler)
             threading.Thread(target=server.serve_forever, daemon=True).start()
             self.servers.append(server)
 
-    def address(self, i):
-        return f"127.0.0.1:{self.servers[i].server_address[1]}"
+    @staticmethod
+    def ip(i):
+        return f"127.0.0.{11 + i}"
 
     def close(self):
         for s in self.servers:
@@ -56,8 +59,8 @@ def engines():
     e.close()
 
 
-def sd(name="chat"):
-    return {"metadata": {"namespace": "ns", "name": name}, "spec": {}}
+def sd(port, name="chat"):
+    return {"metadata": {"namespace": "ns", "name": name}, "spec": {"endpoint": {"port": port}}}
 
 
 class Clock:
@@ -90,8 +93,8 @@ def counter(metrics, name, **labels):
 
 
 def test_two_scrapes_of_the_decode_endpoints_make_one_window_summed_over_pods(engines, metrics):
-    actions = RecordingActions(objects={"servingdeployments": [sd()]})
-    actions.endpoints["ns/chat-decode"] = [("d-0", engines.address(0)), ("d-1", engines.address(1))]
+    actions = RecordingActions(objects={"servingdeployments": [sd(engines.port)]})
+    actions.pods["ns/decode"] = [("d-0", engines.ip(0)), ("d-1", engines.ip(1))]
     observed, clock = [], Clock()
     scraper = scraper_for(actions, observed, clock, metrics)
     engines.text[0] = exposition(100, 50_000, 20_000, [(0.1, 50), ("+Inf", 100)])
@@ -110,9 +113,9 @@ def test_two_scrapes_of_the_decode_endpoints_make_one_window_summed_over_pods(en
 
 
 def test_a_new_pod_counts_whole_a_failed_or_restarted_one_only_gives_a_baseline(engines, metrics):
-    actions = RecordingActions(objects={"servingdeployments": [sd()]})
-    pods = [("d-0", engines.address(0)), ("d-1", engines.address(1))]
-    actions.endpoints["ns/chat-decode"] = pods
+    actions = RecordingActions(objects={"servingdeployments": [sd(engines.port)]})
+    pods = [("d-0", engines.ip(0)), ("d-1", engines.ip(1))]
+    actions.pods["ns/decode"] = pods
     observed, clock = [], Clock()
     scraper = scraper_for(actions, observed, clock, metrics)
     engines.text[0] = exposition(100, 40_000, 10_000, [("+Inf", 100)])
@@ -123,7 +126,7 @@ def test_a_new_pod_counts_whole_a_failed_or_restarted_one_only_gives_a_baseline(
     engines.text[0] = exposition(110, 44_000, 11_000, [("+Inf", 110)])
     engines.status[1] = 500
     engines.text[2] = exposition(5, 2_000, 500, [("+Inf", 5)])
-    actions.endpoints["ns/chat-decode"] = pods + [("d-2", engines.address(2))]
+    actions.pods["ns/decode"] = pods + [("d-2", engines.ip(2))]
     scraper.step()
     assert observed[-1][1].requests == 15  # d-0's 10 and d-2's 5
     assert counter(metrics, "flotilla_serving_scrape_failures_total", reason="http") == 1
@@ -144,10 +147,9 @@ def test_a_new_pod_counts_whole_a_failed_or_restarted_one_only_gives_a_baseline(
 
 
 def test_scrape_failures_are_logged_and_counted_and_the_loop_goes_on(engines, metrics, caplog):
-    closed = free_port()  # nothing listens there
-    actions = RecordingActions(objects={"servingdeployments": [sd("chat"), sd("other")]})
-    actions.endpoints["ns/chat-decode"] = [("d-0", f"127.0.0.1:{closed}"), ("d-1", engines.address(1))]
-    actions.endpoints["ns/other-decode"] = [("o-0", engines.address(0))]
+    actions = RecordingActions(objects={"servingdeployments": [sd(engines.port, "chat")]})
+    # chat's pods: one where nothing listens, one that answers garbage; another deployment's answers well
+    actions.pods["ns/decode"] = [("d-0", "127.0.0.99"), ("d-1", engines.ip(1)), ("o-0", engines.ip(0))]
     engines.text[1] = "this is { not prometheus"
     engines.text[0] = exposition(1, 400, 100, [("+Inf", 1)])
     observed, clock = [], Clock()
@@ -156,21 +158,21 @@ def test_scrape_failures_are_logged_and_counted_and_the_loop_goes_on(engines, me
     clock.now += 10
     engines.text[0] = exposition(11, 4_400, 1_100, [("+Inf", 11)])
     scraper.step()
-    assert [k for k, _ in observed] == ["ns/other"]  # chat's engines failed, other's still counted
+    assert [w.requests for _, w in observed] == [10]  # the pods that answered still make a window
     assert counter(metrics, "flotilla_serving_scrape_failures_total", reason="connect") == 2
     assert counter(metrics, "flotilla_serving_scrape_failures_total", reason="parse") == 2
     assert "serving scrape failed (connect)" in caplog.text
-    actions.fail = ClusterActionError("endpointslices: 403 Forbidden")
+    actions.fail = ClusterActionError("servingdeployments: 403 Forbidden")
     with pytest.raises(ClusterActionError):
         scraper.step()  # listing the ServingDeployments failed: run() logs it and goes on
 
 
-def test_endpoint_lookup_failure_is_counted_per_deployment(metrics):
-    class NoSlices(RecordingActions):
-        def service_endpoints(self, namespace, service):
-            raise ClusterActionError(f"endpointslices of {namespace}/{service}: 403 Forbidden")
+def test_a_pod_lookup_failure_is_counted_per_deployment(metrics):
+    class NoPods(RecordingActions):
+        def ready_pods(self, namespace, selector):
+            raise ClusterActionError(f"pods in {namespace}: 403 Forbidden")
 
-    actions = NoSlices(objects={"servingdeployments": [sd()]})
+    actions = NoPods(objects={"servingdeployments": [sd(8000)]})
     EngineScraper(actions, lambda *_: None, metrics, interval=5, get=http_get(1)).step()
     assert counter(metrics, "flotilla_serving_scrape_failures_total", reason="endpoints") == 1
 

@@ -59,7 +59,6 @@ class KubeActions:
     def __init__(self, api: client.ApiClient) -> None:
         self.custom = client.CustomObjectsApi(api)
         self.core = client.CoreV1Api(api)
-        self.discovery = client.DiscoveryV1Api(api)
         self.events = EventRecorder(self.core, FIELD_MANAGER)
 
     def _patch_custom(self, plural: str, namespace: str, name: str, body: dict[str, Any]) -> None:
@@ -93,23 +92,15 @@ class KubeActions:
         except ApiException as e:
             raise _wrap(e, plural) from None
 
-    def service_endpoints(self, namespace: str, service: str) -> list[tuple[str, str]]:
+    def ready_pods(self, namespace: str, selector: dict[str, str]) -> list[tuple[str, str]]:
         try:
-            slices = self.discovery.list_namespaced_endpoint_slice(
-                namespace, label_selector=f"kubernetes.io/service-name={service}").items
+            pods = self.core.list_namespaced_pod(
+                namespace, label_selector=",".join(f"{k}={v}" for k, v in sorted(selector.items()))).items
         except ApiException as e:
-            raise _wrap(e, f"endpointslices of {namespace}/{service}") from None
-        out = []
-        for s in slices:
-            ports = s.ports or []
-            port = next((p.port for p in ports if p.name == "http"), ports[0].port if ports else None)
-            for e in s.endpoints or []:
-                if port is None or (e.conditions is not None and e.conditions.ready is False):
-                    continue
-                pod = e.target_ref.name if e.target_ref is not None else e.addresses[0]
-                host = e.addresses[0] if ":" not in e.addresses[0] else f"[{e.addresses[0]}]"
-                out.append((pod, f"{host}:{port}"))
-        return sorted(out)
+            raise _wrap(e, f"pods in {namespace}") from None
+        return sorted((p.metadata.name, p.status.pod_ip) for p in pods
+                      if p.status.pod_ip and p.metadata.deletion_timestamp is None
+                      and any(c.type == "Ready" and c.status == "True" for c in p.status.conditions or []))
 
     def set_unschedulable(self, node: str, unschedulable: bool) -> None:
         try:

@@ -1,8 +1,9 @@
 """Serving statistics pulled from the engines: the controller scrapes their Prometheus endpoints.
 
-Every `--scrape-interval` seconds, for each ServingDeployment, the controller reads the endpoints of its
-decode Service (EndpointSlices: the pods' addresses and the engines' port) and GETs `/metrics` from each
-(vLLM's metric names, flotilla.controller.vllm). Decode instances see every request from arrival to its
+Every `--scrape-interval` seconds, for each ServingDeployment, the controller lists the Ready pods its decode
+Service selects (`flotilla.dev/serving`, `flotilla.dev/role: decode`) and GETs `http://<pod IP>:<spec.endpoint.port>
+/metrics` from each (vLLM's metric names, flotilla.controller.vllm). Pods rather than the Service's
+EndpointSlices: the same addresses, and the e2e tests' loopback pod IPs are refused in EndpointSlices. Decode instances see every request from arrival to its
 last token (a decode instance calls a prefill instance first), so their counters are the deployment's;
 prefill instances are not added in (that would count each request twice).
 
@@ -97,17 +98,19 @@ class EngineScraper:
             key = f"{meta['namespace']}/{meta['name']}"
             live.add(key)
             try:
-                self._scrape_one(key, meta["namespace"], meta["name"])
+                self._scrape_one(key, meta["namespace"], meta["name"],
+                                 int((body["spec"].get("endpoint") or {}).get("port") or names.ENGINE_PORT))
             except ClusterActionError as e:
                 self._failed("endpoints", f"{key}: {e}")
         for gone in set(self._last) - live:
             del self._last[gone]
 
-    def _scrape_one(self, key: str, namespace: str, name: str) -> None:
-        targets = self.actions.service_endpoints(namespace, names.service_name(name, names.ROLE_DECODE))
+    def _scrape_one(self, key: str, namespace: str, name: str, port: int) -> None:
+        targets = self.actions.ready_pods(namespace, {names.LABEL_SERVING: name, names.LABEL_ROLE: names.ROLE_DECODE})
         now = self.clock()
         scrapes: dict[str, vllm.Scrape] = {}
-        for pod, address in targets:
+        for pod, ip in targets:
+            address = f"[{ip}]:{port}" if ":" in ip else f"{ip}:{port}"
             try:
                 scrapes[pod] = vllm.parse(self.get(f"http://{address}/metrics"), now)
             except ScrapeError as e:
