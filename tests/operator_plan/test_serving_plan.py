@@ -243,3 +243,16 @@ def test_service_names_are_dns_labels_for_any_serving_name():
         assert len(name) <= 63 and name[0].isalpha() and name.endswith("-prefill")
         assert set(name) <= set("abcdefghijklmnopqrstuvwxyz0123456789-")
     assert service_name("a.b", "decode") != service_name("a-b", "decode")
+
+
+def test_an_endpoint_object_applied_a_moment_ago_is_not_sent_again_until_the_relist_period_passes():
+    from flotilla.operator.view import View
+
+    view = View()
+    [service, *_] = [a.manifest for a in serving.plan_serving(sd(), {}, T0) if isinstance(a, ApplyObject)]
+    assert not view.applied_recently(service, 100.0, ttl=60)
+    view.applied(service, 100.0)
+    assert view.applied_recently(service, 159.0, ttl=60)
+    assert not view.applied_recently(service, 161.0, ttl=60)  # applied again: one deleted by hand comes back
+    changed = {**service, "spec": {**service["spec"], "ports": [{"name": "http", "port": 9000}]}}
+    assert not view.applied_recently(changed, 101.0, ttl=60)  # a different manifest goes at once
