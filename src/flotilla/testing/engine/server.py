@@ -183,6 +183,7 @@ def create_app(role: str, tp: int, model: str, profile: str, prefill_url: str | 
             engine.metrics.finish(r)
             return r, first, first
         _, done = runner.submit(r, now)
+        runner.first.pop(r.id, None)  # its first token came from the prefill instance
         return r, first, done
 
     async def completions(request: HttpRequest) -> Response:
