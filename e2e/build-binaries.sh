@@ -3,6 +3,8 @@
 # versions, into a cache outside the repository. Reuses what is already there.
 #
 #   e2e/build-binaries.sh            # prints the bin directory on its last line
+#   e2e/build-binaries.sh crds       # the Gateway API Inference Extension's CRDs (InferencePool), pinned:
+#                                    # downloads its Go module once, prints the directory of the YAML files
 #
 # Env: FLOTILLA_CACHE (default ~/.cache/flotilla)
 set -euo pipefail
@@ -11,6 +13,7 @@ K8S_VERSION=${K8S_VERSION:-v1.35.4}
 ETCD_VERSION=${ETCD_VERSION:-v3.6.16}
 KWOK_VERSION=${KWOK_VERSION:-v0.7.0}
 HELM_VERSION=${HELM_VERSION:-v3.19.0}
+GIE_VERSION=${GIE_VERSION:-v1.0.0}
 
 CACHE=${FLOTILLA_CACHE:-$HOME/.cache/flotilla}
 BIN=$CACHE/bin/k8s-$K8S_VERSION-etcd-$ETCD_VERSION-kwok-$KWOK_VERSION-helm-$HELM_VERSION
@@ -104,7 +107,27 @@ build_go_install() {  # name module version [ldflags]
   GOBIN=$BIN go install -trimpath -ldflags "-s -w ${4:-}" "$2@$3"
 }
 
+inference_crds() {  # the module's version list is refused here, a pinned version is not
+  local dir=$CACHE/crds/gateway-api-inference-extension-$GIE_VERSION
+  if [ ! -f "$dir/.complete" ]; then
+    log "downloading sigs.k8s.io/gateway-api-inference-extension@$GIE_VERSION (its CRDs)"
+    local mod
+    mod=$(cd "$SRC" && go mod download -json "sigs.k8s.io/gateway-api-inference-extension@$GIE_VERSION" |
+      python3 -c 'import json,sys; print(json.load(sys.stdin)["Dir"])')
+    mkdir -p "$dir"
+    cp "$mod"/config/crd/bases/*.yaml "$dir/"
+    touch "$dir/.complete"
+  fi
+  echo "$dir"
+}
+
+if [ "${1:-}" = crds ]; then
+  inference_crds
+  exit 0
+fi
+
 build_etcd
+inference_crds >/dev/null
 build_go_install kwok sigs.k8s.io/kwok/cmd/kwok "$KWOK_VERSION"
 build_go_install helm helm.sh/helm/v3/cmd/helm "$HELM_VERSION" "-X helm.sh/helm/v3/internal/version.version=$HELM_VERSION"
 build_kubernetes

@@ -19,6 +19,7 @@
 #   FLOTILLA_GPUS_PER_NODE=8
 #   FLOTILLA_NODES_PER_RACK=2          topology: rack and NVLink domain labels
 #   FLOTILLA_PORT_BASE=16440           apiserver=BASE+3, etcd=BASE+4/+5, kcm=BASE+6, scheduler=BASE+7, kwok=BASE+8
+#   FLOTILLA_POD_CIDR=127.N.0.1/16     KWOK's pod IPs (loopback: the e2e serving engines bind them); N from the port base
 #   FLOTILLA_NODE_LEASE_SECONDS=40     KWOK's node lease; longer means fewer lease renewals (bench/scale.py's
 #                                      1,000 nodes), and the node lifecycle controller then waits as long
 # The kubeconfig is written to .flotilla/kubeconfig. The API server writes an audit log of every
@@ -36,6 +37,10 @@ BASE=${FLOTILLA_PORT_BASE:-16440}
 API_PORT=$((BASE + 3)) ETCD_PORT=$((BASE + 4)) ETCD_PEER=$((BASE + 5))
 KCM_PORT=$((BASE + 6)) SCHED_PORT=$((BASE + 7)) KWOK_PORT=$((BASE + 8))
 LEASE=${FLOTILLA_NODE_LEASE_SECONDS:-40}
+# Pod IPs in 127.0.0.0/8: every 127.x.y.z is loopback on Linux, so the e2e tests' kubelet double
+# (e2e/serving_pods.py) can start a serving engine at each pod's own address. One /16 per port base, so
+# that clusters of different port bases on one machine do not hand out the same addresses.
+POD_CIDR=${FLOTILLA_POD_CIDR:-127.$(( (BASE / 1000) % 200 + 20 )).0.1/16}
 # A node is not declared unreachable (and its pods evicted) while its lease can still be renewed in time.
 GRACE=$(( LEASE > 50 ? LEASE : 50 ))
 COMPONENTS=(etcd kube-apiserver kube-controller-manager kube-scheduler kwok)
@@ -223,7 +228,7 @@ start_component() {  # name: start it with its flags; etcd and kube-apiserver ar
     kwok)
       start kwok "$BIN/kwok" --kubeconfig "$KUBECONFIG_OUT" --config "$ROOT/e2e/kwok-stages.yaml" \
         --manage-all-nodes=false --manage-nodes-with-annotation-selector kwok.x-k8s.io/node=fake \
-        --cidr 10.0.0.1/16 --node-ip 10.0.0.1 --server-address "127.0.0.1:$KWOK_PORT" \
+        --cidr "$POD_CIDR" --node-ip 10.0.0.1 --server-address "127.0.0.1:$KWOK_PORT" \
         --node-lease-duration-seconds "$LEASE"
       ;;
     *) die "unknown component $1 (one of: ${COMPONENTS[*]})" ;;

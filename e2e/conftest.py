@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import subprocess
 import uuid
 from pathlib import Path
 
@@ -25,8 +26,14 @@ def cluster():
     if r.returncode != 0:
         pytest.fail(f"the API server from KUBECONFIG={os.environ['KUBECONFIG']} is not ready: {r.stderr.strip()}")
     kubectl("apply", "--server-side", "--force-conflicts", "-f", str(ROOT / "crds"))
+    # The Gateway API Inference Extension's CRDs (pinned, from its Go module): ServingDeployments get an
+    # InferencePool, which the API server validates against the real schema.
+    inference = subprocess.run([str(ROOT / "e2e" / "build-binaries.sh"), "crds"], capture_output=True, text=True,
+                               check=True).stdout.strip().splitlines()[-1]
+    kubectl("apply", "--server-side", "--force-conflicts", "-f", inference)
     kubectl("wait", "--for", "condition=established", "--timeout=60s",
-            "crd/trainingjobs.flotilla.dev", "crd/servingdeployments.flotilla.dev")
+            "crd/trainingjobs.flotilla.dev", "crd/servingdeployments.flotilla.dev",
+            "crd/inferencepools.inference.networking.k8s.io")
 
 
 @pytest.fixture(scope="session")

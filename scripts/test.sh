@@ -12,6 +12,8 @@ echo "[test] environment ready in $((SECONDS - t0))s"
 
 e2e/build-binaries.sh >/dev/null
 echo "[test] Kubernetes binaries ready at $((SECONDS - t0))s"
+e2e/loadgen.sh >/dev/null
+echo "[test] load generator (guidellm) ready at $((SECONDS - t0))s"
 
 export FLOTILLA_STATE=$PWD/.flotilla/test-cluster
 export FLOTILLA_KUBECONFIG=$PWD/.flotilla/test-kubeconfig

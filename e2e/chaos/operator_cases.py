@@ -444,7 +444,8 @@ def audit_writes_by(agent_part: str, since: float) -> list[str]:
     return out
 
 
-WRITE_LOG_MARKS = ("created pod", "deleted pod", "event ", "applied deployment")
+WRITE_LOG_MARKS = ("created pod", "deleted pod", "event ", "applied deployment", "applied Service",
+                   "applied InferencePool")
 
 
 def writes_in_log(text: str) -> list[str]:

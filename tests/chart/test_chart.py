@@ -175,7 +175,8 @@ def test_rbac_is_exactly_what_each_component_uses(render):
         | triples("", ["nodes"], ["list", "watch"])
         | triples("", ["pods"], ["get", "list", "watch", "create", "delete"])
         | triples("apps", ["deployments"], ["list", "watch", "create", "patch"])
-        | triples("", ["services"], ["create", "patch"])
+        | triples("", ["services"], ["create", "patch"])  # rendezvous (training) and endpoints (serving), server-side applied
+        | triples("inference.networking.k8s.io", ["inferencepools"], ["create", "patch"])
         | triples("", ["events"], ["create", "get", "patch"])
         | triples("apiextensions.k8s.io", ["customresourcedefinitions"], ["list", "watch"]))
     lease_role = o[("Role", f"{OP}-leader-election")]
@@ -187,9 +188,9 @@ def test_rbac_is_exactly_what_each_component_uses(render):
     assert rules(o, "ClusterRole", CTL) == (
         triples("flotilla.dev", ["trainingjobs", "servingdeployments"], ["get", "list", "watch", "patch"])
         | triples("", ["nodes"], ["get", "list", "watch", "patch"])
-        | triples("", ["pods"], ["list"])
         | triples("", ["nodes/status"], ["patch"])
         | triples("", ["events"], ["create", "get", "patch"])
+        | triples("", ["pods"], ["list"])  # the serving engines it scrapes
         | triples("authentication.k8s.io", ["tokenreviews"], ["create"])
         | triples("authorization.k8s.io", ["subjectaccessreviews"], ["create"]))
     # Posting serving statistics: the (virtual) subresource the controller's SubjectAccessReview asks about.

@@ -13,7 +13,7 @@ from flotilla.controller.mirror import parse_serving_deployment
 from flotilla.controller.replan import ServingReplanner
 from flotilla.controller.views import iso
 from flotilla.operator import serving as operator_serving
-from flotilla.operator.actions import ApplyDeployment, PatchStatus, PostEvent
+from flotilla.operator.actions import ApplyDeployment, ApplyObject, PatchStatus, PostEvent
 from flotilla.resources.names import ANNOTATION_OBSERVED
 from flotilla.serving.replan import ObservedWindow, ReplanPolicy
 from flotilla.serving.planner import plan
@@ -106,8 +106,9 @@ def test_the_controller_writes_only_its_own_fields_and_the_operator_acts_on_them
     replicas = {a.manifest["metadata"]["name"]: a.manifest["spec"]["replicas"]
                 for a in acted if isinstance(a, ApplyDeployment)}
     assert replicas == {"chat-prefill": plan_["prefillReplicas"], "chat-decode": plan_["decodeReplicas"]}
-    # The operator writes status only, mirroring the plan and the observation it acts on.
-    assert all(isinstance(a, (PatchStatus, ApplyDeployment, PostEvent)) for a in acted)
+    # The operator writes status only (and the Deployments and endpoint objects it owns), mirroring the plan
+    # and the observation it acts on.
+    assert all(isinstance(a, (PatchStatus, ApplyDeployment, ApplyObject, PostEvent)) for a in acted)
     [status] = [a.status for a in acted if isinstance(a, PatchStatus)]
     assert (status["prefillReplicas"], status["decodeReplicas"]) == (plan_["prefillReplicas"], plan_["decodeReplicas"])
     assert status["lastPlan"] == {"time": plan_["time"], "reason": plan_["reason"]}

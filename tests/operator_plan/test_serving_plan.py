@@ -3,7 +3,7 @@ import json
 import pytest
 
 from flotilla.operator import serving
-from flotilla.operator.actions import ApplyDeployment, PatchStatus, PostEvent
+from flotilla.operator.actions import ApplyDeployment, ApplyObject, PatchStatus, PostEvent
 from tests.operator_plan.builders import T0
 
 
@@ -201,3 +201,58 @@ def test_the_observed_mirror_deletes_the_fields_that_went():
     body["status"] = {**body["status"], **st, "observed": {"requestsPerSecond": 4.0}}
     again = [a for a in serving.plan_serving(body, {}, T0) if isinstance(a, PatchStatus)]
     assert not again or "observed" not in again[0].status
+
+
+def test_the_endpoint_is_a_service_per_pool_with_llm_d_role_labels_and_the_pool_when_its_crd_is_there():
+    actions = serving.plan_serving(sd(), {}, T0)
+    objects = {(a.manifest["kind"], a.manifest["metadata"]["name"]): a.manifest
+               for a in actions if isinstance(a, ApplyObject)}
+    assert set(objects) == {("Service", "chat-prefill"), ("Service", "chat-decode")}  # no CRD, no InferencePool
+    decode = objects["Service", "chat-decode"]
+    assert decode["spec"]["selector"] == {"flotilla.dev/serving": "chat", "flotilla.dev/role": "decode"}
+    assert decode["spec"]["ports"] == [{"name": "http", "port": 8000, "targetPort": 8000, "protocol": "TCP"}]
+    assert decode["metadata"]["ownerReferences"][0]["uid"] == "u1"
+    deps = {a.manifest["metadata"]["name"]: a.manifest for a in actions if isinstance(a, ApplyDeployment)}
+    for role in ("prefill", "decode"):
+        labels = deps[f"chat-{role}"]["spec"]["template"]["metadata"]["labels"]
+        assert labels["llm-d.ai/role"] == role and labels["llm-d.ai/inference-serving"] == "true"
+        # the selector stays what it was: a Deployment's selector cannot change
+        assert "llm-d.ai/role" not in deps[f"chat-{role}"]["spec"]["selector"]["matchLabels"]
+    st = next(a for a in actions if isinstance(a, PatchStatus)).status
+    assert st["endpoint"] == "http://chat-decode.ns.svc:8000" and "inferencePool" not in st
+
+    body = sd()
+    body["spec"]["endpoint"] = {"port": 9000, "endpointPicker": {"name": "llm-d-epp"}}
+    with_pool = serving.plan_serving(body, {}, T0, inference_pools=True)
+    [pool] = [a.manifest for a in with_pool if isinstance(a, ApplyObject) and a.manifest["kind"] == "InferencePool"]
+    assert pool["apiVersion"] == "inference.networking.k8s.io/v1" and pool["metadata"]["name"] == "chat"
+    assert pool["spec"] == {"selector": {"matchLabels": {"flotilla.dev/serving": "chat",
+                                                         "llm-d.ai/inference-serving": "true"}},
+                            "targetPorts": [{"number": 9000}],
+                            "endpointPickerRef": {"kind": "Service", "name": "llm-d-epp", "port": {"number": 9002}}}
+    st = next(a for a in with_pool if isinstance(a, PatchStatus)).status
+    assert st["endpoint"] == "http://chat-decode.ns.svc:9000" and st["inferencePool"] == "chat"
+
+
+def test_service_names_are_dns_labels_for_any_serving_name():
+    from flotilla.resources.names import service_name
+
+    assert service_name("chat", "decode") == "chat-decode"
+    for odd in ("1chat", "a.b", "x" * 70):
+        name = service_name(odd, "prefill")
+        assert len(name) <= 63 and name[0].isalpha() and name.endswith("-prefill")
+        assert set(name) <= set("abcdefghijklmnopqrstuvwxyz0123456789-")
+    assert service_name("a.b", "decode") != service_name("a-b", "decode")
+
+
+def test_an_endpoint_object_applied_a_moment_ago_is_not_sent_again_until_the_relist_period_passes():
+    from flotilla.operator.view import View
+
+    view = View()
+    [service, *_] = [a.manifest for a in serving.plan_serving(sd(), {}, T0) if isinstance(a, ApplyObject)]
+    assert not view.applied_recently(service, 100.0, ttl=60)
+    view.applied(service, 100.0)
+    assert view.applied_recently(service, 159.0, ttl=60)
+    assert not view.applied_recently(service, 161.0, ttl=60)  # applied again: one deleted by hand comes back
+    changed = {**service, "spec": {**service["spec"], "ports": [{"name": "http", "port": 9000}]}}
+    assert not view.applied_recently(changed, 101.0, ttl=60)  # a different manifest goes at once

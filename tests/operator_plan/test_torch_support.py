@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import json
 
-from flotilla.operator.actions import ApplyService, CreatePod, PatchStatus
+from flotilla.operator.actions import ApplyObject, CreatePod, PatchStatus
 from flotilla.operator.training import (
     checkpoint_storage,
     job_state,
@@ -73,11 +73,11 @@ def test_the_service_is_applied_with_the_pods_it_names_and_not_once_they_exist()
     body = trainingjob("j", status=admitted)
     acts = plan_job(body, [], None, T0 + 10, "elastic-deadline")
     assert sum(isinstance(a, CreatePod) for a in acts) == 2
-    assert [a.manifest["metadata"]["name"] for a in acts if isinstance(a, ApplyService)] == [
+    assert [a.manifest["metadata"]["name"] for a in acts if isinstance(a, ApplyObject)] == [
         rendezvous_service_name("j", "uid-j")]
     running = [pod(wname("j", 0, r), "j", 0) for r in range(2)]
     again = plan_job(body, running, None, T0 + 20, "elastic-deadline")
-    assert not [a for a in again if isinstance(a, (CreatePod, ApplyService))]
+    assert not [a for a in again if isinstance(a, (CreatePod, ApplyObject))]
 
 
 def test_the_measured_restore_cost_goes_into_status_and_replaces_the_declared_one():

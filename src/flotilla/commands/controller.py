@@ -54,6 +54,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="do not run the fault and straggler detectors on ingested metrics")
     parser.add_argument("--no-replan", action="store_true",
                         help="do not re-plan auto-mode ServingDeployments from pushed serving statistics")
+    parser.add_argument("--scrape-interval", type=float, default=15.0, metavar="SECONDS",
+                        help="scrape the serving engines' /metrics (the decode Services' endpoints) this often; "
+                             "two scrapes make a window for the re-planner; 0: do not scrape (default 15)")
     parser.add_argument("--scale-down-after", type=float, default=300.0, metavar="SECONDS",
                         help="a serving plan must hold this long before a smaller one replaces it (default 300)")
     parser.add_argument("--peak-memory", type=float, default=1800.0, metavar="SECONDS",
@@ -86,7 +89,7 @@ def run(args: argparse.Namespace) -> int:
                         kubernetes=not args.no_kubernetes, sample_retention_s=args.sample_retention,
                         ingest_limit=args.ingest_limit, cors_origins=tuple(args.cors_origin),
                         health=not args.no_health, straggler_action=args.stragglers, replan=not args.no_replan,
-                        taint_budget=budget,
+                        taint_budget=budget, scrape_interval_s=args.scrape_interval,
                         ingest_auth=args.ingest_auth, token_audience=args.token_audience,
                         agent_service_accounts=frozenset(sa.strip() for sa in args.agent_service_accounts.split(",")
                                                          if sa.strip()),

@@ -43,6 +43,10 @@ class ClusterActions(Protocol):
     def list_objects(self, plural: str) -> list[dict[str, Any]]:
         """Every Flotilla custom object of a kind, in all namespaces, as the API server returns them."""
 
+    def ready_pods(self, namespace: str, selector: dict[str, str]) -> list[tuple[str, str]]:
+        """(pod name, pod IP) of each Ready pod matching the label selector (what a Service with that
+        selector routes to)."""
+
     def set_unschedulable(self, node: str, unschedulable: bool) -> None:
         """Cordon (True) or uncordon (False) a node."""
 
@@ -62,6 +66,7 @@ class RecordingActions:
     calls: list[tuple[Any, ...]] = field(default_factory=list)
     fail: ClusterActionError | None = None
     objects: dict[str, list[dict[str, Any]]] = field(default_factory=dict)
+    pods: dict[str, list[tuple[str, str]]] = field(default_factory=dict)  # "ns/role" -> (pod, IP) for ready_pods
 
     def _call(self, *call: Any) -> None:
         if self.fail is not None:
@@ -82,6 +87,11 @@ class RecordingActions:
             raise self.fail
         return list(self.objects.get(plural, []))
 
+    def ready_pods(self, namespace: str, selector: dict[str, str]) -> list[tuple[str, str]]:
+        if self.fail is not None:
+            raise self.fail
+        return list(self.pods.get(f"{namespace}/{selector.get('flotilla.dev/role')}", []))
+
     def set_unschedulable(self, node: str, unschedulable: bool) -> None:
         self._call("set_unschedulable", node, unschedulable)
 
@@ -99,4 +109,4 @@ class OfflineActions:
     def _refuse(self, *_: Any, **__: Any) -> None:
         raise ClusterUnavailable("the controller runs with --no-kubernetes; cluster actions are unavailable")
 
-    annotate = patch_spec = apply = list_objects = set_unschedulable = set_node_health = post_event = _refuse
+    annotate = patch_spec = apply = list_objects = ready_pods = set_unschedulable = set_node_health = post_event = _refuse

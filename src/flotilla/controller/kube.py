@@ -93,6 +93,16 @@ class KubeActions:
         except ApiException as e:
             raise _wrap(e, plural) from None
 
+    def ready_pods(self, namespace: str, selector: dict[str, str]) -> list[tuple[str, str]]:
+        try:
+            pods = self.core.list_namespaced_pod(
+                namespace, label_selector=",".join(f"{k}={v}" for k, v in sorted(selector.items()))).items
+        except ApiException as e:
+            raise _wrap(e, f"pods in {namespace}") from None
+        return sorted((p.metadata.name, p.status.pod_ip) for p in pods
+                      if p.status.pod_ip and p.metadata.deletion_timestamp is None
+                      and any(c.type == "Ready" and c.status == "True" for c in p.status.conditions or []))
+
     def set_unschedulable(self, node: str, unschedulable: bool) -> None:
         try:
             self.core.patch_node(node, {"spec": {"unschedulable": unschedulable}})

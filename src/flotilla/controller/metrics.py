@@ -28,6 +28,8 @@ read at scrape time by `StateCollector`, so it is right after a restart; events
 | flotilla_ingest_pipeline_stalls_total | counter | reason: no-delivery, shared-silence, controller-stalled |
 | flotilla_health_actions_suppressed_total | counter | reason: taint-budget, pipeline-fault |
 | flotilla_api_request_duration_seconds | histogram | method, route, status |
+| flotilla_serving_scrapes_total | counter | result: ok, failed (one per engine endpoint scraped) |
+| flotilla_serving_scrape_failures_total | counter | reason: endpoints, connect, http, parse |
 """
 
 from __future__ import annotations
@@ -133,6 +135,10 @@ class ControllerMetrics:
                                                  "Health verdicts or actions held back (node silences inside a "
                                                  "pipeline fault; taints beyond the taint budget)", ["reason"],
                                                  registry=r)
+        self.serving_scrapes = Counter("flotilla_serving_scrapes", "Scrapes of serving engines' /metrics",
+                                       ["result"], registry=r)
+        self.serving_scrape_failures = Counter("flotilla_serving_scrape_failures",
+                                               "Failed scrapes of serving engines, by why", ["reason"], registry=r)
         self.api_latency = Histogram("flotilla_api_request_duration_seconds", "REST API request latency",
                                      ["method", "route", "status"], buckets=LATENCY_BUCKETS, registry=r)
 

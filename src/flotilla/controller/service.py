@@ -27,6 +27,7 @@ from flotilla.controller.ingest_auth import (
 )
 from flotilla.controller.metrics import ControllerMetrics
 from flotilla.controller.replan import ServingReplanner
+from flotilla.controller.scrape import EngineScraper
 from flotilla.controller.store import Store
 from flotilla.health.budget import TaintBudget, TaintBudgetConfig
 from flotilla.serving.replan import ReplanPolicy
@@ -64,6 +65,7 @@ class Settings:
     health: bool = True  # run the fault and straggler detectors on ingested samples
     replan: bool = True  # re-plan auto-mode ServingDeployments from pushed statistics (needs Kubernetes)
     replan_policy: ReplanPolicy = field(default_factory=ReplanPolicy)
+    scrape_interval_s: float = 15.0  # scrape the serving engines' /metrics this often (0: off; needs Kubernetes)
     straggler_action: str = "report"  # report | evict
     taint_budget: TaintBudgetConfig = field(default_factory=TaintBudgetConfig)
     # The controller's own Pod (downward API), for Events about the metric pipeline; unset: no such Events.
@@ -74,6 +76,8 @@ class Settings:
         """Raise ValueError naming the flag when settings cannot work together."""
         if self.ingest_auth == TOKENREVIEW and not self.kubernetes:
             raise ValueError("--ingest-auth tokenreview needs the Kubernetes API (TokenReview): drop --no-kubernetes")
+        if self.scrape_interval_s < 0:
+            raise ValueError(f"--scrape-interval must be >= 0 (0 turns scraping off), got {self.scrape_interval_s}")
         if (self.tls_cert_file is None) != (self.tls_key_file is None):
             raise ValueError("--tls-cert-file and --tls-key-file go together")
         IngestPolicy(SHARED, self.agent_service_accounts)  # each --agent-service-accounts entry is ns/name
@@ -114,6 +118,8 @@ class ControllerService:
             serving_placement = kube.ServingPlacement(api_client)
         self.replanner = (ServingReplanner(actions, self.store, self.metrics, settings.replan_policy)
                           if settings.replan and settings.kubernetes else None)
+        self.scraper = (EngineScraper(actions, self.replanner.observe, self.metrics, settings.scrape_interval_s)
+                        if self.replanner is not None and settings.scrape_interval_s > 0 else None)
         pod = (settings.pod_namespace, settings.pod_name) if settings.pod_namespace and settings.pod_name else None
         self.health = (HealthResponder(self.store, actions, self.metrics, straggler_action=settings.straggler_action,
                                        budget=TaintBudget(settings.taint_budget), pod=pod)
@@ -157,6 +163,8 @@ class ControllerService:
             threading.Thread(target=self.health.run, name="health-tick", daemon=True).start()
         if self.replanner is not None:
             threading.Thread(target=self.replanner.run, name="serving-replan", daemon=True).start()
+        if self.scraper is not None:
+            threading.Thread(target=self.scraper.run, name="serving-scrape", daemon=True).start()
 
     def stop(self) -> None:
         self._stop.set()
@@ -168,6 +176,8 @@ class ControllerService:
             self.health.stop()
         if self.replanner is not None:
             self.replanner.stop()
+        if self.scraper is not None:
+            self.scraper.stop()
 
     def serve(self) -> None:
         self.start()

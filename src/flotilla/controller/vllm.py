@@ -1,7 +1,8 @@
 """Serving statistics from vLLM's Prometheus metrics.
 
 vLLM exposes cumulative counters and histograms; one window is the difference between two
-scrapes of the same ServingDeployment (a router or a sidecar posts each scrape as text).
+scrapes of the same ServingDeployment: the controller's own (flotilla.controller.scrape), or a router's
+or sidecar's that posts each scrape as text.
 Series with different labels (pods, models) are summed. Used, by vLLM name:
 
 | metric | gives |
@@ -58,6 +59,17 @@ def parse(text: str, now: float) -> Scrape:
     return scrape
 
 
+def add(total: Scrape, one: Scrape) -> None:
+    """Adds one engine's scrape into `total` (several engines' counters, summed)."""
+    total.requests += one.requests
+    for h, values in one.histograms.items():
+        into = total.histograms.setdefault(h, {"sum": 0.0, "count": 0.0, "buckets": defaultdict(float)})
+        into["sum"] += values["sum"]
+        into["count"] += values["count"]
+        for le, c in values["buckets"].items():
+            into["buckets"][le] = into["buckets"].get(le, 0.0) + c
+
+
 def _delta(new: dict, old: dict | None) -> dict:
     old = old or {"sum": 0.0, "count": 0.0, "buckets": {}}
     return {"sum": new["sum"] - old["sum"], "count": new["count"] - old["count"],
@@ -86,6 +98,8 @@ def window(old: Scrape, new: Scrape) -> ObservedWindow | None:
     seconds = new.time - old.time
     done = new.requests - old.requests
     if seconds <= 0 or done <= 0:
+        return None
+    if any(h not in new.histograms for h in HISTOGRAMS):
         return None
     d = {h: _delta(new.histograms[h], old.histograms.get(h)) for h in HISTOGRAMS}
     prompt, output = d["vllm:request_prompt_tokens"], d["vllm:request_generation_tokens"]

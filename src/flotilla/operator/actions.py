@@ -40,8 +40,8 @@ class ApplyDeployment:
 
 
 @dataclass(frozen=True)
-class ApplyService:
-    manifest: dict[str, Any]  # server-side applied: a training job's headless rendezvous Service
+class ApplyObject:
+    manifest: dict[str, Any]  # server-side applied: a training job's rendezvous Service, a serving pool's Service or InferencePool
 
 
 @dataclass(frozen=True)
@@ -53,7 +53,7 @@ class PostEvent:
     fields: dict[str, Any] = field(default_factory=dict)
 
 
-Action = PatchStatus | PatchAnnotations | CreatePod | DeletePod | ApplyDeployment | ApplyService | PostEvent
+Action = PatchStatus | PatchAnnotations | CreatePod | DeletePod | ApplyDeployment | ApplyObject | PostEvent
 
 
 def involved(body: dict[str, Any]) -> dict[str, Any]:

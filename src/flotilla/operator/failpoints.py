@@ -9,7 +9,7 @@ Unset (always, outside tests) every hook is a dictionary lookup that finds nothi
 
 WHEN is `before` or `after` (after: the API server answered with success), ACTION an action's
 type name (`PatchStatus`, `PatchAnnotations`, `CreatePod`, `DeletePod`, `ApplyDeployment`,
-`ApplyService`, `PostEvent`), TEXT an optional string the action's compact JSON must contain, e.g.
+`ApplyObject`, `PostEvent`), TEXT an optional string the action's compact JSON must contain, e.g.
 `after:CreatePod:"flotilla.dev/generation":"1"` (a pod of worker generation 1) or
 `after:PatchStatus:"reshards":1`. The first matching write kills the process (SIGKILL: no
 cleanup, no lease release, as a node failure or the OOM killer would).

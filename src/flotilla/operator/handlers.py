@@ -27,8 +27,8 @@ import kopf
 
 from flotilla import GROUP, VERSION, kubeapi
 from flotilla.allocation import Allocator
-from flotilla.operator.actions import Action, ApplyService, CreatePod, PatchAnnotations, PatchStatus
-from flotilla.operator.kube import Kube, RateLimiter
+from flotilla.operator.actions import Action, ApplyObject, CreatePod, PatchAnnotations, PatchStatus
+from flotilla.operator.kube import Kube, RateLimiter, inference_pools_served
 from flotilla.operator.reconcile import plan
 from flotilla.operator import relist
 from flotilla.operator.relist import Lister, Relister
@@ -59,6 +59,7 @@ class Settings:
 
 
 view = View()
+inference_pools = False  # the InferencePool CRD is installed (flotilla.operator.endpoint)
 in_flight: dict[tuple[str, str], asyncio.Task] = {}  # (view kind, key) -> the task writing that object's actions
 _planner = ThreadPoolExecutor(max_workers=1, thread_name_prefix="plan")
 settings: Settings | None = None
@@ -165,6 +166,7 @@ async def _loop() -> None:
     # The first decision waits for a full list of every kind: a new leader starts from what is, not a cache.
     await relister.sync()
     relisting = asyncio.get_running_loop().create_task(relister.run())
+    discovering = asyncio.get_running_loop().create_task(_discover_inference_pools(_api_client(s, 1, None)))
     log.info("reconcile loop started as %s: policy=%s resync=%ss relist=%ss api-timeout=%ss concurrency=%d qps=%s "
              "burst=%d unified pool: %s fenced by the lease: %s", s.identity, s.allocator.name, s.resync_seconds,
              s.relist_seconds, s.api_timeout, s.concurrency, s.qps, s.burst, s.pool or "off", s.fence is not None)
@@ -172,6 +174,25 @@ async def _loop() -> None:
         await _reconcile_forever(kube)
     finally:
         relisting.cancel()
+        discovering.cancel()
+
+
+async def _discover_inference_pools(api: kubeapi.ApiClient) -> None:
+    """Keeps `inference_pools` true while the InferencePool CRD is installed (checked every relist period)."""
+    global inference_pools
+    s = _settings()
+    while True:
+        try:
+            served = await asyncio.get_running_loop().run_in_executor(None, inference_pools_served, api,
+                                                                      s.api_timeout)
+            if served != inference_pools:
+                log.info("InferencePools %s: ServingDeployments %s", "served" if served else "not served",
+                         "get one each" if served else "get Services only")
+                inference_pools = served
+                view.wake.set()
+        except Exception as e:  # the API server away: keep what was known
+            log.warning("could not check for the InferencePool API: %s", e)
+        await asyncio.sleep(s.relist_seconds)
 
 
 async def _reconcile_forever(kube: Kube) -> None:
@@ -204,7 +225,7 @@ async def _reconcile_once(kube: Kube) -> float:
     copies = [dict(d) for d in (view.jobs, view.nodes, view.pods, view.servings, view.deployments)]
     plans = await asyncio.get_running_loop().run_in_executor(
         _planner, plan, time.time(), settings.allocator, *copies, settings.max_restarts, settings.pool,
-        settings.agent_port)
+        inference_pools, settings.agent_port)
     planned = time.perf_counter()
     actions = dispatched = deferred = 0
     now = time.monotonic()
@@ -212,8 +233,10 @@ async def _reconcile_once(kube: Kube) -> float:
         # Pods created while this pass was planned, or whose watch events are late: creating them again
         # would only cost a 409 each.
         acts = [a for a in acts if not (isinstance(a, CreatePod) and view.has_pod(key_of(a.manifest), now))]
-        if not any(isinstance(a, CreatePod) for a in acts):  # the rendezvous Service goes with pod creations
-            acts = [a for a in acts if not isinstance(a, ApplyService)]
+        if kind == "jobs" and not any(isinstance(a, CreatePod) for a in acts):
+            acts = [a for a in acts if not isinstance(a, ApplyObject)]  # the rendezvous Service goes with pod creations
+        acts = [a for a in acts if not (isinstance(a, ApplyObject)
+                                        and view.applied_recently(a.manifest, now, settings.relist_seconds))]
         if not acts:
             continue
         actions += len(acts)
@@ -240,6 +263,8 @@ async def _write(kube: Kube, kind: str, key: str, actions: list[Action]) -> None
                 answer = result
             elif isinstance(action, CreatePod):
                 view.created(key_of(action.manifest), time.monotonic())
+            elif isinstance(action, ApplyObject):
+                view.applied(action.manifest, time.monotonic())
     finally:
         view.settle(kind, key, answer)
         in_flight.pop((kind, key), None)

@@ -17,7 +17,7 @@ from flotilla.operator import failpoints
 from flotilla.operator.actions import (
     Action,
     ApplyDeployment,
-    ApplyService,
+    ApplyObject,
     CreatePod,
     DeletePod,
     PatchAnnotations,
@@ -185,14 +185,26 @@ class Kube:
             log.info("applied deployment %s/%s replicas=%s", meta["namespace"], meta["name"],
                      a.manifest["spec"]["replicas"])
             return result
-        if isinstance(a, ApplyService):
-            meta = a.manifest["metadata"]
-            return self.core.patch_namespaced_service(
-                meta["name"], meta["namespace"], a.manifest, field_manager=FIELD_MANAGER, force=True,
-                _content_type="application/apply-patch+yaml")
+        if isinstance(a, ApplyObject):
+            return self._apply_object(a.manifest)
         if isinstance(a, PostEvent):
             return self._event(a)
         raise TypeError(f"unknown action {a!r}")
+
+    def _apply_object(self, manifest: dict[str, Any]) -> Any:
+        """Server-side apply of a Service or an InferencePool (an endpoint's objects)."""
+        meta, ssa = manifest["metadata"], {"field_manager": FIELD_MANAGER, "force": True,
+                                           "_content_type": "application/apply-patch+yaml"}
+        if manifest["kind"] == "Service":
+            result = self.core.patch_namespaced_service(meta["name"], meta["namespace"], manifest, **ssa)
+        elif manifest["kind"] == "InferencePool":
+            result = self.custom.patch_namespaced_custom_object(
+                names.INFERENCE_POOL_GROUP, names.INFERENCE_POOL_VERSION, meta["namespace"],
+                names.INFERENCE_POOL_PLURAL, meta["name"], manifest, **ssa)
+        else:
+            raise TypeError(f"no apply for a {manifest['kind']}")
+        log.info("applied %s %s/%s", manifest["kind"], meta["namespace"], meta["name"])
+        return result
 
     def _existing_pod_is_ours(self, a: CreatePod) -> bool | None:
         """A create answered 409: the pod is there. It counts as created only if the owner we would have
@@ -216,6 +228,19 @@ class Kube:
 
     def _event(self, a: PostEvent) -> Any:
         return self.events.record(a.involved, a.type, a.reason, a.message)
+
+
+def inference_pools_served(api: client.ApiClient, timeout: float) -> bool:
+    """The API server serves InferencePools (the Gateway API Inference Extension's CRD is installed):
+    API discovery, which every authenticated client may read."""
+    try:
+        found = client.CustomObjectsApi(api).get_api_resources(
+            names.INFERENCE_POOL_GROUP, names.INFERENCE_POOL_VERSION, _request_timeout=timeout)
+    except ApiException as e:
+        if e.status == 404:
+            return False
+        raise
+    return any(r.name == names.INFERENCE_POOL_PLURAL for r in found.resources or [])
 
 
 def _target(a: Action) -> str:

@@ -41,20 +41,20 @@ def reconcile(now: float, allocator: Allocator, jobs: Mapping[str, Body], nodes:
               pool: PoolPolicy | None = None, agent_port: int = names.DEFAULT_AGENT_PORT) -> list[Action]:
     """Every object's actions, one object after the other (see `plan`)."""
     return [a for _, _, actions in plan(now, allocator, jobs, nodes, pods, servings, deployments, max_restarts, pool,
-                                        agent_port) for a in actions]
+                                        agent_port=agent_port) for a in actions]
 
 
 def plan(now: float, allocator: Allocator, jobs: Mapping[str, Body], nodes: Mapping[str, Body],
          pods: Mapping[str, Body], servings: Mapping[str, Body],
          deployments: Mapping[str, Body], max_restarts: int = 3,
-         pool: PoolPolicy | None = None,
+         pool: PoolPolicy | None = None, inference_pools: bool = False,
          agent_port: int = names.DEFAULT_AGENT_PORT) -> list[tuple[str, str, list[Action]]]:
     """(view kind, key, actions) for every TrainingJob ("jobs") and ServingDeployment ("servings"): an
     object's status and annotation patches come first, then its pods, Deployments and Events.
 
     With a `pool` policy and ServingDeployments present, the unified-pool arbiter decides for both
     (serving may borrow training's GPUs); otherwise the allocator decides for training alone and
-    serving's pods are GPUs it may not use."""
+    serving's pods are GPUs it may not use. `inference_pools`: the InferencePool CRD is installed."""
     if pool is not None and servings:
         shared = arbitrate(now, pool, jobs, nodes, pods, servings)
         job_decisions, lending, grants = shared.jobs, shared.lending, shared.serving
@@ -75,5 +75,5 @@ def plan(now: float, allocator: Allocator, jobs: Mapping[str, Body], nodes: Mapp
         ns = body["metadata"]["namespace"]
         deps = {role: deployments[d] for role in serving.ROLES
                 if (d := f"{ns}/{serving.deployment_name(body['metadata']['name'], role)}") in deployments}
-        out.append(("servings", key, serving.plan_serving(body, deps, now, grants.get(key))))
+        out.append(("servings", key, serving.plan_serving(body, deps, now, grants.get(key), inference_pools)))
     return out

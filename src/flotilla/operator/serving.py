@@ -12,7 +12,8 @@ from dataclasses import dataclass, field
 from typing import Any, Mapping
 
 from flotilla import API_VERSION
-from flotilla.operator.actions import Action, ApplyDeployment, PatchStatus, PostEvent, involved
+from flotilla.operator import endpoint
+from flotilla.operator.actions import Action, ApplyDeployment, ApplyObject, PatchStatus, PostEvent, involved
 from flotilla.operator.training import ref, set_condition
 from flotilla.operator.timeutil import rfc3339
 from flotilla.resources import names, phases
@@ -94,7 +95,8 @@ def deployment(body: Body, role: str, replicas: int, gpus_per_instance: int) -> 
     template = copy.deepcopy(pool["template"])
     t_meta = template.setdefault("metadata", {})
     selector = {names.LABEL_SERVING: meta["name"], names.LABEL_ROLE: role}
-    t_meta["labels"] = {**(t_meta.get("labels") or {}), **selector, names.LABEL_MANAGED_BY: names.MANAGED_BY}
+    t_meta["labels"] = {**(t_meta.get("labels") or {}), **selector, **endpoint.pod_labels(role),
+                        names.LABEL_MANAGED_BY: names.MANAGED_BY}
     pod_spec = template["spec"]
     pod_spec.setdefault("tolerations", []).append(
         {"key": names.GPU_RESOURCE, "operator": "Exists", "effect": "NoSchedule"})
@@ -155,10 +157,12 @@ def fit(want: Target, gpus: int) -> Target:
 
 
 def plan_serving(body: Body, deployments: Mapping[str, Body], now: float,
-                 grant: ServingGrant | None = None) -> list[Action]:
+                 grant: ServingGrant | None = None, inference_pools: bool = False) -> list[Action]:
     """Actions for one ServingDeployment; `deployments` maps role -> its Deployment (if any).
     With a `grant` from the unified pool, the Deployments hold at most `grant.budget` GPUs, and are
-    not shrunk while the grant keeps more than the plan (the pool's hold-down)."""
+    not shrunk while the grant keeps more than the plan (the pool's hold-down). The endpoint's objects
+    (flotilla.operator.endpoint) are applied on every pass, an InferencePool too when `inference_pools`
+    (its CRD is installed): the caller skips those it applied unchanged a moment ago."""
     meta, spec, status = body["metadata"], body["spec"], body.get("status") or {}
     observed = observed_from_annotation((meta.get("annotations") or {}).get(names.ANNOTATION_OBSERVED)) or None
     actions: list[Action] = []
@@ -185,6 +189,7 @@ def plan_serving(body: Body, deployments: Mapping[str, Body], now: float,
     if want.gpus > int(spec["maxGPUs"]):
         return refuse(names.Reason.OVER_BUDGET, f"the plan needs {want.gpus} GPUs, more than spec.maxGPUs={spec['maxGPUs']}")
 
+    actions.extend(ApplyObject(m) for m in endpoint.objects(body, inference_pools))
     budget, deploy = int(spec["maxGPUs"]), want
     if grant is not None:
         budget, deploy = min(budget, grant.budget), fit(want, grant.budget)
@@ -213,10 +218,13 @@ def plan_serving(body: Body, deployments: Mapping[str, Body], now: float,
         "readyDecode": ready[names.ROLE_DECODE],
         "gpus": want.gpus,
         "ratio": want.ratio,
+        "endpoint": endpoint.url(body),
         "message": f"{ready[names.ROLE_PREFILL]}/{want.replicas[names.ROLE_PREFILL]} prefill, "
                    f"{ready[names.ROLE_DECODE]}/{want.replicas[names.ROLE_DECODE]} decode ready"
                    + (f"; {deploy.gpus} of {want.gpus} GPUs granted now: {grant.reason}" if deploy is not want else ""),
     }
+    if inference_pools:
+        desired["inferencePool"] = meta["name"]
     if want.predicted_goodput is not None:
         desired["predictedGoodput"] = round(float(want.predicted_goodput), 3)
     desired["lastPlan"] = last_plan(body, want, now)

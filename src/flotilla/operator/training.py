@@ -24,7 +24,7 @@ from flotilla import API_VERSION
 from flotilla.allocation import ClusterSnapshot, JobDecision, JobState, NodeState, ScalingCurve, Verdict, throughput
 from flotilla.operator.actions import (
     Action,
-    ApplyService,
+    ApplyObject,
     CreatePod,
     DeletePod,
     PatchAnnotations,
@@ -472,7 +472,7 @@ class _Plan:
             out.append(PatchStatus(PLURAL, self.ns, self.name, self.patch))
         if self.annotations:
             out.append(PatchAnnotations(PLURAL, self.ns, self.name, self.annotations))
-        out.extend(a for a in self.actions if keep_creates or not isinstance(a, (CreatePod, ApplyService)))
+        out.extend(a for a in self.actions if keep_creates or not isinstance(a, (CreatePod, ApplyObject)))
         return out
 
 
@@ -647,7 +647,7 @@ def _create_when_free(plan: _Plan, by_gen: Mapping[int, list[Body]], generation:
             plan.actions.append(CreatePod(m))
             creating = True
     if creating:  # applied with every pod creation: idempotent, and there before rank 0 is looked up
-        plan.actions.append(ApplyService(rendezvous_service(plan.body)))
+        plan.actions.append(ApplyObject(rendezvous_service(plan.body)))
     return sorted(set(waiting))
 
 

@@ -9,6 +9,7 @@ placements already decided and the allocator cannot give the same GPUs twice.
 from __future__ import annotations
 
 import asyncio
+import json
 import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable
@@ -79,6 +80,7 @@ class View:
     # (kind, key) -> when the latest news about it arrived (a watch event, a deletion, a patch answer).
     _arrived: dict[tuple[str, str], float] = field(default_factory=dict)
     _created: dict[str, float] = field(default_factory=dict)  # pod key -> when this operator created it
+    _applied: dict[str, tuple[str, float]] = field(default_factory=dict)  # endpoint object -> (manifest, when)
     # Kinds whose watch listed again (kopf re-lists after a watch restart but reports no deletions).
     relist_wanted: set[str] = field(default_factory=set)
     relist_wake: asyncio.Event = field(default_factory=asyncio.Event)
@@ -209,6 +211,16 @@ class View:
         self._created.pop(pod_key, None)
         return False
 
+    def applied(self, manifest: dict[str, Any], now: float) -> None:
+        """An endpoint object (Service, InferencePool) was server-side applied as `manifest`."""
+        self._applied[_object_key(manifest)] = (json.dumps(manifest, sort_keys=True), now)
+
+    def applied_recently(self, manifest: dict[str, Any], now: float, ttl: float) -> bool:
+        """The same manifest was applied less than `ttl` ago: not sent again. Endpoint objects are not
+        watched; applying each again every `ttl` brings back one deleted by hand."""
+        was = self._applied.get(_object_key(manifest))
+        return was is not None and now - was[1] < ttl and was[0] == json.dumps(manifest, sort_keys=True)
+
     def prune(self) -> None:
         """Forget the pods of finished jobs once they hold no GPUs: a pass then plans with live ones only.
         (A job not seen yet keeps its pods: at start-up the pods may be listed before the jobs.)"""
@@ -216,6 +228,11 @@ class View:
         for key, pod in list(self.pods.items()):
             if (uid := worker_job_uid(pod)) is not None and uid in finished and not holds_gpus(pod):
                 del self.pods[key]
+
+
+def _object_key(manifest: dict[str, Any]) -> str:
+    meta = manifest["metadata"]
+    return f"{manifest['kind']}/{meta.get('namespace')}/{meta['name']}"
 
 
 def _shows(obj: dict[str, Any], patches: list[PatchStatus | PatchAnnotations]) -> bool:

@@ -223,6 +223,21 @@ def _serving_deployment_schema() -> Schema:
             ),
             "prefill": phase_pool("prefill"),
             "decode": phase_pool("decode"),
+            "endpoint": obj(
+                {
+                    "port": integer("The engines' HTTP port (OpenAI API and /metrics) in both pools' pods; the "
+                                    "Services and the InferencePool forward to it.", minimum=1, maximum=65535,
+                                    default=8000),
+                    "endpointPicker": obj(
+                        {"name": string("The endpoint picker's Service.", max_length=253),
+                         "port": integer(minimum=1, maximum=65535, default=9002)},
+                        "The InferencePool's endpointPickerRef (the Gateway API Inference Extension's endpoint "
+                        "picker, e.g. llm-d's scheduler, deployed by you); default <name>-epp, port 9002.",
+                        required=["name"]),
+                },
+                "Where clients and routers reach the engines: a Service per pool, and an InferencePool when "
+                "its CRD (inference.networking.k8s.io/v1) is installed.",
+            ),
             "profile": PROFILE_SCHEMA,
             "minGPUs": integer(minimum=0, default=0),
             "maxGPUs": integer(minimum=1),
@@ -292,6 +307,10 @@ def _serving_deployment_schema() -> Schema:
             "borrowedFrom": array(obj({"job": string("namespace/name of the TrainingJob.", max_length=320),
                                        "gpus": integer(minimum=0)}, required=["job", "gpus"]),
                                   "GPUs TrainingJobs lent this deployment and have not got back.", max_items=256),
+            "endpoint": string("Where clients send OpenAI API requests: the decode pool's Service (its pods "
+                               "call a prefill pod first, as llm-d's routing sidecar does).", max_length=512),
+            "inferencePool": string("The InferencePool that puts both pools behind a gateway (when the "
+                                    "CRD is installed).", max_length=253),
             "message": string(max_length=1024),
             "conditions": CONDITIONS,
             "observedGeneration": integer(minimum=0),
@@ -363,6 +382,7 @@ def serving_deployment_crd() -> dict[str, Any]:
         _col("Attainment", ".status.observed.attainment", "number", "observed joint SLO attainment"),
         _col("Goodput", ".status.predictedGoodput", "number", "predicted requests/s within SLO", priority=1),
         _col("Plan", ".status.lastPlan.reason", priority=1),
+        _col("Endpoint", ".status.endpoint", description="where clients send requests", priority=1),
         _col("Age", ".metadata.creationTimestamp", "date"),
     ])
 

@@ -1,5 +1,8 @@
 """Labels, annotations, condition types and Event reasons: one place for every name."""
 
+import hashlib
+import re
+
 from flotilla import GROUP
 
 # Labels on the objects Flotilla creates.
@@ -12,6 +15,10 @@ LABEL_STAGE = f"{GROUP}/stage"  # its pipeline stage, when the TrainingJob's spe
 LABEL_SERVING = f"{GROUP}/serving"
 LABEL_MANAGED_BY = "app.kubernetes.io/managed-by"
 MANAGED_BY = "flotilla"
+# On serving pods, for the ecosystem's routers: llm-d's role label (its P/D scheduler splits an
+# InferencePool's pods by it: prefill | decode) and its marker of inference-serving pods.
+LABEL_LLMD_ROLE = "llm-d.ai/role"
+LABEL_LLMD_INFERENCE_SERVING = "llm-d.ai/inference-serving"
 
 ROLE_WORKER = "worker"
 ROLE_PREFILL = "prefill"
@@ -34,6 +41,27 @@ ANNOTATION_PLANNED_REPLICAS = f"{GROUP}/planned-replicas"
 # On a ServingDeployment: the controller's latest observed load window (JSON, see docs/serving.md),
 # server-side applied by the controller; the operator mirrors it into status.observed.
 ANNOTATION_OBSERVED = f"{GROUP}/observed"
+
+# Endpoints: the Gateway API Inference Extension's InferencePool (installed CRD, optional).
+INFERENCE_POOL_GROUP = "inference.networking.k8s.io"
+INFERENCE_POOL_VERSION = "v1"
+INFERENCE_POOL_PLURAL = "inferencepools"
+ENGINE_PORT = 8000  # vLLM's default HTTP port: OpenAI API and /metrics
+ENDPOINT_PICKER_PORT = 9002  # the inference extension's endpoint picker (ext-proc gRPC) default port
+
+
+def service_name(serving: str, role: str) -> str:
+    """The Service of one role's pool of a ServingDeployment: `<name>-<role>`, made a DNS-1035 label (Service
+    names are; a ServingDeployment's may hold dots or start with a digit, and be longer than 63)."""
+    base = re.sub(r"[^a-z0-9-]", "-", serving.lower())
+    if not base[:1].isalpha():
+        base = f"s{base}"
+    name = f"{base}-{role}"
+    if len(name) <= 63 and name == f"{serving}-{role}":
+        return name
+    digest = hashlib.sha256(serving.encode()).hexdigest()[:8]
+    return f"{base[:62 - len(role) - 9].rstrip('-')}-{digest}-{role}"
+
 
 # Node health.
 NODE_CONDITION_HEALTHY = "FlotillaGPUHealthy"
