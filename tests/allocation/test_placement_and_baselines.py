@@ -25,9 +25,9 @@ def test_free_gpus_skips_unschedulable_nodes_and_held_gpus():
 
 
 @pytest.mark.parametrize("min_gpus, max_gpus, unit, expected", [
-    (1, 8, 1, (1, 2, 4, 8)),
-    (3, 12, 1, (3, 4, 8, 12)),  # the bounds are allowed besides powers of two
-    (2, 16, 2, (2, 4, 8, 16)),
+    (1, 8, 1, (1, 2, 3, 4, 5, 6, 7, 8)),  # any whole-worker count, not only powers of two
+    (3, 12, 1, tuple(range(3, 13))),
+    (2, 16, 2, (2, 4, 6, 8, 10, 12, 14, 16)),
     (3, 3, 2, ()),  # no whole worker fits
 ])
 def test_allowed_sizes(min_gpus, max_gpus, unit, expected):

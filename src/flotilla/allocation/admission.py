@@ -11,6 +11,7 @@ count on the GPUs that earlier jobs give back (ElasticFlow's idea).
 from __future__ import annotations
 
 import math
+from bisect import bisect_left
 from dataclasses import dataclass
 from functools import lru_cache
 
@@ -24,6 +25,7 @@ from flotilla.allocation.snapshot import JobState
 class Reservation:
     size: int  # the share x
     now_gpus: int  # GPUs it uses in the first segment: its guarantee right now
+    pinned: bool = False  # it makes its deadline only if it keeps its GPUs as they are: no resize
 
 
 @dataclass(frozen=True)
@@ -103,11 +105,13 @@ class CapacityProfile:
         finish = float(starts[j] + (remaining - before) / r[j])
         return sizes0[idx[: j + 1]], finish
 
-    def reserve(self, job: JobState, deadline: float, keep_now: int = 0) -> Reservation | None:
+    def reserve(self, job: JobState, deadline: float, keep_now: int = 0, at_least: int = 0) -> Reservation | None:
         """Reserve the job's minimum satisfactory share to finish by `deadline`; None if it cannot.
 
         With `keep_now`, only plans that give the job at least that many GPUs
         in the first segment count (a running job that cannot afford a change).
+        With `at_least`, the share is no smaller than that (a re-plan that
+        needs the job to finish sooner, so that a later job still fits).
         """
         sizes, rates = job_sizes(job)
         if not sizes or job.remaining_steps <= 0:
@@ -120,15 +124,38 @@ class CapacityProfile:
         first = next((i for i, r in enumerate(rates) if r >= need_rate - 1e-12), None)
         if first is None:
             return None
-        for x in sizes[first:]:
-            if x < keep_now:
-                continue
-            plan = self._plan(job, x, deadline)
-            if plan is not None and plan[0][0] >= keep_now:
-                shares, finish = plan
-                self._take(shares, finish)
-                return Reservation(x, int(shares[0]))
-        return None
+        first = max(first, bisect_left(sizes, max(keep_now, at_least)))
+        if first >= len(sizes):
+            return None
+
+        def works(i: int):
+            plan = self._plan(job, sizes[i], deadline)
+            return plan if plan is not None and plan[0][0] >= keep_now else None
+
+        # A larger cap never gives a segment fewer GPUs, so feasibility is monotone in the share. The answer
+        # is most often at or just above `first`: gallop up from it, then halve.
+        lo, step, best, hi = first, 1, None, len(sizes) - 1
+        probe = first
+        while True:
+            best = works(probe)
+            if best is not None:
+                hi = probe
+                break
+            if probe == len(sizes) - 1:
+                return None
+            lo = probe + 1
+            probe = min(probe + step, len(sizes) - 1)
+            step *= 2
+        while lo < hi:
+            mid = (lo + hi) // 2
+            plan = works(mid)
+            if plan is None:
+                lo = mid + 1
+            else:
+                hi, best = mid, plan
+        shares, finish = best
+        self._take(shares, finish)
+        return Reservation(sizes[hi], int(shares[0]), pinned=keep_now > 0)
 
     def shortfall(self, job: JobState, deadline: float) -> Shortfall:
         """What a job that cannot be reserved would need (does not change the profile)."""
