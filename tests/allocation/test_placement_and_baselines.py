@@ -62,7 +62,8 @@ def test_fixed_size_baselines_backfill_behind_a_job_that_does_not_fit():
 
 def test_registry():
     assert policies.names()[0] == policies.DEFAULT
-    assert set(policies.names()) == {"elastic-deadline", "fifo-gang", "edf-fixed", "least-attained-service"}
+    assert set(policies.names()) == {"elastic-deadline", "fifo-gang", "edf-fixed", "least-attained-service",
+                                     "edf-elastic", "goodput-elastic"}
     for name in policies.names():
         assert policies.get(name).name == name
     with pytest.raises(ValueError, match="unknown policy 'nope'; known: elastic-deadline"):

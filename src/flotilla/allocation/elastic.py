@@ -39,9 +39,10 @@ def _pause(job: JobState, now: float) -> float:
     return max(0.0, job.resumes_at - now)
 
 
-def _latest_start_deadline(job: JobState, now: float) -> float:
-    # Keep one restore in hand: the job may be resized (or started) once more.
-    return job.deadline - job.restore_seconds - _pause(job, now)
+def _plan_deadline(job: JobState, now: float) -> float:
+    # The restores its plan needs are counted in the plan (admission.CapacityProfile._plan), those of a
+    # resize now included; only a restore already under way is taken off here.
+    return job.deadline - _pause(job, now)
 
 
 @dataclass
@@ -84,6 +85,7 @@ class DeadlineElastic:
         ledger = _Ledger.of(now, capacity, admitted, held, snapshot.claimed)
         admitted_keys = {j.key for j in admitted}
         if any(k not in ledger.got for k in admitted_keys):
+            # Minimum shares re-derived in deadline order lost a guarantee that another plan keeps.
             ledger = ledger.repair(admitted_keys)
         must = {k for k in admitted_keys if k in ledger.got}
         for job in admitted:
@@ -91,7 +93,7 @@ class DeadlineElastic:
                 plans[job.key] = _Plan(job, Verdict.ADMITTED, "admitted")
             else:
                 why = ("deadline passed" if job.deadline <= now
-                       else ledger.profile.shortfall(job, _latest_start_deadline(job, ledger.now)).describe())
+                       else ledger.profile.shortfall(job, _plan_deadline(job, ledger.now)).describe())
                 plans[job.key] = _Plan(job, Verdict.ADMITTED,
                                        f"admitted, but its deadline can no longer be guaranteed ({why}); "
                                        f"runs on what is left")
@@ -146,8 +148,7 @@ class DeadlineElastic:
                 heapq.heappush(heap, (-step[1], p.job.key, step[0]))
 
         for p in order:
-            if not (p.reservation and p.reservation.pinned):  # a pinned job cannot afford a resize
-                push(p)
+            push(p)
         while heap and free > 0:
             _, key, size = heapq.heappop(heap)
             p = plans[key]
@@ -204,8 +205,8 @@ class DeadlineElastic:
 
 
 # How many trial re-plans a repair may make, and how far back in deadline order it raises shares.
-REPAIR_TRIES = 24
-REPAIR_WINDOW = 6
+REPAIR_TRIES = 48
+REPAIR_WINDOW = 10
 
 
 class _Ledger:
@@ -230,8 +231,8 @@ class _Ledger:
 
     @classmethod
     def of(cls, now: float, capacity: int, jobs: list[JobState], held: dict[str, int],
-           claimed: tuple[tuple[float, int], ...] = ()) -> "_Ledger":
-        ledger = cls(now, capacity, held, claimed)
+           claimed: tuple[tuple[float, int], ...] = (), floor: dict[str, int] | None = None) -> "_Ledger":
+        ledger = cls(now, capacity, held, claimed, floor)
         ledger.order = sorted(jobs, key=_edf)
         ledger.keys = [_edf(j) for j in ledger.order]
         ledger._run(0, CapacityProfile(now, capacity, claimed))
@@ -316,12 +317,17 @@ class _Ledger:
             i = lost[0]
             target = ledger.order[i].key
             window = [k for k in range(i - 1, max(-1, i - 1 - REPAIR_WINDOW), -1)
-                      if ledger.order[k].key in ledger.got and not ledger.got[ledger.order[k].key].pinned]
+                      if ledger.order[k].key in ledger.got]
             options: list[dict[str, int]] = []
             for k in window:
                 bigger = _next_size(ledger.order[k], ledger.got[ledger.order[k].key].size)
                 if bigger:
                     options.append({ledger.order[k].key: bigger})
+            # Running jobs ahead of it kept as they are (a re-derived smaller share holds GPUs longer).
+            keep = {ledger.order[k].key: ledger.held[ledger.order[k].key] for k in window
+                    if ledger.held.get(ledger.order[k].key, 0) > ledger.got[ledger.order[k].key].size}
+            if keep:
+                options.insert(0, keep)
             together = {ledger.order[k].key: b for k in window
                         if (b := _next_size(ledger.order[k], ledger.got[ledger.order[k].key].size))}
             if len(together) > 1:
@@ -329,8 +335,7 @@ class _Ledger:
             fixed = None
             for change in options:
                 tries -= 1
-                start = min(ledger.position(ledger.order[k]) for k in window
-                            if ledger.order[k].key in change)
+                start = min(k for k in window if ledger.order[k].key in change)
                 trial = ledger.raised(change, start)
                 kept = all(trial.order[m].key in trial.got for m in range(i + 1) if trial.order[m].key in must
                            and trial.order[m].key not in given_up)
@@ -346,12 +351,12 @@ class _Ledger:
         return ledger
 
     def _reserve(self, profile: CapacityProfile, job: JobState) -> Reservation | None:
-        at_least = self.floor.get(job.key, 0)
-        r = profile.reserve(job, _latest_start_deadline(job, self.now), at_least=at_least)
-        if r is None and self.held.get(job.key):
-            # Too close to its deadline to afford a restore: it can still make it
-            # if it keeps at least what it holds now (and is not resized).
-            r = profile.reserve(job, job.deadline - _pause(job, self.now), keep_now=self.held[job.key])
+        at_least, held = self.floor.get(job.key, 0), self.held.get(job.key, 0)
+        r = profile.reserve(job, _plan_deadline(job, self.now), at_least=at_least, current=held)
+        if r is None and held > at_least:
+            # Each resize costs a restore, so a share that is not enough at the smallest size that works
+            # without them may be enough at the size it holds now (no resize): try from there.
+            r = profile.reserve(job, _plan_deadline(job, self.now), at_least=held, current=held)
         return r
 
     def _run(self, start: int, profile: CapacityProfile) -> None:
@@ -405,7 +410,7 @@ def _admit(ledger: _Ledger, job: JobState, must: set[str]) -> _Ledger | str:
         lost = sorted(j.key for j in trial.order[position + 1:] if j.key in must and j.key not in trial.got)
         return f"admitting it would break the guarantee of {', '.join(lost)}"
     # Judge the job against what the others leave, without it.
-    return ledger.profile.shortfall(job, _latest_start_deadline(job, ledger.now)).describe()
+    return ledger.profile.shortfall(job, _plan_deadline(job, ledger.now)).describe()
 
 
 def _next_step(p: _Plan, node_gpus: int) -> tuple[int, float] | None:
