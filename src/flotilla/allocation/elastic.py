@@ -2,7 +2,9 @@
 
 1. Admission: admitted jobs are reserved in deadline order in a capacity
    profile over time (see admission.py); a new job is admitted only if it and
-   every admitted job still get their minimum satisfactory share. Admission is
+   every admitted job still get a reservation, the others' re-planned if need
+   be (`_Ledger.repair`), and a re-plan that would lose an admitted job's
+   reservation is repaired the same way. Admission is
    decided once: an admitted job stays admitted, and if a lost node makes its
    deadline unreachable the reason says so and it runs on what is left.
 2. Allocation: each guaranteed job gets at least its share for right now.
@@ -392,22 +394,17 @@ def _admit(ledger: _Ledger, job: JobState, must: set[str]) -> _Ledger | str:
     position = ledger.position(job)
     if position == len(ledger.order) and ledger.push(job):
         return ledger
-    if position < len(ledger.order) and ledger.fits(job):
-        trial = ledger.with_job(job)
-        lost = sorted(j.key for j in trial.order[position + 1:] if j.key in must and j.key not in trial.got)
-        if job.key in trial.got and not lost:
-            return trial
-    else:
-        trial = ledger.with_job(job) if position < len(ledger.order) else None
-    # It does not fit as the others are reserved: re-plan their reservations (raise earlier jobs' shares so
-    # that they finish sooner) and admit it if every guarantee and its own then hold.
-    if trial is None:
-        trial = ledger.with_job(job)
+    trial = ledger.with_job(job)
+    if job.key in trial.got and all(k in trial.got for k in must):
+        return trial
+    # It does not fit as the others are reserved: re-plan their reservations (keep running jobs as they
+    # are, raise earlier jobs' shares so that they finish sooner) and admit it if every guarantee and its
+    # own then hold.
     packed = trial.repair(must | {job.key})
     if all(k in packed.got for k in must | {job.key}):
         return packed
     if job.key in trial.got:
-        lost = sorted(j.key for j in trial.order[position + 1:] if j.key in must and j.key not in trial.got)
+        lost = sorted(k for k in must if k not in trial.got)
         return f"admitting it would break the guarantee of {', '.join(lost)}"
     # Judge the job against what the others leave, without it.
     return ledger.profile.shortfall(job, _plan_deadline(job, ledger.now)).describe()
