@@ -2,10 +2,15 @@
 
   python bench/training.py [--quick]
 
-Prints one line per trace and policy, then, as its last line, one JSON object:
-{"deadline_ratio": {"<policy>": ratio, ...}, "vs_best_baseline": x, "replan_ms_10k_gpus": t}
+Prints one line per trace and policy, one per trace comparing elastic-deadline
+with that trace's best baseline, then, as its last line, one JSON object:
+{"deadline_ratio": {"<policy>": ratio, ...}, "vs_best_baseline": x, "min_vs_best_baseline": y,
+ "broken_guarantees": n, "replan_ms_10k_gpus": t}
 where a policy's ratio is deadlines met / jobs submitted over all traces together,
-vs_best_baseline is elastic-deadline's ratio over the best baseline's, and
+vs_best_baseline is elastic-deadline's ratio over the best baseline's (all traces),
+min_vs_best_baseline the same ratio on the trace where it is lowest,
+broken_guarantees the jobs elastic-deadline admitted that missed their deadline
+(no node is lost in these traces, so each one is a promise broken), and
 replan_ms_10k_gpus is the median CPU time of one re-plan (a job arrives) with
 1,000 active jobs on 10,000 GPUs.
 """
@@ -26,35 +31,62 @@ from flotilla.allocation import policies  # noqa: E402
 from flotilla.allocation.snapshot import ClusterSnapshot, Verdict  # noqa: E402
 from flotilla.sim import training, training_trace  # noqa: E402
 
-# (jobs, GPUs, seed, arrivals, deadline factor): load 2x the cluster's GPU-seconds throughout.
+# (jobs, GPUs, seed, arrivals, deadline factor, load): load is the offered GPU-seconds over the cluster's.
+# The last two of each list are the heavy oversubscribed shape (ElasticFlow's deadlines, 0.5-1.5x the
+# duration at the requested size, on a small cluster) and a 256-GPU one. The repair constants of
+# elastic-deadline were tuned on the --quick seeds; the full run reports other seeds.
 FULL = [
-    (200, 64, 1, "poisson", (1.2, 3.0)),
-    (1000, 512, 2, "bursty", (1.2, 3.0)),
-    (2000, 4096, 3, "poisson", (0.5, 1.5)),  # ElasticFlow's deadline shape
+    (200, 64, 11, "poisson", (1.2, 3.0), 2.0),
+    (1000, 512, 12, "bursty", (1.2, 3.0), 2.0),
+    (2000, 4096, 13, "poisson", (0.5, 1.5), 2.0),
+    (876, 32, 14, "bursty", (0.5, 1.5), 2.0),
+    (1000, 256, 15, "poisson", (0.5, 1.5), 2.0),
 ]
 QUICK = [
-    (150, 64, 1, "poisson", (1.2, 3.0)),
-    (300, 128, 2, "bursty", (1.2, 3.0)),
-    (300, 256, 3, "poisson", (0.5, 1.5)),
+    (150, 64, 1, "poisson", (1.2, 3.0), 2.0),
+    (300, 128, 2, "bursty", (1.2, 3.0), 2.0),
+    (876, 32, 4, "bursty", (0.5, 1.5), 2.0),
+    (300, 256, 3, "poisson", (0.5, 1.5), 2.0),
 ]
-LOAD = 2.0
 
 
-def compare(traces: list[tuple]) -> dict[str, float]:
+@dataclasses.dataclass
+class TraceFigures:
+    label: str
+    ratio: dict[str, float]  # deadline satisfactory ratio per policy
+    ours_vs_best: float  # elastic-deadline's ratio over the best baseline's on this trace
+    best_baseline: str
+    broken: int  # elastic-deadline jobs admitted that missed their deadline (no node is lost in these traces)
+
+
+def compare(traces: list[tuple]) -> tuple[dict[str, float], list[TraceFigures]]:
     met = dict.fromkeys(policies.names(), 0)
     total = 0
-    for jobs, gpus, seed, arrivals, factor in traces:
-        trace = training_trace.generate(jobs, gpus, seed=seed, load=LOAD, arrivals=arrivals, deadline_factor=factor)
+    figures: list[TraceFigures] = []
+    for jobs, gpus, seed, arrivals, factor, load in traces:
+        # The trace comes from the simulator's generator, which imports no allocation policy.
+        trace = training_trace.generate(jobs, gpus, seed=seed, load=load, arrivals=arrivals, deadline_factor=factor)
+        label = f"{jobs} jobs / {gpus} GPUs ({arrivals}, load {load}, deadline x{factor[0]}-{factor[1]}, seed {seed})"
         total += jobs
+        ratio: dict[str, float] = {}
+        broken = 0
         for name in policies.names():
             r = training.simulate(trace, gpus, policies.get(name))
             met[name] += r.deadlines_met
-            print(f"{jobs} jobs / {gpus} GPUs ({arrivals}, deadline x{factor[0]}-{factor[1]}) {name:>24}: "
-                  f"deadline ratio {r.deadline_ratio:.3f} (admitted {r.admitted}, rejected {r.rejected}, "
-                  f"guaranteed but missed {r.guarantees_missed}), "
-                  f"util {r.utilisation:.2f}, avg JCT {r.avg_jct_s:.0f} s, rescales {r.rescales}, "
+            ratio[name] = r.deadline_ratio
+            ran = r.admitted or 1
+            if name == policies.DEFAULT:
+                broken = r.admitted_missed
+            print(f"{label} {name:>22}: deadline ratio {r.deadline_ratio:.3f} (admitted {r.admitted}, rejected "
+                  f"{r.rejected}, admitted but missed {r.admitted_missed}), util {r.utilisation:.2f}, "
+                  f"mean JCT of admitted {r.avg_jct_s:.0f} s, rescales/job {r.rescales / ran:.2f}, "
                   f"re-plan {r.decision_ms_mean:.2f} ms mean", flush=True)
-    return {name: m / total for name, m in met.items()}
+        best_name = max((k for k in ratio if k != policies.DEFAULT), key=lambda k: ratio[k])
+        vs = ratio[policies.DEFAULT] / ratio[best_name] if ratio[best_name] else float("inf")
+        print(f"{label}: elastic-deadline x{vs:.2f} the best baseline ({best_name}); "
+              f"admitted jobs that missed: {broken}", flush=True)
+        figures.append(TraceFigures(label, ratio, vs, best_name, broken))
+    return {name: m / total for name, m in met.items()}, figures
 
 
 def replan_ms(gpus: int = 10_000, active: int = 1_000, repeats: int = 5) -> tuple[float, float]:
@@ -84,19 +116,24 @@ def replan_ms(gpus: int = 10_000, active: int = 1_000, repeats: int = 5) -> tupl
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--quick", action="store_true", help="small traces (finishes within 60 s)")
+    parser.add_argument("--quick", action="store_true", help="smaller traces (about two minutes)")
     args = parser.parse_args()
     started = time.perf_counter()
-    ratios = compare(QUICK if args.quick else FULL)
+    ratios, figures = compare(QUICK if args.quick else FULL)
     ours = ratios[policies.DEFAULT]
     best_baseline = max(v for k, v in ratios.items() if k != policies.DEFAULT)
     vs = ours / best_baseline if best_baseline else float("inf")
+    worst = min(figures, key=lambda f: f.ours_vs_best)
+    broken = sum(f.broken for f in figures)
     t, wall = replan_ms()
     print(f"deadline ratio {policies.DEFAULT} {ours:.3f} vs best baseline {best_baseline:.3f}: x{vs:.2f}; "
+          f"worst trace x{worst.ours_vs_best:.2f} ({worst.label}, vs {worst.best_baseline}); "
+          f"broken guarantees {broken}; "
           f"one re-plan with 1,000 jobs on 10,000 GPUs: {t:.1f} ms CPU ({wall:.1f} ms wall); "
           f"total {time.perf_counter() - started:.1f} s")
     print(json.dumps({"deadline_ratio": {k: round(v, 4) for k, v in ratios.items()},
-                      "vs_best_baseline": round(vs, 3), "replan_ms_10k_gpus": round(t, 2)}))
+                      "vs_best_baseline": round(vs, 3), "min_vs_best_baseline": round(worst.ours_vs_best, 3),
+                      "broken_guarantees": broken, "replan_ms_10k_gpus": round(t, 2)}))
     return 0
 
 

@@ -25,9 +25,9 @@ def test_free_gpus_skips_unschedulable_nodes_and_held_gpus():
 
 
 @pytest.mark.parametrize("min_gpus, max_gpus, unit, expected", [
-    (1, 8, 1, (1, 2, 4, 8)),
-    (3, 12, 1, (3, 4, 8, 12)),  # the bounds are allowed besides powers of two
-    (2, 16, 2, (2, 4, 8, 16)),
+    (1, 8, 1, (1, 2, 3, 4, 5, 6, 7, 8)),  # any whole-worker count, not only powers of two
+    (3, 12, 1, tuple(range(3, 13))),
+    (2, 16, 2, (2, 4, 6, 8, 10, 12, 14, 16)),
     (3, 3, 2, ()),  # no whole worker fits
 ])
 def test_allowed_sizes(min_gpus, max_gpus, unit, expected):
@@ -62,8 +62,44 @@ def test_fixed_size_baselines_backfill_behind_a_job_that_does_not_fit():
 
 def test_registry():
     assert policies.names()[0] == policies.DEFAULT
-    assert set(policies.names()) == {"elastic-deadline", "fifo-gang", "edf-fixed", "least-attained-service"}
+    assert set(policies.names()) == {"elastic-deadline", "fifo-gang", "edf-fixed", "least-attained-service",
+                                     "edf-elastic", "goodput-elastic"}
     for name in policies.names():
         assert policies.get(name).name == name
     with pytest.raises(ValueError, match="unknown policy 'nope'; known: elastic-deadline"):
         policies.get("nope")
+
+
+def test_fifo_gang_runs_each_job_at_its_requested_size():
+    first = job("first", 100, 100, min_gpus=1, requested_gpus=4)
+    second = job("second", 100, 100, min_gpus=1, requested_gpus=8, submit=1)
+    third = job("third", 100, 100, min_gpus=1, requested_gpus=2, submit=2)
+    d = policies.get("fifo-gang").decide(snapshot(nodes(8), first, second, third)).jobs
+    assert d["first"].gpus == 4 and "requested 4 GPUs" in d["first"].reason
+    # second does not fit beside first: it blocks third (strict FIFO), although 2 GPUs are free.
+    assert (d["second"].gpus, d["third"].gpus) == (0, 0) and "behind second" in d["third"].reason
+
+
+def test_edf_elastic_gives_the_earliest_deadline_as_much_as_helps_then_the_next():
+    peaked = ScalingCurve.of({1: 1.0, 2: 1.9, 4: 3.0, 6: 3.0})
+    early = job("early", 1000, 100, max_gpus=8, curve=peaked)  # its curve stops rising at 4
+    late = job("late", 1000, 500, max_gpus=8)
+    gone = job("gone", 1000, 50, max_gpus=8)
+    d = policies.get("edf-elastic").decide(snapshot(nodes(8), early, late, gone, now=60)).jobs
+    assert (d["early"].gpus, d["late"].gpus, d["gone"].gpus) == (4, 4, 0)  # past its deadline: last
+
+
+def test_goodput_elastic_gives_leftovers_to_the_highest_speedup_per_gpu():
+    linear = job("linear", 10_000, 10_000, max_gpus=8, requested_gpus=1)
+    flat = job("flat", 10_000, 10_000, max_gpus=8, requested_gpus=1, submit=1,
+               curve=ScalingCurve.of({1: 1.0, 2: 1.2, 8: 1.3}))
+    d = policies.get("goodput-elastic").decide(snapshot(nodes(8), linear, flat)).jobs
+    # Both start at 1; every further GPU speeds linear up by 1x its rate, flat by at most 0.2x.
+    assert (d["linear"].gpus, d["flat"].gpus) == (7, 1)
+
+
+def test_elastic_baselines_do_not_grow_a_running_job_for_less_than_its_restore():
+    # 100 steps left on 2 GPUs (50 s); 8 GPUs would take 12.5 s plus a 60 s restore.
+    slow = job("a", 200, 1000, done=100, restore=60, placement={"n0": 2}, requested_gpus=2)
+    for name in ("edf-elastic", "goodput-elastic"):
+        assert policies.get(name).decide(snapshot(nodes(8), slow)).jobs["a"].placement == {"n0": 2}, name

@@ -105,7 +105,7 @@ def test_a_serving_burst_is_met_from_a_jobs_surplus_through_a_checkpoint_then_on
     assert sd_status["pool"]["grantedGPUs"] == 6 and "borrowed 6 GPUs from tj/a" in sd_status["pool"]["reason"]
     assert not any(isinstance(a, DeletePod) for a in first)
 
-    # 2. Rank 0 acknowledged: the job switches to 8 GPUs (its sizes are powers of two), records the loan
+    # 2. Rank 0 acknowledged: the job switches to the 10 GPUs chat leaves it (any whole-worker count), records the loan
     #    and deletes its old workers; its new ones wait until the old have left their GPUs.
     asked = job(running(full, checkpoint={"requestedGeneration": request["generation"], "generation": 0,
                                           "requestedAt": rfc3339(NOW), "reason": request["reason"]}))
@@ -113,7 +113,7 @@ def test_a_serving_burst_is_met_from_a_jobs_surplus_through_a_checkpoint_then_on
         {"generation": request["generation"], "step": 5000, "time": rfc3339(NOW)})}
     second = run({"ns/a": asked}, workers(full), {"ns/chat": chat(1, 2)}, deployments(0, 0))
     switched = status_patch(second, "a")
-    assert switched["gpus"] == 8 and switched["reshards"] == 1
+    assert switched["gpus"] == 10 and switched["reshards"] == 1
     assert switched["lentTo"] == [{"serving": "ns/chat", "gpus": 6}]
     assert events(second, "LentGPUs") == ["lent 6 GPUs to sd/chat (6 in all)"]
     assert sum(isinstance(a, DeletePod) for a in second) == 16 and not any(isinstance(a, CreatePod) for a in second)

@@ -27,7 +27,8 @@ def chat(demand: int, placement: dict[str, int], max_gpus: int = 12, **extra) ->
                         placement=placement, **extra)
 
 
-# llama-ft: 3000 steps by 1030 s less a 30 s restore -> 3 steps/s -> guaranteed 4 GPUs; holds 8.
+# llama-ft: 3000 steps by 1030 s, less the 30 s restore its shrink from 8 costs -> 3 steps/s -> guaranteed 3 GPUs
+# (any whole-worker count, not rounded up to 4); holds 8.
 LLAMA = job("llama-ft", 3000, 1030.0, {"n0": 8}, restore=30.0)
 # resnet: 3000 steps by 1060 s less a 60 s restore -> guaranteed 4 GPUs; holds 4 (no surplus).
 RESNET = job("resnet", 3000, 1060.0, {"n1": 4}, restore=60.0)
@@ -56,7 +57,7 @@ def test_burst_met_from_one_jobs_surplus():
         ("default/llama-ft", "default/chat", 4, False)]
     assert "lent 4 GPUs to sd/chat" in d.jobs["default/llama-ft"].reason
     assert "borrowed 4 GPUs from tj/llama-ft" in d.serving["default/chat"].reason
-    assert d.jobs["default/llama-ft"].guaranteed_gpus == 4
+    assert d.jobs["default/llama-ft"].guaranteed_gpus == 3
     # Shrink llama-ft first (checkpoint), then start chat's new instance on the freed GPUs.
     assert d.transition.shrink == ("tj/default/llama-ft",)
     assert d.transition.grow == ("sd/default/chat",)
@@ -83,7 +84,7 @@ def test_burst_that_would_break_a_guarantee_is_refused_by_policy():
     sd = d.serving["default/chat"]
     assert sd.gpus == 8 and sd.demanded == 12
     assert "short 4 GPUs: taking them would break the guaranteed share of tj/llama-ft, tj/resnet" in sd.reason
-    assert d.jobs["default/llama-ft"].gpus == 4 and d.jobs["default/resnet"].gpus == 4
+    assert d.jobs["default/llama-ft"].gpus == 3 and d.jobs["default/resnet"].gpus == 4
     assert all(not loan.from_guarantee for loan in d.loans)
     assert_realisable(snap, d)
 
@@ -139,7 +140,7 @@ def test_node_failure_during_a_loan():
     assert sd.placement == {"n0": 4}
     assert "lost 8 GPUs on unschedulable nodes" in sd.reason
     assert "short 4 GPUs" in sd.reason and "tj/llama-ft" in sd.reason
-    assert d.jobs["default/llama-ft"].placement == {"n0": 4}
+    assert d.jobs["default/llama-ft"].placement == {"n0": 3}  # its guaranteed share
     assert d.transition.interim["sd/default/chat"] == {}
     assert "sd/default/chat" in d.transition.shrink and "sd/default/chat" in d.transition.grow
     assert_realisable(snap, d)

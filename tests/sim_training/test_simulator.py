@@ -18,17 +18,17 @@ def tj(job_id, submit, steps, deadline, restore=10.0):
 
 
 def test_elastic_shrinks_for_an_arrival_and_grows_back_paying_restores():
-    # a runs alone on 4 GPUs. At t=100 (400 of 800 steps done) b arrives needing 2 GPUs:
-    # a shrinks to 2 (restore until 110), b runs 200 steps at 2/s until 200. a then has
-    # 400 - 90*2 = 220 left; growing to 4 (20 s of restore, 55 s) beats staying (110 s):
-    # restore until 210, finish at 265.
+    # a runs alone on 4 GPUs. At t=100 (400 of 800 steps done) b arrives needing 200 steps by 300:
+    # 1 GPU does it (a fresh job pays no restore). a shrinks to 3 (restore until 110) and finishes its
+    # 400 steps at 110 + 400/3 = 243.3. b has then done 143.3; growing to 4 (10 s restore, 14.2 s) beats
+    # staying on 1 (56.7 s): it finishes at 267.5.
     trace = [tj("a", 0, 800, 1000), tj("b", 100, 200, 300)]
     r = simulate(trace, 4, policies.get("elastic-deadline"))
     assert (r.deadlines_met, r.admitted, r.rejected, r.rescales, r.guarantees_missed) == (2, 2, 0, 2, 0)
-    assert r.avg_jct_s == pytest.approx((265 + 100) / 2)
-    # GPU-seconds held: a 400 + 200 + 260, b 200 = 1060 over 4 GPUs x 265 s.
+    assert r.avg_jct_s == pytest.approx((243.3333 + 167.5) / 2)
+    # GPU-seconds held (restores included): a 400 + 3 x 143.3, b 143.3 + 4 x 24.2 = 1070 over 4 GPUs x 267.5 s.
     assert r.utilisation == pytest.approx(1.0)
-    assert [(t, g) for t, g, _ in r.timeline] == [(0, 4), (100, 4), (200, 4), (265, 0)]
+    assert [(round(t, 1), g) for t, g, _ in r.timeline] == [(0, 4), (100, 4), (243.3, 4), (267.5, 0)]
 
 
 def test_fifo_gang_runs_each_job_at_min_gpus_in_order():

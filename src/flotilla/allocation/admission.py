@@ -11,6 +11,7 @@ count on the GPUs that earlier jobs give back (ElasticFlow's idea).
 from __future__ import annotations
 
 import math
+from bisect import bisect_left
 from dataclasses import dataclass
 from functools import lru_cache
 
@@ -43,9 +44,10 @@ class Shortfall:
             more = "no GPUs it can use are ever free of other guarantees"
         else:
             late = math.ceil(self.best_finish - self.deadline)
-            more = (f"with what is not promised to others it would finish {late} s too late "
-                    f"(deadline less one restore)")
+            more = f"with what is not promised to others it would finish {late} s too late (restores counted)"
         return f"needs {need}; {more}"
+
+
 
 
 @lru_cache(maxsize=4096)
@@ -84,8 +86,13 @@ class CapacityProfile:
         other._bounds, other._free, other._segments = self._bounds.copy(), self._free.copy(), self._segments
         return other
 
-    def _plan(self, job: JobState, x: int, until: float) -> tuple[np.ndarray, float] | None:
-        """Shares per segment and the finish time at cap x, or None if not done by `until`."""
+    def _plan(self, job: JobState, x: int, until: float, current: int = 0) -> tuple[np.ndarray, float] | None:
+        """Shares per segment and the finish time at cap x, or None if not done by `until`.
+
+        Every change of the job's size along the plan costs it `restoreSeconds` (and so does the first
+        segment, when it differs from the `current` GPUs of a job that has started): the finish moves
+        out by that much.
+        """
         sizes0, rates0 = _tables(*job_sizes(job))
         bounds = self.bounds
         k = int(np.searchsorted(bounds, until, side="left"))
@@ -101,13 +108,22 @@ class CapacityProfile:
         j = int(np.searchsorted(work, remaining - 1e-9))
         before = work[j - 1] if j else 0.0
         finish = float(starts[j] + (remaining - before) / r[j])
-        return sizes0[idx[: j + 1]], finish
+        shares = sizes0[idx[: j + 1]]
+        if job.restore_seconds > 0:
+            changes = int(np.count_nonzero(shares[1:] != shares[:-1]))
+            if shares[0] != current and (current or job.done_steps):
+                changes += 1
+            finish += changes * job.restore_seconds
+            if finish > until:
+                return None
+        return shares, finish
 
-    def reserve(self, job: JobState, deadline: float, keep_now: int = 0) -> Reservation | None:
+    def reserve(self, job: JobState, deadline: float, at_least: int = 0, current: int = 0) -> Reservation | None:
         """Reserve the job's minimum satisfactory share to finish by `deadline`; None if it cannot.
 
-        With `keep_now`, only plans that give the job at least that many GPUs
-        in the first segment count (a running job that cannot afford a change).
+        With `at_least`, the share is no smaller than that (a re-plan that
+        needs the job to finish sooner, so that a later job still fits).
+        `current`: the GPUs it holds now (each resize along the plan costs a restore).
         """
         sizes, rates = job_sizes(job)
         if not sizes or job.remaining_steps <= 0:
@@ -120,15 +136,37 @@ class CapacityProfile:
         first = next((i for i, r in enumerate(rates) if r >= need_rate - 1e-12), None)
         if first is None:
             return None
-        for x in sizes[first:]:
-            if x < keep_now:
-                continue
-            plan = self._plan(job, x, deadline)
-            if plan is not None and plan[0][0] >= keep_now:
-                shares, finish = plan
-                self._take(shares, finish)
-                return Reservation(x, int(shares[0]))
-        return None
+        first = max(first, bisect_left(sizes, at_least))
+        if first >= len(sizes):
+            return None
+
+        def works(i: int):
+            return self._plan(job, sizes[i], deadline, current)
+
+        # A larger cap never gives a segment fewer GPUs, so feasibility is monotone in the share. The answer
+        # is most often at or just above `first`: gallop up from it, then halve.
+        lo, step, best, hi = first, 1, None, len(sizes) - 1
+        probe = first
+        while True:
+            best = works(probe)
+            if best is not None:
+                hi = probe
+                break
+            if probe == len(sizes) - 1:
+                return None
+            lo = probe + 1
+            probe = min(probe + step, len(sizes) - 1)
+            step *= 2
+        while lo < hi:
+            mid = (lo + hi) // 2
+            plan = works(mid)
+            if plan is None:
+                lo = mid + 1
+            else:
+                hi, best = mid, plan
+        shares, finish = best
+        self._take(shares, finish)
+        return Reservation(sizes[hi], int(shares[0]))
 
     def shortfall(self, job: JobState, deadline: float) -> Shortfall:
         """What a job that cannot be reserved would need (does not change the profile)."""

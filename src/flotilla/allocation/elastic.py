@@ -2,7 +2,9 @@
 
 1. Admission: admitted jobs are reserved in deadline order in a capacity
    profile over time (see admission.py); a new job is admitted only if it and
-   every admitted job still get their minimum satisfactory share. Admission is
+   every admitted job still get a reservation, the others' re-planned if need
+   be (`_Ledger.repair`), and a re-plan that would lose an admitted job's
+   reservation is repaired the same way. Admission is
    decided once: an admitted job stays admitted, and if a lost node makes its
    deadline unreachable the reason says so and it runs on what is left.
 2. Allocation: each guaranteed job gets at least its share for right now.
@@ -25,8 +27,8 @@ import heapq
 from dataclasses import dataclass
 
 from flotilla.allocation.admission import CapacityProfile, Reservation
-from flotilla.allocation.placement import free_gpus, place, shrink_in_place
-from flotilla.allocation.sizes import fit_size, job_sizes
+from flotilla.allocation.placement import domains, free_gpus, place, shrink_in_place
+from flotilla.allocation.sizes import fit_size, job_sizes, tiling_sizes
 from flotilla.allocation.snapshot import ClusterSnapshot, Decision, JobDecision, JobState, Verdict
 
 
@@ -34,9 +36,15 @@ def _edf(job: JobState) -> tuple[float, float, str]:
     return (job.deadline, job.submit_time, job.key)
 
 
-def _latest_start_deadline(job: JobState) -> float:
-    # Keep one restore in hand: the job may be resized (or started) once more.
-    return job.deadline - job.restore_seconds
+def _pause(job: JobState, now: float) -> float:
+    """Seconds from `now` until the job trains again after a resize (0 if it trains now)."""
+    return max(0.0, job.resumes_at - now)
+
+
+def _plan_deadline(job: JobState, now: float) -> float:
+    # The restores its plan needs are counted in the plan (admission.CapacityProfile._plan), those of a
+    # resize now included; only a restore already under way is taken off here.
+    return job.deadline - _pause(job, now)
 
 
 @dataclass
@@ -77,20 +85,26 @@ class DeadlineElastic:
                 candidates.append(job)
 
         ledger = _Ledger.of(now, capacity, admitted, held, snapshot.claimed)
+        admitted_keys = {j.key for j in admitted}
+        if any(k not in ledger.got for k in admitted_keys):
+            # Minimum shares re-derived in deadline order lost a guarantee that another plan keeps.
+            ledger = ledger.repair(admitted_keys)
+        must = {k for k in admitted_keys if k in ledger.got}
         for job in admitted:
             if job.key in ledger.got:
                 plans[job.key] = _Plan(job, Verdict.ADMITTED, "admitted")
             else:
                 why = ("deadline passed" if job.deadline <= now
-                       else ledger.profile.shortfall(job, _latest_start_deadline(job)).describe())
+                       else ledger.profile.shortfall(job, _plan_deadline(job, ledger.now)).describe())
                 plans[job.key] = _Plan(job, Verdict.ADMITTED,
                                        f"admitted, but its deadline can no longer be guaranteed ({why}); "
                                        f"runs on what is left")
 
         for job in sorted(candidates, key=lambda j: (j.submit_time, j.key)):
-            outcome = _admit(ledger, job)
+            outcome = _admit(ledger, job, must)
             if isinstance(outcome, _Ledger):
                 ledger = outcome
+                must.add(job.key)
                 plans[job.key] = _Plan(job, Verdict.ADMITTED, "admitted")
             elif job.best_effort:
                 plans[job.key] = _Plan(job, Verdict.BEST_EFFORT, f"best-effort, no guarantee: {outcome}")
@@ -100,12 +114,12 @@ class DeadlineElastic:
             plans[key].reservation = r
         for p in plans.values():
             p.current = held[p.job.key]
-        self._size(capacity, plans)
+        self._size(capacity, plans, max((n.total_gpus for n in snapshot.nodes), default=0))
         out.update(self._place(snapshot, plans))
         return Decision(out, self.name)
 
     @staticmethod
-    def _size(capacity: int, plans: dict[str, _Plan]) -> None:
+    def _size(capacity: int, plans: dict[str, _Plan], node_gpus: int) -> None:
         """Set each plan's target GPU count."""
         order = sorted(plans.values(), key=lambda p: _edf(p.job))
         for p in order:
@@ -117,11 +131,21 @@ class DeadlineElastic:
                 if keep > p.target:
                     free -= keep - p.target
                     p.target = keep
+        # An admitted job whose guarantee a lost node broke runs as soon as it can, by deadline, as large as
+        # helps: before any leftover is lent for speed.
+        for p in order:
+            if p.verdict is Verdict.ADMITTED and p.reservation is None and free > 0:
+                sizes = job_sizes(p.job)[0]
+                size = fit_size(sizes, p.target + free)
+                if size > p.target and (p.current == 0 or p.current == size or _worth_growing(p.job, p.current, size)
+                                        or p.current > size):
+                    free -= size - p.target
+                    p.target = size
 
         heap: list[tuple[float, str, int]] = []
 
         def push(p: _Plan) -> None:
-            step = _next_step(p)
+            step = _next_step(p, node_gpus)
             if step is not None:
                 heapq.heappush(heap, (-step[1], p.job.key, step[0]))
 
@@ -131,7 +155,12 @@ class DeadlineElastic:
             _, key, size = heapq.heappop(heap)
             p = plans[key]
             if size - p.target > free:
-                continue
+                # The GPUs left do not tile a node for it: a job within one node takes what is left, in whole
+                # workers; a larger one grows only by whole nodes (no job spread over part-used nodes).
+                smaller = fit_size(job_sizes(p.job)[0], min(p.target + free, node_gpus))
+                if smaller <= p.target or (0 < p.current < smaller and not _worth_growing(p.job, p.current, smaller)):
+                    continue
+                size = smaller
             free -= size - p.target
             p.target = size
             push(p)
@@ -149,11 +178,12 @@ class DeadlineElastic:
         unplaced: dict[str, str] = {}
         fresh = sorted((p for p in plans.values() if p.target and p.job.key not in kept),
                        key=lambda p: (-p.target, _edf(p.job)))
+        domain_of = domains(snapshot.nodes)
         for p in fresh:
             sizes = job_sizes(p.job)[0]
             got, size = None, 0
             for size in [s for s in reversed(sizes) if s <= p.target]:
-                got = place(size, p.job.gpus_per_worker, free, snapshot.nodes)
+                got = place(size, p.job.gpus_per_worker, free, snapshot.nodes, domain_of)
                 if got is not None:
                     break
             if got is None:
@@ -176,18 +206,25 @@ class DeadlineElastic:
         return decisions
 
 
+# How many trial re-plans a repair may make, and how far back in deadline order it raises shares.
+REPAIR_TRIES = 48
+REPAIR_WINDOW = 10
+
+
 class _Ledger:
     """Reservations in deadline order, in a capacity profile, that can take one more job cheaply.
 
     The profile is kept every CHECKPOINT_EVERY jobs, so adding a job replays
-    only the jobs from just before its place in deadline order.
+    only the jobs from just before its place in deadline order. `floor` holds
+    shares raised above the minimum by a repair (see `repair`).
     """
 
     CHECKPOINT_EVERY = 16
 
     def __init__(self, now: float, capacity: int, held: dict[str, int],
-                 claimed: tuple[tuple[float, int], ...] = ()) -> None:
+                 claimed: tuple[tuple[float, int], ...] = (), floor: dict[str, int] | None = None) -> None:
         self.now, self.capacity, self.held, self.claimed = now, capacity, held, claimed
+        self.floor: dict[str, int] = dict(floor or {})
         self.order: list[JobState] = []
         self.keys: list[tuple[float, float, str]] = []  # _edf of each job in order, for bisect
         self.got: dict[str, Reservation] = {}
@@ -196,8 +233,8 @@ class _Ledger:
 
     @classmethod
     def of(cls, now: float, capacity: int, jobs: list[JobState], held: dict[str, int],
-           claimed: tuple[tuple[float, int], ...] = ()) -> "_Ledger":
-        ledger = cls(now, capacity, held, claimed)
+           claimed: tuple[tuple[float, int], ...] = (), floor: dict[str, int] | None = None) -> "_Ledger":
+        ledger = cls(now, capacity, held, claimed, floor)
         ledger.order = sorted(jobs, key=_edf)
         ledger.keys = [_edf(j) for j in ledger.order]
         ledger._run(0, CapacityProfile(now, capacity, claimed))
@@ -207,12 +244,22 @@ class _Ledger:
         """A new ledger with `job` added in deadline order (this one is unchanged)."""
         key, position = _edf(job), self.position(job)
         k = position // self.CHECKPOINT_EVERY
-        other = _Ledger(self.now, self.capacity, self.held, self.claimed)
+        other = _Ledger(self.now, self.capacity, self.held, self.claimed, self.floor)
         other.order = self.order[:position] + [job] + self.order[position:]
         other.keys = self.keys[:position] + [key] + self.keys[position:]
         other.checkpoints = self.checkpoints[:k]
         # The jobs before `start` keep their reservations; _run redoes (or drops) the rest. Copying the
         # whole dict and overwriting is C-speed, where picking the prefix out was the cost of a big queue.
+        other.got = dict(self.got)
+        other._run(k * self.CHECKPOINT_EVERY, self.checkpoints[k].copy())
+        return other
+
+    def raised(self, changes: dict[str, int], start: int) -> "_Ledger":
+        """A new ledger with the shares in `changes` raised, replayed from position `start` on."""
+        k = start // self.CHECKPOINT_EVERY
+        other = _Ledger(self.now, self.capacity, self.held, self.claimed, {**self.floor, **changes})
+        other.order, other.keys = self.order, self.keys
+        other.checkpoints = self.checkpoints[:k]
         other.got = dict(self.got)
         other._run(k * self.CHECKPOINT_EVERY, self.checkpoints[k].copy())
         return other
@@ -248,12 +295,70 @@ class _Ledger:
             self._reserve(profile, other)
         return self._reserve(profile, job) is not None
 
+    def lost(self, must: set[str]) -> list[int]:
+        """Positions of the jobs in `must` that have no reservation."""
+        return [i for i, j in enumerate(self.order) if j.key in must and j.key not in self.got]
+
+    def repair(self, must: set[str], tries: int = REPAIR_TRIES) -> "_Ledger":
+        """A ledger where as many jobs of `must` as it can find keep a reservation.
+
+        Reserving each job at its minimum share in deadline order is greedy: a
+        job that takes fewer GPUs holds them longer, and a later job may then
+        not fit although another plan would hold both (the plan made at the
+        last re-plan, for one). For the first job of `must` that lost its
+        reservation, raise the share of one earlier job (the latest first) one
+        size, or of all of them together, so that they finish sooner; keep a
+        change only if no job of `must` before it loses its reservation and it
+        gets one. A job no change can fit stays without one.
+        """
+        ledger, given_up = self, set()
+        while tries > 0:
+            lost = [i for i in ledger.lost(must) if ledger.order[i].key not in given_up]
+            if not lost:
+                return ledger
+            i = lost[0]
+            target = ledger.order[i].key
+            window = [k for k in range(i - 1, max(-1, i - 1 - REPAIR_WINDOW), -1)
+                      if ledger.order[k].key in ledger.got]
+            options: list[dict[str, int]] = []
+            for k in window:
+                bigger = _next_size(ledger.order[k], ledger.got[ledger.order[k].key].size)
+                if bigger:
+                    options.append({ledger.order[k].key: bigger})
+            # Running jobs ahead of it kept as they are (a re-derived smaller share holds GPUs longer).
+            keep = {ledger.order[k].key: ledger.held[ledger.order[k].key] for k in window
+                    if ledger.held.get(ledger.order[k].key, 0) > ledger.got[ledger.order[k].key].size}
+            if keep:
+                options.insert(0, keep)
+            together = {ledger.order[k].key: b for k in window
+                        if (b := _next_size(ledger.order[k], ledger.got[ledger.order[k].key].size))}
+            if len(together) > 1:
+                options.append(together)
+            fixed = None
+            for change in options:
+                tries -= 1
+                start = min(k for k in window if ledger.order[k].key in change)
+                trial = ledger.raised(change, start)
+                kept = all(trial.order[m].key in trial.got for m in range(i + 1) if trial.order[m].key in must
+                           and trial.order[m].key not in given_up)
+                if kept:
+                    fixed = trial
+                    break
+                if tries <= 0:
+                    break
+            if fixed is None:
+                given_up.add(target)
+            else:
+                ledger = fixed
+        return ledger
+
     def _reserve(self, profile: CapacityProfile, job: JobState) -> Reservation | None:
-        r = profile.reserve(job, _latest_start_deadline(job))
-        if r is None and self.held.get(job.key):
-            # Too close to its deadline to afford a restore: it can still make it
-            # if it keeps at least what it holds now.
-            r = profile.reserve(job, job.deadline, keep_now=self.held[job.key])
+        at_least, held = self.floor.get(job.key, 0), self.held.get(job.key, 0)
+        r = profile.reserve(job, _plan_deadline(job, self.now), at_least=at_least, current=held)
+        if r is None and held > at_least:
+            # Each resize costs a restore, so a share that is not enough at the smallest size that works
+            # without them may be enough at the size it holds now (no resize): try from there.
+            r = profile.reserve(job, _plan_deadline(job, self.now), at_least=held, current=held)
         return r
 
     def _run(self, start: int, profile: CapacityProfile) -> None:
@@ -271,44 +376,51 @@ class _Ledger:
         self.profile = profile
 
 
-def _admit(ledger: _Ledger, job: JobState) -> _Ledger | str:
+def _next_size(job: JobState, size: int) -> int:
+    """The job's next allowed size above `size` (0 if none)."""
+    sizes = job_sizes(job)[0]
+    i = bisect.bisect_right(sizes, size)
+    return sizes[i] if i < len(sizes) else 0
+
+
+def _admit(ledger: _Ledger, job: JobState, must: set[str]) -> _Ledger | str:
     """The ledger with `job` admitted (`ledger` itself, extended, when the job goes last in deadline
-    order), or the reason it cannot be."""
+    order and fits as it is), or the reason it cannot be. `must`: the jobs whose guarantees hold now."""
     if job.deadline <= ledger.now:
         return f"deadline passed {ledger.now - job.deadline:.0f} s ago"
     if not job_sizes(job)[0]:
         return (f"no GPU count fits elasticity minGPUs={job.min_gpus}, maxGPUs={job.max_gpus}, "
                 f"gpusPerWorker={job.gpus_per_worker}")
     position = ledger.position(job)
-    if position == len(ledger.order):
-        if ledger.push(job):
-            return ledger
-        return ledger.profile.shortfall(job, _latest_start_deadline(job)).describe()
-    if not ledger.fits(job):  # most of a backlog on a busy cluster: no replay of every later job
-        return ledger.profile.shortfall(job, _latest_start_deadline(job)).describe()
+    if position == len(ledger.order) and ledger.push(job):
+        return ledger
     trial = ledger.with_job(job)
-    # Only the jobs after it in deadline order can lose their reservations.
-    lost = sorted(j.key for j in trial.order[position + 1:] if j.key in ledger.got and j.key not in trial.got)
-    if job.key in trial.got and not lost:
+    if job.key in trial.got and all(k in trial.got for k in must):
         return trial
+    # It does not fit as the others are reserved: re-plan their reservations (keep running jobs as they
+    # are, raise earlier jobs' shares so that they finish sooner) and admit it if every guarantee and its
+    # own then hold.
+    packed = trial.repair(must | {job.key})
+    if all(k in packed.got for k in must | {job.key}):
+        return packed
     if job.key in trial.got:
+        lost = sorted(k for k in must if k not in trial.got)
         return f"admitting it would break the guarantee of {', '.join(lost)}"
     # Judge the job against what the others leave, without it.
-    return ledger.profile.shortfall(job, _latest_start_deadline(job)).describe()
+    return ledger.profile.shortfall(job, _plan_deadline(job, ledger.now)).describe()
 
 
-def _next_step(p: _Plan) -> tuple[int, float] | None:
-    """The next size worth growing to and its gain per GPU, or None."""
+def _next_step(p: _Plan, node_gpus: int) -> tuple[int, float] | None:
+    """The next size worth growing to (one that tiles nodes) and its gain per GPU, or None."""
     job = p.job
-    sizes, rates = job_sizes(job)
     base_rate = job.curve.rate(p.target)
     remaining = job.remaining_steps
-    for size, rate in zip(sizes, rates):
+    for size in tiling_sizes(job, node_gpus):
         if size <= p.target:
             continue
         if 0 < p.current < size and not _worth_growing(job, p.current, size):
             continue
-        return size, (rate - base_rate) / (size - p.target) / remaining
+        return size, (job.curve.rate(size) - base_rate) / (size - p.target) / remaining
     return None
 
 

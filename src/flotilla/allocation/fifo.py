@@ -1,7 +1,8 @@
-"""FIFO gang scheduling at minGPUs: the honest, simple baseline.
+"""FIFO gang scheduling at the requested size (Kueue StrictFIFO / Volcano gang): the simple baseline.
 
-Jobs start in submission order, each with exactly `minGPUs`, all workers at
-once or not at all. The head of the queue blocks those behind it (strict FIFO).
+Jobs start in submission order, each with exactly the GPUs it asked for
+(`requested_gpus`; `minGPUs` when it names none, as the operator does), all
+workers at once or not at all. The head of the queue blocks those behind it (strict FIFO).
 A running job keeps its placement while its nodes stay schedulable; if one
 is lost, the job is placed again from scratch. No deadline guarantee is given.
 """
@@ -37,12 +38,12 @@ class FifoGang:
                 out[job.key] = JobDecision(job.key, Verdict.PENDING, {},
                                            f"queued behind {blocked_by.key} (FIFO)")
                 continue
-            placement = place(job.min_gpus, job.gpus_per_worker, free, snapshot.nodes)
+            placement = place(job.requested, job.gpus_per_worker, free, snapshot.nodes)
             if placement is None:
                 blocked_by = job
                 out[job.key] = JobDecision(
                     job.key, Verdict.PENDING, {},
-                    f"waiting for {job.min_gpus} GPUs in {job.gpus_per_worker}-GPU workers; "
+                    f"waiting for {job.requested} GPUs in {job.gpus_per_worker}-GPU workers; "
                     f"{sum(free.values())} free",
                 )
                 continue
@@ -50,5 +51,5 @@ class FifoGang:
                 free[node] -= g
             why = "placed again after losing a node" if job.placement else "started"
             out[job.key] = JobDecision(job.key, Verdict.ADMITTED, placement,
-                                       f"{why} at minGPUs={job.min_gpus} (FIFO gang)")
+                                       f"{why} at its requested {job.requested} GPUs (FIFO gang)")
         return Decision(out, self.name)

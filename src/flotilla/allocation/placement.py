@@ -18,7 +18,13 @@ def free_gpus(nodes: Iterable[NodeState], held: Iterable[Mapping[str, int]]) -> 
     return {k: v for k, v in free.items() if v > 0}
 
 
-def place(gpus: int, unit: int, free: Mapping[str, int], nodes: Iterable[NodeState]) -> dict[str, int] | None:
+def domains(nodes: Iterable[NodeState]) -> dict[str, str]:
+    """Each node's topology domain, by name: compute once and pass to `place` for many jobs."""
+    return {n.name: n.domain for n in nodes}
+
+
+def place(gpus: int, unit: int, free: Mapping[str, int], nodes: Iterable[NodeState],
+          domain_of: Mapping[str, str] | None = None) -> dict[str, int] | None:
     """Place `gpus` GPUs in whole workers of `unit` GPUs, or None if they do not fit.
 
     Best fit first: the single node whose free GPUs fit the job most tightly
@@ -30,7 +36,8 @@ def place(gpus: int, unit: int, free: Mapping[str, int], nodes: Iterable[NodeSta
         return {}
     if gpus % unit:
         raise ValueError(f"{gpus} GPUs is not a whole number of {unit}-GPU workers")
-    domain_of = {n.name: n.domain for n in nodes}
+    if domain_of is None:
+        domain_of = domains(nodes)
     slots = {node: (f // unit) * unit for node, f in free.items() if f >= unit and node in domain_of}
     if sum(slots.values()) < gpus:
         return None

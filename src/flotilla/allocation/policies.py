@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Callable
 
 from flotilla.allocation.elastic import DeadlineElastic
+from flotilla.allocation.elastic_baselines import EdfElastic, GoodputElastic
 from flotilla.allocation.fifo import FifoGang
 from flotilla.allocation.fixed_size import edf_fixed, las_fixed
 from flotilla.allocation.snapshot import Allocator
@@ -15,6 +16,8 @@ _FACTORIES: dict[str, Callable[[], Allocator]] = {
     FifoGang.name: FifoGang,
     "edf-fixed": edf_fixed,
     "least-attained-service": las_fixed,
+    EdfElastic.name: EdfElastic,
+    GoodputElastic.name: GoodputElastic,
 }
 
 DEFAULT = DeadlineElastic.name

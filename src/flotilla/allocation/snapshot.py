@@ -62,6 +62,8 @@ class JobState:
     requested_gpus: int = 0
     # GPU-seconds the job has received so far (least-attained-service baselines).
     attained_gpu_seconds: float = 0.0
+    # When a job that was just resized trains again (its restore ends); 0 or the past: it trains now.
+    resumes_at: float = 0.0
 
     @property
     def gpus(self) -> int:

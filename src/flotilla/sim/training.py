@@ -64,7 +64,7 @@ class SimJob:
             min_gpus=t.min_gpus, max_gpus=t.max_gpus, gpus_per_worker=t.gpus_per_worker, curve=t.curve,
             restore_seconds=t.restore_seconds, best_effort=t.best_effort, placement=dict(self.placement),
             verdict=self.verdict, last_checkpoint_step=done, requested_gpus=t.requested_gpus,
-            attained_gpu_seconds=self.attained,
+            attained_gpu_seconds=self.attained, resumes_at=self.idle_until,
         )
 
 
@@ -83,6 +83,7 @@ class SimResult:
     deadlines_met: int
     deadline_ratio: float  # met / submitted
     guarantees_missed: int  # jobs given a deadline guarantee that still finished late (or never)
+    admitted_missed: int  # jobs the policy left admitted (a promise, for a policy that admits) that missed
     utilisation: float  # GPU-seconds held / (GPUs x span from first submit to last finish)
     avg_jct_s: float  # over jobs that finished
     unfinished: int  # jobs the policy never finished (e.g. they can never fit)
@@ -160,6 +161,7 @@ def simulate(trace: Sequence[TraceJob], gpus: int, policy: Allocator, progress: 
         policy=policy.name, gpus=gpus, jobs=len(arrivals), admitted=len(ran), rejected=len(arrivals) - len(ran),
         deadlines_met=met, deadline_ratio=met / len(arrivals),
         guarantees_missed=sum(1 for j in jobs.values() if j.guaranteed and j.trace.job_id not in met_ids),
+        admitted_missed=sum(1 for j in jobs.values() if j.verdict is Verdict.ADMITTED and j.trace.job_id not in met_ids),
         utilisation=held_gpu_seconds / (gpus * span),
         avg_jct_s=sum(j.finish - j.trace.submit for j in finished) / len(finished) if finished else 0.0,
         unfinished=len(ran) - len(finished), rescales=sum(j.rescales for j in jobs.values()),
