@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field, replace
+from functools import lru_cache
 from typing import Literal
 
 from flotilla.serving.latency import colocated_capacity, decode_capacity, prefill_capacity
@@ -99,7 +100,18 @@ def instance_capacities(workload: Workload, slo: SLO, profile: Profile, allow_co
                         prefill_gpus: int | None = None, decode_gpus: int | None = None,
                         allow_disaggregated: bool = True) -> InstanceCapacities:
     """Capacities of the configurations offered. Without disaggregated plans, prefill and decode are
-    empty (and a profile offering no colocated configuration then raises)."""
+    empty (and a profile offering no colocated configuration then raises). They depend on the lengths,
+    not the rate, and the re-planner asks every window: the last answers are kept."""
+    caps = _instance_capacities(workload.at_rate(0.0), slo, profile, profile.prediction_errors, allow_colocated,
+                                prefill_gpus, decode_gpus, allow_disaggregated)
+    return InstanceCapacities(dict(caps.prefill), dict(caps.decode), dict(caps.colocated))
+
+
+@lru_cache(maxsize=256)
+def _instance_capacities(workload: Workload, slo: SLO, profile: Profile,
+                         prediction_errors: tuple[tuple[str, int, float], ...],  # not in Profile's hash
+                         allow_colocated: bool, prefill_gpus: int | None, decode_gpus: int | None,
+                         allow_disaggregated: bool) -> InstanceCapacities:
     miss_budget = (1.0 - slo.attainment) / 2.0
     errors = profile.errors
     prefill = {f.gpus: prefill_capacity(f, workload, slo.ttft_ms, miss_budget)
