@@ -17,7 +17,6 @@ than `budget` GPUs, even while old and new instances coexist.
 from __future__ import annotations
 
 import heapq
-import math
 from collections import deque
 from dataclasses import dataclass
 from typing import Callable, Protocol
