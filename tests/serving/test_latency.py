@@ -24,15 +24,26 @@ def test_decode_step_time():
     assert fit.step_ms(4, 1000) == pytest.approx(20.0 + 2.0 + 1.0)
 
 
-def test_prefill_queueing_is_md1_for_equal_prompts():
-    fit = PrefillFit(gpus=1, constant_ms=100.0, per_token_ms=0.0, per_token_squared_ms=0.0)  # S = 0.1 s
-    workload = Workload(5.0, (50, 50), (2, 2))
-    # rho = 0.5; E[W] = r S^2 / (2 (1 - rho)) = 0.05 s; slack = 0.2 - 0.1 = 0.1 s
-    # P(W > 0.1) = rho * exp(-rho * 0.1 / E[W]) = 0.5 * e^-1
-    assert prefill_miss_fraction(fit, workload, 5.0, 200.0) == pytest.approx(0.5 * math.exp(-1.0))
-    assert prefill_miss_fraction(fit, workload, 0.0, 200.0) == 0.0
-    assert prefill_miss_fraction(fit, workload, 0.0, 99.0) == 1.0  # the prefill alone is too slow
-    assert prefill_miss_fraction(fit, workload, 10.0, 10_000.0) == 1.0  # rho = 1: unstable
+def test_prefill_alone_takes_its_batch_time():
+    workload = Workload(1.0, (100, 300), (2, 2))
+    # no load: TTFT = constant + own work: 10 + 0.1*100 + 1e-4*100^2 = 21 ms; the 300 prompt takes 49 ms
+    assert prefill_miss_fraction(PREFILL, workload, 0.0, 30.0) == 0.5
+    assert prefill_miss_fraction(PREFILL, workload, 0.0, 50.0) == 0.0
+    assert prefill_miss_fraction(PREFILL, workload, 0.0, 20.0) == 1.0
+
+
+def test_batching_shares_the_constant_cost():
+    # Every batch costs 100 ms whatever it holds: one at a time this instance would saturate at
+    # 10 req/s; batched, a busy instance makes every request wait for the batch in progress (uniform
+    # in 0..100 ms) and then its own 100 ms batch, so TTFT never passes 200 ms, at any load its
+    # 4096-token batches keep up with (up to 81 prompts of 50 tokens per 100 ms).
+    fit = PrefillFit(gpus=1, constant_ms=100.0, per_token_ms=0.0, per_token_squared_ms=0.0)
+    workload = Workload(1.0, (50, 50), (2, 2))
+    assert prefill_miss_fraction(fit, workload, 100.0, 200.0) < 1e-6
+    # busy nearly always at 500 req/s: half of the arrivals wait more than 50 ms for the batch in progress
+    assert prefill_miss_fraction(fit, workload, 500.0, 150.0) == pytest.approx(0.5, abs=0.02)
+    assert prefill_miss_fraction(fit, workload, 900.0, 10_000.0) == 1.0  # 90 prompts per 100 ms: unstable
+    assert prefill_capacity(fit, workload, 250.0, 0.05) > 100.0
 
 
 def test_decode_batch_by_littles_law():
@@ -51,11 +62,11 @@ def test_decode_batch_by_littles_law():
 def test_decode_memory_limit_caps_capacity():
     roomy = decode_capacity(DECODE, Workload(1.0, (500,), (101,)), 200.0, 0.05)
     tight_fit = DecodeFit(gpus=1, constant_ms=10.0, per_request_ms=1.0, per_context_token_ms=0.0,
-                          kv_cache_tokens=3000)  # five requests of 601 tokens
+                          kv_cache_tokens=3000)  # KV pages fill as tokens come: 551 on average a request
     tight = decode_capacity(tight_fit, Workload(1.0, (500,), (101,)), 200.0, 0.05)
     assert tight < roomy
     load = decode_load(tight_fit, Workload(1.0, (500,), (101,)), tight, 0.05)
-    assert load.tail_batch * 601 <= 3000 + 1e-6
+    assert load.tail_batch * (500 + 1 + 100 / 2) == pytest.approx(3000, rel=1e-4)
 
 
 @pytest.mark.parametrize("ttft_ms", [150.0, 300.0, 1000.0])  # the 700-token prompt takes 129 ms

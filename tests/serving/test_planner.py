@@ -109,3 +109,41 @@ def test_bad_bounds_name_the_field(kwargs, message):
 def test_budget_below_one_instance_is_an_error():
     with pytest.raises(ValueError, match="maxGPUs: 1 GPUs cannot hold one instance"):
         plan_from_capacities(InstanceCapacities({2: 5.0}, {2: 5.0}, {}), 1.0, 0, 1)
+
+
+def test_a_configuration_outside_the_prediction_tolerance_is_not_offered():
+    from dataclasses import replace
+
+    from flotilla.serving.planner import instance_capacities
+    from flotilla.serving.validation import PREDICTION_TOLERANCE
+
+    workload = Workload.from_means(6.0, 300.0, 200.0)
+    slo = SLO(400.0, 60.0, 0.9)
+    everything = instance_capacities(workload, slo, replace(OPT_13B_A100, prediction_errors=()))
+    assert set(everything.colocated) == {1, 2, 4} and set(everything.prefill) == {1, 2, 4}
+    mis = replace(OPT_13B_A100, prediction_errors=(("colocated", 4, PREDICTION_TOLERANCE + 0.52),
+                                                   ("prefill", 2, -(PREDICTION_TOLERANCE + 0.01)),
+                                                   ("decode", 1, PREDICTION_TOLERANCE)))
+    caps = instance_capacities(workload, slo, mis)
+    assert set(caps.colocated) == {1, 2} and set(caps.prefill) == {1, 4} and set(caps.decode) == {1, 2, 4}
+    chosen = plan(PlanRequest(workload.at_rate(20.0), slo, mis, min_gpus=4, max_gpus=4))
+    assert (chosen.mode, chosen.colocated_gpus_per_instance) != ("colocated", 4)
+    with pytest.raises(ValueError, match="prefill.gpusPerInstance: .* offers no prefill configuration of 2 GPUs"):
+        plan(PlanRequest(workload, slo, mis, min_gpus=1, max_gpus=8, prefill_gpus=2))
+
+
+def test_the_shipped_profile_offers_only_validated_configurations():
+    from flotilla.serving.validation import PREDICTION_TOLERANCE, offered
+
+    errors = OPT_13B_A100.errors
+    assert {(kind, g) for kind in ("prefill", "decode", "colocated") for g in (1, 2, 4)} <= set(errors)
+    caps = instance_capacities_for_shipped()
+    for kind, table in (("prefill", caps.prefill), ("decode", caps.decode), ("colocated", caps.colocated)):
+        assert set(table) == {g for g in (1, 2, 4) if abs(errors[(kind, g)]) <= PREDICTION_TOLERANCE}
+        assert all(offered(errors, kind, g) for g in table)
+
+
+def instance_capacities_for_shipped():
+    from flotilla.serving.planner import instance_capacities
+
+    return instance_capacities(Workload.from_means(6.0, 300.0, 200.0), SLO(400.0, 60.0, 0.9), OPT_13B_A100)

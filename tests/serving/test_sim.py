@@ -12,6 +12,7 @@ from flotilla.serving.shipped_profiles import OPT_13B_A100
 from flotilla.serving.workload import SLO
 from flotilla.sim.serving import ServingSim, StaticPolicy, simulate
 from flotilla.sim.serving_trace import Trace, generate, read_csv, write_csv
+from flotilla.testing.engine import OPT_13B_A100 as ENGINE_OPT_13B_A100
 
 SLO_ = SLO(400.0, 60.0, 0.9)
 ONE_AND_ONE = Plan("disaggregated", 1, 1, 1, 1, 0, 0, 0.0, 0.0, False, "test")
@@ -22,27 +23,31 @@ def run_static(trace: Trace, layout: Plan, budget: int = 8):
     return ServingSim(trace, OPT_13B_A100, SLO_, budget, StaticPolicy("static", layout)).run()
 
 
-def test_one_request_follows_the_latency_model_exactly():
+def test_one_request_follows_the_profile_exactly():
     trace = Trace(np.array([0.0]), np.array([100]), np.array([3]))
     result = run_static(trace, ONE_AND_ONE)
     prefill = OPT_13B_A100.prefill_fit(1).batch_ms([100])
     decode = OPT_13B_A100.decode_fit(1)
     steps = decode.step_ms(1, 101) + decode.step_ms(1, 102)  # context grows by one token a step
+    transfer = 100 * ENGINE_OPT_13B_A100.kv_bytes_per_token / 25e9 * 1000  # the prompt's KV to the decode GPU
     assert result.ttft_p50_ms == pytest.approx(prefill)
-    assert result.tpot_p50_ms == pytest.approx(steps / 2)
+    assert result.tpot_p50_ms == pytest.approx((transfer + steps) / 2)
     assert result.attainment == 1.0
 
 
-def test_colocated_prefill_stalls_the_decode_batch():
-    # A long prompt arrives while the first request decodes. Colocated, its prefill sits between two
-    # of the first request's 39 decode steps; disaggregated, it runs elsewhere. (It wants one token,
-    # so it never joins the decode batch and its own TPOT is 0.)
+def test_colocated_chunked_prefill_shares_iterations_with_the_decode_batch():
+    # A long prompt arrives while the first request decodes. Colocated, it is computed in one
+    # iteration together with a decode step (chunked prefill): that step takes the prompt's own work
+    # longer, but not its fixed cost; disaggregated, it runs elsewhere. (It wants one token, so it
+    # never joins the decode batch and its own TPOT is 0.)
     trace = Trace(np.array([0.0, 0.05]), np.array([100, 1500]), np.array([40, 1]))
     colocated = run_static(trace, COLOCATED)
     split = run_static(trace, ONE_AND_ONE)
-    stall_per_token = OPT_13B_A100.prefill_fit(1).batch_ms([1500]) / 39
+    fit = OPT_13B_A100.prefill_fit(1)
+    own_work = fit.batch_ms([1500]) - fit.constant_ms
+    transfer = 100 * ENGINE_OPT_13B_A100.kv_bytes_per_token / 25e9 * 1000
     # The 99th percentile of [0, t] interpolates to 0.99 t.
-    assert colocated.tpot_p99_ms - split.tpot_p99_ms == pytest.approx(0.99 * stall_per_token, rel=1e-6)
+    assert colocated.tpot_p99_ms - split.tpot_p99_ms == pytest.approx(0.99 * (own_work - transfer) / 39, rel=1e-6)
 
 
 def test_generated_traces_are_seeded_and_have_the_asked_rate():

@@ -5,6 +5,7 @@
 2. For every pair (prefill GPUs, decode GPUs) the replica counts are searched independently (uneven
    counts such as 1 prefill : 3 decode come out naturally), and colocated instances are one more
    candidate. A candidate's capacity is the rate its bottleneck phase sustains.
+   Configurations whose latency model failed validation (flotilla.serving.validation) are not offered.
 3. The plan that meets the rate with the fewest GPUs (but at least `min_gpus` where the layout
    allows) wins; ties go to more capacity. GPUs up to `min_gpus` go to the bottleneck phase. When no candidate within `max_gpus` meets the rate, the
    plan is the one with the most capacity within the budget, flagged `slo_at_risk` with the rate it
@@ -15,10 +16,12 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field, replace
+from functools import lru_cache
 from typing import Literal
 
 from flotilla.serving.latency import colocated_capacity, decode_capacity, prefill_capacity
 from flotilla.serving.profile import Profile
+from flotilla.serving.validation import PREDICTION_TOLERANCE, offered
 from flotilla.serving.workload import SLO, Workload
 
 Mode = Literal["disaggregated", "colocated"]
@@ -32,12 +35,15 @@ class PlanRequest:
     min_gpus: int
     max_gpus: int
     allow_colocated: bool = True
+    allow_disaggregated: bool = True
     prefill_gpus: int | None = None  # pin GPUs per prefill instance (spec.prefill.gpusPerInstance)
     decode_gpus: int | None = None  # pin GPUs per decode instance (spec.decode.gpusPerInstance)
 
     def __post_init__(self) -> None:
         if self.min_gpus < 0:
             raise ValueError(f"minGPUs: must be >= 0, got {self.min_gpus}")
+        if not (self.allow_colocated or self.allow_disaggregated):
+            raise ValueError("mode: allow colocated or disaggregated plans, or both")
         if self.max_gpus < max(self.min_gpus, 1):
             raise ValueError(f"maxGPUs: must be >= max(minGPUs, 1), got {self.max_gpus} (minGPUs {self.min_gpus})")
 
@@ -91,22 +97,46 @@ class InstanceCapacities:
 
 
 def instance_capacities(workload: Workload, slo: SLO, profile: Profile, allow_colocated: bool = True,
-                        prefill_gpus: int | None = None, decode_gpus: int | None = None) -> InstanceCapacities:
+                        prefill_gpus: int | None = None, decode_gpus: int | None = None,
+                        allow_disaggregated: bool = True) -> InstanceCapacities:
+    """Capacities of the configurations offered. Without disaggregated plans, prefill and decode are
+    empty (and a profile offering no colocated configuration then raises). They depend on the lengths,
+    not the rate, and the re-planner asks every window: the last answers are kept."""
+    caps = _instance_capacities(workload.at_rate(0.0), slo, profile, profile.prediction_errors, allow_colocated,
+                                prefill_gpus, decode_gpus, allow_disaggregated)
+    return InstanceCapacities(dict(caps.prefill), dict(caps.decode), dict(caps.colocated))
+
+
+@lru_cache(maxsize=256)
+def _instance_capacities(workload: Workload, slo: SLO, profile: Profile,
+                         prediction_errors: tuple[tuple[str, int, float], ...],  # not in Profile's hash
+                         allow_colocated: bool, prefill_gpus: int | None, decode_gpus: int | None,
+                         allow_disaggregated: bool) -> InstanceCapacities:
     miss_budget = (1.0 - slo.attainment) / 2.0
+    errors = profile.errors
     prefill = {f.gpus: prefill_capacity(f, workload, slo.ttft_ms, miss_budget)
-               for f in profile.prefill if prefill_gpus in (None, f.gpus)}
+               for f in profile.prefill if prefill_gpus in (None, f.gpus) and offered(errors, "prefill", f.gpus)}
     decode = {f.gpus: decode_capacity(f, workload, slo.tpot_ms, miss_budget)
-              for f in profile.decode if decode_gpus in (None, f.gpus)}
+              for f in profile.decode if decode_gpus in (None, f.gpus) and offered(errors, "decode", f.gpus)}
     colocated: dict[int, float] = {}
     if allow_colocated and prefill_gpus is None and decode_gpus is None:
         decode_degrees = {f.gpus: f for f in profile.decode}
         colocated = {f.gpus: colocated_capacity(f, decode_degrees[f.gpus], workload, slo.ttft_ms, slo.tpot_ms,
                                                 miss_budget)
-                     for f in profile.prefill if f.gpus in decode_degrees}
-    if not prefill:
-        raise ValueError(f"prefill.gpusPerInstance: profile {profile.name!r} has no entry for {prefill_gpus} GPUs")
-    if not decode:
-        raise ValueError(f"decode.gpusPerInstance: profile {profile.name!r} has no entry for {decode_gpus} GPUs")
+                     for f in profile.prefill if f.gpus in decode_degrees and offered(errors, "colocated", f.gpus)}
+    if not allow_disaggregated:
+        if not colocated:
+            raise ValueError(f"profile: {profile.name!r} offers no colocated configuration "
+                             f"validated within {PREDICTION_TOLERANCE:.0%}")
+        return InstanceCapacities({}, {}, colocated)
+    for kind, caps, pinned in (("prefill", prefill, prefill_gpus), ("decode", decode, decode_gpus)):
+        if not caps:
+            fits = profile.prefill if kind == "prefill" else profile.decode
+            if pinned is not None and all(f.gpus != pinned for f in fits):
+                raise ValueError(f"{kind}.gpusPerInstance: profile {profile.name!r} has no entry for {pinned} GPUs")
+            raise ValueError(f"{kind}.gpusPerInstance: profile {profile.name!r} offers no {kind} configuration "
+                             f"{'of ' + str(pinned) + ' GPUs ' if pinned is not None else ''}whose latency model "
+                             f"was validated within {PREDICTION_TOLERANCE:.0%}")
     return InstanceCapacities(prefill, decode, colocated)
 
 
@@ -123,7 +153,7 @@ def plan(request: PlanRequest) -> Plan:
     maxGPUs or no configuration meets the SLO at any rate. Pinning GPUs per instance (either phase)
     rules colocated out."""
     caps = instance_capacities(request.workload, request.slo, request.profile, request.allow_colocated,
-                               request.prefill_gpus, request.decode_gpus)
+                               request.prefill_gpus, request.decode_gpus, request.allow_disaggregated)
     return plan_from_capacities(caps, request.workload.requests_per_second, request.min_gpus, request.max_gpus)
 
 

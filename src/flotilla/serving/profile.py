@@ -16,7 +16,7 @@ One entry per tensor-parallel degree (`gpus` GPUs per instance). The formulas ar
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Mapping
 
 DEFAULT_MAX_BATCH_TOKENS = 4096
@@ -68,6 +68,9 @@ class Profile:
     prefill: tuple[PrefillFit, ...]
     decode: tuple[DecodeFit, ...]
     provenance: str = ""
+    # (kind, gpus, worst measured relative error of the predicted goodput): flotilla.serving.validation.
+    # Known for shipped profiles only; not part of the coefficients (nor of to_dict / equality).
+    prediction_errors: tuple[tuple[str, int, float], ...] = field(default=(), compare=False)
 
     def __post_init__(self) -> None:
         for field, fits in (("prefill", self.prefill), ("decode", self.decode)):
@@ -76,6 +79,10 @@ class Profile:
             degrees = [fit.gpus for fit in fits]
             if len(set(degrees)) != len(degrees):
                 raise ProfileError(f"profile.{field}: gpus values must be unique, got {degrees}")
+
+    @property
+    def errors(self) -> dict[tuple[str, int], float]:
+        return {(kind, gpus): error for kind, gpus, error in self.prediction_errors}
 
     def prefill_fit(self, gpus: int) -> PrefillFit:
         for fit in self.prefill:

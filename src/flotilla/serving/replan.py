@@ -89,7 +89,7 @@ class Replanner:
             self._since = window.time
         caps = instance_capacities(self._lengths(), self.template.slo, self.template.profile,
                                    self.template.allow_colocated, self.template.prefill_gpus,
-                                   self.template.decode_gpus)
+                                   self.template.decode_gpus, self.template.allow_disaggregated)
         capacity = plan_capacity(self.current, caps)
         rate = window.requests_per_second
         missed = (window.attainment is not None and window.requests >= policy.min_requests_for_attainment

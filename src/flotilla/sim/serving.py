@@ -1,12 +1,12 @@
 """Request-level discrete-event simulator of a PD-disaggregated (or colocated) deployment.
 
-Every request of a trace is routed to a prefill instance (the least queued prompt tokens), prefilled
-in a batch of queued prompts up to the profile's maxBatchTokens, then handed to the decode instance
-with the least reserved KV cache, where it joins the continuous batch once its prompt+output tokens fit
-in the KV cache; each decode step takes `DecodeFit.step_ms(batch, context)`. A colocated instance
-holds both queues and runs prefill first, so prefills stall its decode batch (the interference).
-KV-cache transfer between prefill and decode is not modelled (DistServe places the phases so that it
-is small next to a prefill).
+Every instance is an engine double (flotilla.testing.engine): iteration-level continuous batching
+under the profile's maxBatchTokens budget, chunked prefill on colocated instances, a KV cache in
+blocks with recompute preemption, per-iteration times from the profile's published fits (for
+opt-13b-a100 both of DistServe's decode pieces). A request goes to the instance holding the fewest
+prompt+output tokens that takes prompts; a prefill instance hands it, after the KV transfer, to the
+least loaded decode instance. Latencies come from the engines' scheduling, never from the planner's
+latency model, so the simulator judges the planner's plans rather than restating them.
 
 A policy chooses the plan: at the start, and (adaptive) every `interval_s` from the window just seen.
 New instances take `startup_s` to become ready; an instance taken out of the plan finishes its work
@@ -17,7 +17,6 @@ than `budget` GPUs, even while old and new instances coexist.
 from __future__ import annotations
 
 import heapq
-import math
 from collections import deque
 from dataclasses import dataclass
 from typing import Callable, Protocol
@@ -25,133 +24,78 @@ from typing import Callable, Protocol
 import numpy as np
 
 from flotilla.serving.planner import Plan, PlanRequest, instance_capacities, plan_from_capacities
-from flotilla.serving.profile import DecodeFit, PrefillFit, Profile
+from flotilla.serving.profile import Profile
 from flotilla.serving.replan import ObservedWindow, ReplanPolicy, Replanner
 from flotilla.serving.workload import SLO, Workload
 from flotilla.sim.serving_trace import Trace
+from flotilla.testing.engine import OPT_13B_A100 as ENGINE_OPT_13B_A100
+from flotilla.testing.engine import Engine, EngineProfile, Iteration, Request, StepFit
+from flotilla.testing.engine.core import Role
 
-POLICIES = ("adaptive", "static-best", "fixed-1-1", "colocated")
+# Planner profiles whose published timings the engine double carries in full.
+ENGINE_PROFILES = {"opt-13b-a100": ENGINE_OPT_13B_A100}
 
-
-class _Request:
-    __slots__ = ("arrival", "prompt", "output", "first_token", "done")
-
-    def __init__(self, arrival: float, prompt: int, output: int) -> None:
-        self.arrival, self.prompt, self.output = arrival, prompt, output
-        self.first_token = math.nan
-        self.done = math.nan
+POLICIES = ("adaptive", "adaptive-colocated", "adaptive-disaggregated", "static-peak", "static-best", "fixed-1-1",
+            "colocated")
+PEAK_WINDOW_S = 60.0
 
 
 class _Instance:
-    def __init__(self, sim: ServingSim, role: str, gpus: int, prefill: PrefillFit | None,
-                 decode: DecodeFit | None) -> None:
-        self.sim, self.role, self.gpus = sim, role, gpus
-        self.prefill, self.decode = prefill, decode
+    """One engine of the deployment, stepped in simulated time: the engine double decides what each
+    iteration computes and how long it takes (flotilla.testing.engine)."""
+
+    def __init__(self, sim: ServingSim, role: Role, gpus: int, engine: Engine) -> None:
+        self.sim, self.role, self.gpus, self.engine = sim, role, gpus, engine
+        self.takes_prompts = role != "decode"
+        self.takes_decodes = role != "prefill"
         self.ready = False
         self.draining = False
         self.busy = False
-        self.prefill_queue: deque[_Request] = deque()
-        self.queued_tokens = 0
-        self.decode_queue: deque[_Request] = deque()
-        self.queued_reserve = 0
-        self.running: list[tuple[int, int, _Request]] = []  # heap of (finishing step, seq, request)
-        self.context = 0  # KV-cache tokens in use by the batch
-        self.reserved = 0  # KV-cache tokens reserved by the batch (prompt + output each)
-        self.steps = 0
 
-    def load(self) -> float:
-        if self.role == "prefill":
-            return self.queued_tokens
-        if self.role == "decode":
-            return self.reserved + self.queued_reserve
-        return self.queued_tokens + self.reserved + self.queued_reserve
+    def load(self) -> int:
+        return self.engine.load
 
     def idle(self) -> bool:
-        return not (self.busy or self.prefill_queue or self.decode_queue or self.running)
+        return not self.busy and self.engine.idle()
 
-    def add_prefill(self, request: _Request, now: float) -> None:
-        self.prefill_queue.append(request)
-        self.queued_tokens += request.prompt
+    def add(self, request: Request, now: float) -> None:
+        self.engine.add(request, now)
         self.kick(now)
-
-    def add_decode(self, request: _Request, now: float) -> None:
-        self.decode_queue.append(request)
-        self.queued_reserve += request.prompt + request.output
-        self.kick(now)
-
-    def _fits(self, request: _Request) -> bool:
-        assert self.decode is not None
-        # An empty batch takes any request, so one longer than the KV cache cannot wait forever.
-        return not self.running or (len(self.running) < self.decode.max_batch_size
-                                    and self.reserved + request.prompt + request.output <= self.decode.kv_cache_tokens)
-
-    def _join_batch(self, request: _Request) -> None:
-        self.reserved += request.prompt + request.output
-        self.context += request.prompt + 1
-        heapq.heappush(self.running, (self.steps + request.output - 1, id(request), request))
 
     def kick(self, now: float) -> None:
         if self.busy or not self.ready:
             return
-        if self.prefill is not None and self.prefill_queue:
-            batch = self._take_prefill_batch()
-            if batch:
-                self.busy = True
-                self.sim.at(now + self.prefill.batch_ms([r.prompt for r in batch]) / 1000.0,
-                            self._prefill_done, batch)
-                return
-        if self.decode is not None:
-            while self.decode_queue and self._fits(self.decode_queue[0]):
-                request = self.decode_queue.popleft()
-                self.queued_reserve -= request.prompt + request.output
-                self._join_batch(request)
-            if self.running:
-                self.busy = True
-                self.sim.at(now + self.decode.step_ms(len(self.running), self.context) / 1000.0,
-                            self._step_done, None)
-                return
-        if self.draining and self.idle():
+        iteration = self.engine.step(now)
+        if iteration is not None:
+            self.busy = True
+            self.sim.at(iteration.end, self._done, iteration)
+        elif self.draining and self.idle():
             self.sim.retire_idle(now)
 
-    def _take_prefill_batch(self) -> list[_Request]:
-        assert self.prefill is not None
-        batch: list[_Request] = []
-        tokens = 0
-        colocated = self.decode is not None
-        while self.prefill_queue:
-            request = self.prefill_queue[0]
-            if batch and tokens + request.prompt > self.prefill.max_batch_tokens:
-                break
-            if colocated and request.output > 1 and not self._fits(request):
-                break  # no room in this instance's batch: decode first to free memory
-            self.prefill_queue.popleft()
-            self.queued_tokens -= request.prompt
-            tokens += request.prompt
-            batch.append(request)
-            if colocated and request.output > 1:
-                self._join_batch(request)
-        return batch
-
-    def _prefill_done(self, now: float, batch: list[_Request]) -> None:
+    def _done(self, now: float, iteration: Iteration) -> None:
         self.busy = False
-        for request in batch:
-            request.first_token = now
-            if request.output == 1:
-                self.sim.finish(request, now)
-            elif self.decode is None:
-                self.sim.route_decode(request, now)
-        self.kick(now)
-
-    def _step_done(self, now: float, _: None) -> None:
-        self.busy = False
-        self.steps += 1
-        self.context += len(self.running)
-        while self.running and self.running[0][0] <= self.steps:
-            _, _, request = heapq.heappop(self.running)
-            self.context -= request.prompt + request.output
-            self.reserved -= request.prompt + request.output
+        for request in iteration.finished:
             self.sim.finish(request, now)
+        for handoff in iteration.handoffs:
+            self.sim.at(handoff.ready_at, self.sim.route_decode, handoff.request)
         self.kick(now)
+
+
+def engine_profile(profile: Profile) -> EngineProfile:
+    """The engine double's timings for a planner profile: the published fits themselves for a shipped
+    profile the engine double has (with both of DistServe's decode pieces), else the profile's own
+    coefficients (one decode piece; no KV transfer time, the model size being unknown)."""
+    if profile.name in ENGINE_PROFILES:
+        return ENGINE_PROFILES[profile.name]
+    decode = {f.gpus: f for f in profile.decode}
+    fits = {}
+    for p in profile.prefill:
+        if p.gpus in decode:
+            d = decode[p.gpus]
+            piece = (d.constant_ms, d.per_context_token_ms, d.per_request_ms)
+            fits[p.gpus] = StepFit(p.gpus, (p.constant_ms, p.per_token_ms, p.per_token_squared_ms), piece, piece,
+                                   d.max_batch_size + 1, d.kv_cache_tokens)
+    return EngineProfile(profile.name, profile.provenance, 0, fits)
 
 
 @dataclass(frozen=True)
@@ -171,6 +115,7 @@ class SimResult:
     tpot_p90_ms: float
     tpot_p99_ms: float
     plan_changes: int
+    modes: dict[str, int]  # plans applied (the first one and every change), by mode
 
     def to_dict(self) -> dict[str, float | int | str]:
         return {k: (round(v, 4) if isinstance(v, float) else v) for k, v in self.__dict__.items()}
@@ -188,20 +133,22 @@ class ServingSim:
     def __init__(self, trace: Trace, profile: Profile, slo: SLO, budget: int, policy: Policy,
                  interval_s: float = 30.0, startup_s: float = 30.0) -> None:
         self.trace, self.profile, self.slo, self.budget = trace, profile, slo, budget
+        self.engine_profile = engine_profile(profile)
         self.policy, self.interval_s, self.startup_s = policy, interval_s, startup_s
         self._events: list[tuple[float, int, Callable, object]] = []
         self._seq = 0
         self.instances: list[_Instance] = []
         self._pending: deque[tuple[str, int]] = deque()  # instances waiting for free GPUs
-        self._backlog: dict[str, deque[_Request]] = {"prefill": deque(), "decode": deque()}
+        self._backlog: dict[str, deque[Request]] = {"prefill": deque(), "decode": deque()}
         self._gpus = 0
         self._gpu_seconds = 0.0
         self._max_gpus = 0
         self._last_change = 0.0
-        self._finished: list[_Request] = []  # completed in the current observation window
-        self._window_arrivals: list[_Request] = []
+        self._finished: list[Request] = []  # completed in the current observation window
+        self._window_arrivals: list[Request] = []
         self._startup_s = 0.0  # the first plan's instances are up at time 0
         self.plan_changes = 0
+        self.modes: dict[str, int] = {}  # plans applied, by mode
 
     # --- event loop -------------------------------------------------------------------------
     def at(self, time: float, callback: Callable, arg: object) -> None:
@@ -209,8 +156,8 @@ class ServingSim:
         heapq.heappush(self._events, (time, self._seq, callback, arg))
 
     def run(self) -> SimResult:
-        requests = [_Request(float(t), int(p), int(o)) for t, p, o in
-                    zip(self.trace.arrival_s, self.trace.prompt_tokens, self.trace.output_tokens)]
+        requests = [Request(str(i), int(p), int(o), arrival=float(t)) for i, (t, p, o) in
+                    enumerate(zip(self.trace.arrival_s, self.trace.prompt_tokens, self.trace.output_tokens))]
         self._apply(self.policy.initial_plan(), 0.0)
         self._startup_s = self.startup_s
         for request in requests:
@@ -228,32 +175,32 @@ class ServingSim:
         return self._result(requests, now)
 
     # --- routing ----------------------------------------------------------------------------
-    def _arrive(self, now: float, request: _Request) -> None:
+    def _arrive(self, now: float, request: Request) -> None:
         self._window_arrivals.append(request)
-        target = self._pick(lambda i: i.prefill is not None)
+        target = self._pick(lambda i: i.takes_prompts)
         if target is None:
             self._backlog["prefill"].append(request)
         else:
-            target.add_prefill(request, now)
+            target.add(request, now)
 
-    def route_decode(self, request: _Request, now: float) -> None:
-        target = self._pick(lambda i: i.decode is not None)
+    def route_decode(self, now: float, request: Request) -> None:
+        target = self._pick(lambda i: i.takes_decodes)
         if target is None:
             self._backlog["decode"].append(request)
         else:
-            target.add_decode(request, now)
+            target.add(request, now)
 
     def _pick(self, accepts: Callable[[_Instance], bool]) -> _Instance | None:
         ready = [i for i in self.instances if i.ready and accepts(i)]
         serving = [i for i in ready if not i.draining] or ready
         return min(serving, key=_Instance.load) if serving else None
 
-    def finish(self, request: _Request, now: float) -> None:
-        request.done = now
+    def finish(self, request: Request, now: float) -> None:
         self._finished.append(request)
 
     # --- plans and instances ----------------------------------------------------------------
     def _apply(self, new: Plan, now: float) -> None:
+        self.modes[new.mode] = self.modes.get(new.mode, 0) + 1
         wanted = {"prefill": (new.prefill_replicas, new.prefill_gpus_per_instance),
                   "decode": (new.decode_replicas, new.decode_gpus_per_instance),
                   "colocated": (new.colocated_replicas, new.colocated_gpus_per_instance)}
@@ -286,8 +233,8 @@ class ServingSim:
         """Stop draining instances that are idle, once a ready instance does their work, or at once
         when the GPUs they hold are what a pending instance waits for (the budget comes first)."""
         for instance in [i for i in self.instances if i.draining and i.idle()]:
-            replaced = any(i.ready and not i.draining and (i.prefill is not None or instance.prefill is None)
-                           and (i.decode is not None or instance.decode is None) for i in self.instances)
+            replaced = any(i.ready and not i.draining and (i.takes_prompts or not instance.takes_prompts)
+                           and (i.takes_decodes or not instance.takes_decodes) for i in self.instances)
             blocked = bool(self._pending) and self._gpus + self._pending[0][1] > self.budget
             if replaced or blocked:
                 self._stop(instance, now)
@@ -300,9 +247,10 @@ class ServingSim:
     def _start_pending(self, now: float) -> None:
         while self._pending and self._gpus + self._pending[0][1] <= self.budget:
             role, gpus = self._pending.popleft()
-            instance = _Instance(self, role, gpus,
-                                 self.profile.prefill_fit(gpus) if role != "decode" else None,
-                                 self.profile.decode_fit(gpus) if role != "prefill" else None)
+            engine = Engine(role, gpus, self.engine_profile,  # type: ignore[arg-type]
+                            max_num_batched_tokens=self.profile.prefill_fit(gpus).max_batch_tokens,
+                            max_num_seqs=self.profile.decode_fit(gpus).max_batch_size)
+            instance = _Instance(self, role, gpus, engine)  # type: ignore[arg-type]
             self.instances.append(instance)
             self._set_gpus(now, self._gpus + gpus)
             self.at(now + self._startup_s, self._ready, instance)
@@ -311,11 +259,10 @@ class ServingSim:
         if instance not in self.instances:
             return
         instance.ready = True
-        for kind, accepts in (("prefill", instance.prefill), ("decode", instance.decode)):
+        for kind, accepts in (("prefill", instance.takes_prompts), ("decode", instance.takes_decodes)):
             backlog = self._backlog[kind]
-            while accepts is not None and backlog:
-                request = backlog.popleft()
-                (instance.add_prefill if kind == "prefill" else instance.add_decode)(request, now)
+            while accepts and backlog:
+                instance.add(backlog.popleft(), now)
         self.retire_idle(now)
 
     def _set_gpus(self, now: float, gpus: int) -> None:
@@ -333,11 +280,11 @@ class ServingSim:
         self._window_arrivals = []
         done = self._finished
         self._finished = []
-        ttft = np.array([r.first_token - r.arrival for r in done]) * 1000.0
+        ttft = np.array([r.first_token_at - r.arrival for r in done]) * 1000.0
         tpot = np.array([_tpot_s(r) for r in done]) * 1000.0
         met = int(np.sum((ttft <= self.slo.ttft_ms) & (tpot <= self.slo.tpot_ms))) if done else 0
-        prompts = np.array([r.prompt for r in arrived] or [1])
-        outputs = np.array([r.output for r in arrived] or [1])
+        prompts = np.array([r.prompt_tokens for r in arrived] or [1])
+        outputs = np.array([r.max_tokens for r in arrived] or [1])
         window = ObservedWindow(
             time=now, requests_per_second=len(arrived) / self.interval_s,
             mean_prompt_tokens=float(prompts.mean()), mean_output_tokens=float(outputs.mean()),
@@ -350,8 +297,8 @@ class ServingSim:
             self.plan_changes += 1
             self._apply(new, now)
 
-    def _result(self, requests: list[_Request], end: float) -> SimResult:
-        ttft = np.array([r.first_token - r.arrival for r in requests]) * 1000.0
+    def _result(self, requests: list[Request], end: float) -> SimResult:
+        ttft = np.array([r.first_token_at - r.arrival for r in requests]) * 1000.0
         tpot = np.array([_tpot_s(r) for r in requests]) * 1000.0
         within = (ttft <= self.slo.ttft_ms) & (tpot <= self.slo.tpot_ms)
         met = int(within.sum())
@@ -367,11 +314,11 @@ class ServingSim:
         return SimResult(self.policy.name, len(requests), duration, met / len(requests), goodput, mean_gpus,
                          self._max_gpus, goodput / mean_gpus if mean_gpus else 0.0,
                          pct(ttft, 50), pct(ttft, 90), pct(ttft, 99), pct(tpot, 50), pct(tpot, 90), pct(tpot, 99),
-                         self.plan_changes)
+                         self.plan_changes, dict(self.modes))
 
 
-def _tpot_s(request: _Request) -> float:
-    return (request.done - request.first_token) / (request.output - 1) if request.output > 1 else 0.0
+def _tpot_s(request: Request) -> float:
+    return request.tpot
 
 
 # --- policies ---------------------------------------------------------------------------------
@@ -382,6 +329,13 @@ def workload_statistics(trace: Trace, mask: np.ndarray | None = None, seconds: f
     seconds = max(trace.duration_s, 1e-9) if seconds is None else seconds
     return Workload.from_means(len(prompts) / seconds, float(prompts.mean()), float(outputs.mean()),
                                float(np.percentile(prompts, 90)), float(np.percentile(outputs, 90)))
+
+
+def peak_rate(trace: Trace, window_s: float) -> float:
+    """The most requests that arrive in any `window_s` (sliding over arrivals), per second."""
+    arrivals = trace.arrival_s
+    ends = np.searchsorted(arrivals, arrivals + window_s, side="left")
+    return float((ends - np.arange(len(arrivals))).max()) / window_s
 
 
 @dataclass
@@ -400,10 +354,12 @@ class AdaptivePolicy:
     """The Replanner, started from a plan for the rate and length statistics of the trace's first
     interval (what `spec.workload` would say)."""
 
-    name = "adaptive"
-
-    def __init__(self, first: Workload, slo: SLO, profile: Profile, budget: int) -> None:
-        self.replanner = Replanner.start(PlanRequest(first, slo, profile, min_gpus=1, max_gpus=budget))
+    def __init__(self, first: Workload, slo: SLO, profile: Profile, budget: int, name: str = "adaptive",
+                 allow_colocated: bool = True, allow_disaggregated: bool = True) -> None:
+        self.name = name
+        self.replanner = Replanner.start(PlanRequest(first, slo, profile, min_gpus=1, max_gpus=budget,
+                                                     allow_colocated=allow_colocated,
+                                                     allow_disaggregated=allow_disaggregated))
 
     def initial_plan(self) -> Plan:
         return self.replanner.current
@@ -413,13 +369,22 @@ class AdaptivePolicy:
 
 
 def make_policy(name: str, trace: Trace, slo: SLO, profile: Profile, budget: int, interval_s: float = 30.0) -> Policy:
-    """Build one of POLICIES for a trace and a GPU budget. fixed-1-1 and colocated hold the whole
-    budget; static-best holds what the planner chose for the average load."""
+    """Build one of POLICIES for a trace and a GPU budget. The adaptive ones re-plan every interval
+    (adaptive-colocated and adaptive-disaggregated restricted to one mode); static-peak holds what the
+    planner chose for the trace's busiest minute, static-best what it chose for the average load;
+    fixed-1-1 and colocated hold the whole budget."""
     average = workload_statistics(trace)
-    if name == "adaptive":
+    if name.startswith("adaptive"):
+        modes = {"adaptive": (True, True), "adaptive-colocated": (True, False),
+                 "adaptive-disaggregated": (False, True)}
+        if name not in modes:
+            raise ValueError(f"policy: unknown {name!r}; choose from {', '.join(POLICIES)}")
         return AdaptivePolicy(workload_statistics(trace, trace.arrival_s < interval_s, interval_s),
-                              slo, profile, budget)
+                              slo, profile, budget, name, *modes[name])
     caps = instance_capacities(average, slo, profile)
+    if name == "static-peak":
+        # The same planner, sized once for the highest rate of any PEAK_WINDOW_S window of the trace.
+        return StaticPolicy(name, plan_from_capacities(caps, peak_rate(trace, PEAK_WINDOW_S), 1, budget))
     if name == "static-best":
         # The planner's plan for the trace's average load (with the adaptive policy's headroom), kept.
         rate = average.requests_per_second * (1 + ReplanPolicy().headroom)

@@ -291,7 +291,7 @@ class Engine:
     """One engine instance (all its GPUs); see the module docstring."""
 
     def __init__(self, role: Role, tp: int = 1, profile: EngineProfile = OPT_13B_A100, *,
-                 max_num_batched_tokens: int = 2048, max_num_seqs: int = 256, block_size: int = 16,
+                 max_num_batched_tokens: int = 4096, max_num_seqs: int = 256, block_size: int = 16,
                  chunked_prefill: bool | None = None, kv_cache_tokens: int | None = None,
                  kv_transfer_bytes_per_s: float = 25e9, watermark: float = 0.01) -> None:
         if role not in ROLES:
@@ -319,6 +319,7 @@ class Engine:
         self.waiting: deque[Request] = deque()
         self.running: list[Request] = []  # admission order: the last is preempted first
         self.metrics = Metrics(profile.name)
+        self._load = 0
 
     # --- requests in ------------------------------------------------------------------------
     def add(self, request: Request, now: float) -> None:
@@ -335,6 +336,7 @@ class Engine:
             request.computed = 0
         request.blocks = 0
         self.waiting.append(request)
+        self._load += request.prompt_tokens + request.max_tokens
         self._gauges()
 
     def idle(self) -> bool:
@@ -342,9 +344,8 @@ class Engine:
 
     @property
     def load(self) -> int:
-        """Tokens this engine still has to hold or compute: what a router balances on."""
-        return sum(r.prompt_tokens + r.max_tokens for r in self.running) + sum(
-            r.prompt_tokens + r.max_tokens for r in self.waiting)
+        """Prompt plus output tokens of the requests this engine holds: what a router balances on."""
+        return self._load
 
     # --- one iteration ----------------------------------------------------------------------
     def step(self, now: float) -> Iteration | None:
@@ -505,6 +506,7 @@ class Engine:
     def _leave(self, request: Request) -> None:
         self.running.remove(request)
         self._release(request)
+        self._load -= request.prompt_tokens + request.max_tokens
 
     def _gauges(self) -> None:
         self.metrics.running = len(self.running)
