@@ -1,4 +1,4 @@
-"""Minder-style faulty-machine detection inside one peer group (the machines of one training job).
+"""Minder-style faulty-machine detection inside one peer group (the machines of one job doing the same work).
 
 Each evaluation gets one row per machine of the compared metrics (see
 `metrics.COMPARED`, already reduced over the machine's GPUs). Every metric is
@@ -9,6 +9,10 @@ load shift that hits all machines at once leaves the scores near zero. A
 machine's score on a metric is the mean of its z over a sliding window; a
 machine whose best score stays above the threshold for `continuity`
 consecutive evaluations is confirmed as the outlier.
+
+A group with fewer than three healthy peers is scored against each machine's own
+recent history instead (`SelfHistory`), through the same window and continuity
+(`PeerOutlierDetector.judge`).
 """
 
 from __future__ import annotations
@@ -55,16 +59,54 @@ class PeerOutlierDetector:
         median = nanmedian0(ref)
         mad = nanmedian0(np.abs(ref - median))
         scale = np.maximum(np.maximum(1.4826 * np.nan_to_num(mad), _FLOOR), _REL_FLOOR * np.abs(np.nan_to_num(median)))
-        z = np.clip((values - median) / scale * _SIGN, -self.clip, self.clip)
-        self.last_scores = scores = self._scores.push(np.nan_to_num(z))
+        return self.judge((values - median) / scale * _SIGN, values, np.broadcast_to(median, values.shape))
+
+    def judge(self, z: np.ndarray, values: np.ndarray, reference: np.ndarray) -> list[Finding]:
+        """Window and continuity over signed scores `z` (bad direction positive, NaN = no score) against
+        `reference` (the peers' median, or each machine's own baseline), both shaped like `values`."""
+        z = np.clip(np.nan_to_num(z), -self.clip, self.clip)
+        self.last_scores = scores = self._scores.push(z)
         best = scores.argmax(axis=1)
         best_score = scores[np.arange(len(best)), best]
         streak = self._streak.update(best_score > self.threshold)
         return [
             Finding(int(i), COMPARED[best[i]].name, float(best_score[i]), float(values[i, best[i]]),
-                    float(median[best[i]]), int(streak[i]))
+                    float(reference[i, best[i]]), int(streak[i]))
             for i in np.flatnonzero(streak >= self.continuity)
         ]
 
     def calm(self, member: int, metric_index: int) -> bool:
         return bool(self.last_scores[member, metric_index] <= self.threshold)
+
+
+class SelfHistory:
+    """Each machine's own recent history of every compared metric: a slow moving baseline and spread.
+
+    `score` gives the signed z of the newest values against the baseline, in units of
+    max(1.2533 * mean absolute deviation, floor, rel_floor * |baseline|); NaN until a
+    machine has `warmup` evaluations of a metric. `learn` moves the baseline (an
+    exponential average over about `span` evaluations) only where the caller says the
+    value is normal, so that a fault is not absorbed into it.
+    """
+
+    def __init__(self, size: int, *, span: int, warmup: int) -> None:
+        self.alpha = 2.0 / (span + 1)
+        self.warmup = warmup
+        self.base = np.full((size, len(COMPARED)), np.nan)
+        self._spread = np.zeros((size, len(COMPARED)))
+        self._seen = np.zeros((size, len(COMPARED)), dtype=np.int64)
+
+    def score(self, values: np.ndarray) -> np.ndarray:
+        scale = np.maximum(np.maximum(1.2533 * self._spread, _FLOOR), _REL_FLOOR * np.abs(np.nan_to_num(self.base)))
+        z = (values - self.base) / scale * _SIGN
+        return np.where(self._seen >= self.warmup, z, np.nan)
+
+    def learn(self, values: np.ndarray, normal: np.ndarray) -> None:
+        have = np.isfinite(values)
+        first = have & np.isnan(self.base)
+        self.base[first] = values[first]
+        move = have & normal & ~first
+        d = np.where(move, values - self.base, 0.0)
+        self.base += self.alpha * d
+        self._spread = np.where(move, (1 - self.alpha) * self._spread + self.alpha * np.abs(d), self._spread)
+        self._seen += have & (normal | first)

@@ -5,7 +5,12 @@ controller ingests them, the detectors read them, and `flotilla detect` reads
 and writes them as JSON lines. One sample is
 
     {"ts": 1700000000.0, "node": "gpu-0", "job": "default/llama" | null,
-     "gpu": 0 | null, "metric": "gpu_util", "value": 97.0}
+     "gpu": 0 | null, "metric": "gpu_util", "value": 97.0,
+     "role": "pp1/4" | null, "rank": 12 | null}
+
+`role` (optional) is the machine's role within its job (`pp<stage>/<stages>`, with `,tp<i>` / `,dp<i>`
+appended where known): machines with equal (job, role) do the same work and are compared with each other.
+`rank` (optional) is the worker's global rank, on per-rank metrics such as `step_time`.
 
 Transport encodings (both carry a JSON array of samples):
   * Redis Streams: XADD to stream `STREAM` with field `FIELD`, and `TOKEN_FIELD` (the agent's
@@ -24,6 +29,7 @@ STREAM = "flotilla:metrics"
 FIELD = "samples"
 TOKEN_FIELD = "token"
 MAX_GPU_INDEX = 65_535  # a device index; bounded so that every database's integer column holds it
+MAX_ROLE_LENGTH = 63
 
 
 @dataclass(frozen=True, slots=True)
@@ -34,6 +40,8 @@ class Sample:
     value: float
     job: str | None = None
     gpu: int | None = None
+    role: str | None = None   # opaque role within the job, e.g. "pp1/4"; machines with equal (job, role) are peers
+    rank: int | None = None   # the worker's global rank, for per-rank metrics (step_time)
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> "Sample":
@@ -54,7 +62,13 @@ class Sample:
             raise ValueError("sample field 'job' must be a string or null")
         if gpu is not None and (isinstance(gpu, bool) or not isinstance(gpu, int) or not 0 <= gpu <= MAX_GPU_INDEX):
             raise ValueError(f"sample field 'gpu' must be an integer from 0 to {MAX_GPU_INDEX} or null")
-        return cls(float(ts), node, metric, float(value), job, gpu)
+        role, rank = d.get("role"), d.get("rank")
+        if role is not None and (not isinstance(role, str) or not 0 < len(role) <= MAX_ROLE_LENGTH):
+            raise ValueError(f"sample field 'role' must be a non-empty string of at most {MAX_ROLE_LENGTH} "
+                             "characters or null")
+        if rank is not None and (isinstance(rank, bool) or not isinstance(rank, int) or rank < 0):
+            raise ValueError("sample field 'rank' must be an integer >= 0 or null")
+        return cls(float(ts), node, metric, float(value), job, gpu, role, rank)
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
