@@ -134,7 +134,7 @@ class Fleet:
                 node = candidates[-1]
                 i = self.row[node]
                 job = self.jobs[self.job_of[i]]
-                start = float(rng.uniform(job.start + 150, self.seconds - 200))
+                start = float(rng.uniform(job.start + 150, max(job.start + 151, self.seconds - 200)))
                 end = self.seconds if kind in ("xid", "ecc", "gpu_lost", "nvlink") else start + float(
                     rng.uniform(120, 200) if kind == "node_down" else rng.uniform(150, 300))
                 group = (int(self.job_of[i]), int(self.stage[i]))

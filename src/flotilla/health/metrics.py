@@ -31,6 +31,7 @@ class Metric:
     floor: float = 1.0
     rel_floor: float = 0.0
     transient: bool = False  # a fault seen on this metric clears by rule once the metric is back among its peers
+    intermittent: bool = False  # faults come and go (a flapping link): also counted over a longer window
 
 
 METRICS: tuple[Metric, ...] = (
@@ -59,11 +60,11 @@ METRICS: tuple[Metric, ...] = (
     Metric("cpu_util", "%", False, "compared", "host CPU utilisation", bad="high", floor=5.0, transient=True),
     Metric("mem_available", "MiB", False, "info", "host memory available"),
     Metric("net_rx", "MB/s", False, "compared", "network receive throughput (all NICs but lo)", bad="low",
-           floor=5.0, rel_floor=0.05, transient=True),
+           floor=5.0, rel_floor=0.05, transient=True, intermittent=True),
     Metric("net_tx", "MB/s", False, "compared", "network transmit throughput (all NICs but lo)", bad="low",
-           floor=5.0, rel_floor=0.05, transient=True),
+           floor=5.0, rel_floor=0.05, transient=True, intermittent=True),
     Metric("net_errors", "1/s", False, "compared", "network errors + drops per second (all NICs but lo)", bad="high",
-           floor=1.0, transient=True),
+           floor=1.0, transient=True, intermittent=True),
     # training worker, through the agent's step intake; `gpu` = the rank's local GPU index
     Metric("step_time", "s", True, "step", "compute time of the rank's last step, without waiting on collectives"),
     Metric("sync_step_time", "s", True, "job",

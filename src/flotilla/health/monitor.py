@@ -380,11 +380,13 @@ class HealthMonitor:
         if state is None or state.key != (frame.nodes, frame.roles, frame.ranks, frame.rank_roles):
             state = self._jobs[frame.job] = _Job(frame, cfg)
         out: list[HealthDecision | None] = []
-        healthy = np.array([n not in self.active for n in frame.nodes], dtype=bool)
+        flagged = {n for n, _ in self.decisions}
+        healthy = np.array([n not in flagged for n in frame.nodes], dtype=bool)
         own = state.history.score(frame.values)
         if healthy.sum() >= 3:   # what the whole job does together (a load shift, a checkpoint) is nobody's fault
-            with np.errstate(all="ignore"):
-                own = own - np.nan_to_num(nanmedian0(own[healthy]))
+            common = own[healthy]
+            shared = np.isfinite(common).sum(axis=0) >= 3
+            own = own - np.where(shared, np.nan_to_num(nanmedian0(common)), 0.0)
         state.history.learn(frame.values, ~(own > cfg.threshold) & healthy[:, None])
         for g, idx in enumerate(state.groups):
             detector, peers = state.peers[g], healthy[idx]
@@ -401,7 +403,7 @@ class HealthMonitor:
                     "role": state.role_names[g], "basis": basis,
                 }, transient=BY_NAME[f.metric].transient))
         if frame.ranks:
-            rank_healthy = np.array([r[0] not in self.active for r in frame.ranks], dtype=bool)
+            rank_healthy = np.array([r[0] not in flagged for r in frame.ranks], dtype=bool)
             slow: dict[str, list] = {}
             for f in state.stragglers.update(frame.step_times, rank_healthy):
                 slow.setdefault(frame.ranks[f.member][0], []).append(f)

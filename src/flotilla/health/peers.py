@@ -27,6 +27,7 @@ from flotilla.health.window import RollingMedian, Streak, nanmedian0
 _SIGN = np.array([1.0 if m.bad == "high" else -1.0 for m in COMPARED])
 _FLOOR = np.array([m.floor for m in COMPARED])
 _REL_FLOOR = np.array([m.rel_floor for m in COMPARED])
+_INTERMITTENT = np.array([m.intermittent for m in COMPARED])
 
 
 @dataclass(frozen=True, slots=True)
@@ -42,11 +43,16 @@ class Finding:
 
 
 class PeerOutlierDetector:
-    def __init__(self, size: int, *, window: int, continuity: int, threshold: float, clip: float) -> None:
+    def __init__(self, size: int, *, window: int, continuity: int, threshold: float, clip: float,
+                 flap_window: int = 60, flap_count: int = 6) -> None:
         self.continuity = continuity
         self.threshold = threshold
         self.clip = clip
+        self.flap_count = flap_count
         self._scores = RollingMedian(window, (size, len(COMPARED)))
+        self._extreme = np.zeros((flap_window, size, int(_INTERMITTENT.sum())), dtype=bool)
+        self._next = 0
+        self.flaps = np.zeros((size, int(_INTERMITTENT.sum())), dtype=np.int64)
         self._streak = Streak(size)
         self.last_scores = np.zeros((size, len(COMPARED)))
 
@@ -69,14 +75,28 @@ class PeerOutlierDetector:
         best = scores.argmax(axis=1)
         best_score = scores[np.arange(len(best)), best]
         streak = self._streak.update(best_score > self.threshold)
-        return [
+        out = [
             Finding(int(i), COMPARED[best[i]].name, float(best_score[i]), float(values[i, best[i]]),
                     float(reference[i, best[i]]), int(streak[i]))
             for i in np.flatnonzero(streak >= self.continuity)
         ]
+        # An intermittent fault (a link that flaps for a few seconds at a time) rarely fills the window: count
+        # the evaluations at the clip over a longer window instead.
+        self._extreme[self._next] = z[:, _INTERMITTENT] >= self.clip
+        self._next = (self._next + 1) % len(self._extreme)
+        self.flaps = self._extreme.sum(axis=0)
+        names = [m.name for m in COMPARED if m.intermittent]
+        columns = np.flatnonzero(_INTERMITTENT)
+        done = {f.member for f in out}
+        for i in np.flatnonzero(self.flaps.max(axis=1) >= self.flap_count):
+            if int(i) not in done:
+                k = int(self.flaps[i].argmax())
+                out.append(Finding(int(i), names[k], float(scores[i, columns[k]]), float(values[i, columns[k]]),
+                                   float(reference[i, columns[k]]), int(self.flaps[i, k])))
+        return out
 
     def calm(self, member: int, metric_index: int) -> bool:
-        return bool(self.last_scores[member, metric_index] <= self.threshold)
+        return bool(self.last_scores[member, metric_index] <= self.threshold) and not self.flaps[member].any()
 
 
 class SelfHistory:
