@@ -386,8 +386,14 @@ class HealthMonitor:
         if healthy.sum() >= 3:   # what the whole job does together (a load shift, a checkpoint) is nobody's fault
             common = own[healthy]
             shared = np.isfinite(common).sum(axis=0) >= 3
-            own = own - np.where(shared, np.nan_to_num(nanmedian0(common)), 0.0)
-        state.history.learn(frame.values, ~(own > cfg.threshold) & healthy[:, None])
+            shift = np.where(shared, np.nan_to_num(nanmedian0(common)), 0.0)
+            # While the whole job is far from its usual level (a checkpoint, a slow data loader), own histories
+            # neither judge nor learn: machines at different levels do not move by the same z.
+            excursion = np.abs(shift) > cfg.threshold
+            own = np.where(excursion, np.nan, own - shift)
+        else:
+            excursion = np.zeros(own.shape[1], dtype=bool)
+        state.history.learn(frame.values, ~(own > cfg.threshold) & healthy[:, None] & ~excursion)
         for g, idx in enumerate(state.groups):
             detector, peers = state.peers[g], healthy[idx]
             values = frame.values[idx]
