@@ -16,8 +16,8 @@ results are reported on HELD_OUT_SEEDS, never used for tuning.
 A confirmed decision is a true positive when its node has an injected fault active then (or ended at most
 60 s before); otherwise a false positive. Latency runs from the fault's start to its first decision.
 
-    python bench/health.py --quick      # 4 held-out seeds x 96 machines x 15 simulated minutes
-    python bench/health.py              # 6 held-out seeds x 192 machines x 1 simulated hour
+    python bench/health.py --quick      # 3 held-out seeds x 64 machines x 10 simulated minutes
+    python bench/health.py              # 6 held-out seeds x 128 machines x 30 simulated minutes
     python bench/health.py --curve      # straggler detection time vs slowdown
     python bench/health.py --tune       # the grid on the tuning seeds
 
@@ -308,7 +308,7 @@ def curve(seeds=HELD_OUT_SEEDS[:3], start: int = 150, horizon: int = 450) -> Non
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--quick", action="store_true", help="4 held-out seeds x 96 machines x 15 minutes")
+    parser.add_argument("--quick", action="store_true", help="3 held-out seeds x 64 machines x 10 minutes")
     parser.add_argument("--tune", action="store_true", help="the tuning grid, on the tuning seeds")
     parser.add_argument("--curve", action="store_true", help="straggler detection time vs slowdown")
     parser.add_argument("--on-tuning-seeds", action="store_true", help="report on the tuning seeds (development)")
@@ -316,16 +316,16 @@ def main() -> int:
     parser.add_argument("--seconds", type=int)
     parser.add_argument("--per-type", type=int, help="faults injected per fault kind and seed")
     args = parser.parse_args()
-    nodes = args.nodes or (96 if args.quick or args.tune else 192)
-    seconds = args.seconds or (900 if args.quick or args.tune else 3600)
-    per_kind = args.per_type or (4 if args.quick or args.tune else 8)
+    nodes = args.nodes or (64 if args.quick or args.tune else 128)
+    seconds = args.seconds or (600 if args.quick or args.tune else 1800)
+    per_kind = args.per_type or (3 if args.quick or args.tune else 6)
     if args.tune:
         tune(nodes, seconds, per_kind)
         return 0
     if args.curve:
         curve()
         return 0
-    seeds = HELD_OUT_SEEDS[:4] if args.quick else HELD_OUT_SEEDS
+    seeds = HELD_OUT_SEEDS[:3] if args.quick else HELD_OUT_SEEDS
     if args.on_tuning_seeds:
         seeds = TUNING_SEEDS
     wall0 = time.perf_counter()
