@@ -105,7 +105,7 @@ def test_cusum_stays_quiet_on_noise_with_spikes():
     rng = np.random.default_rng(6)
     det = cusum([0] * 16)
     times = lambda t: np.exp(rng.normal(0, 0.03, 16)) * np.where(rng.random(16) < 0.01, 1.3, 1.0)  # noqa: E731
-    assert first_alarm(det, 5000, times) == {}
+    assert first_alarm(det, 3000, times) == {}
 
 
 def test_cusum_compares_within_the_role_group():

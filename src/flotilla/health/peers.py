@@ -53,6 +53,9 @@ class PeerOutlierDetector:
         self._extreme = np.zeros((flap_window, size, int(_INTERMITTENT.sum())), dtype=bool)
         self._next = 0
         self.flaps = np.zeros((size, int(_INTERMITTENT.sum())), dtype=np.int64)
+        self._previous = np.full((size, len(COMPARED)), np.nan)
+        self._jitter = np.zeros((size, len(COMPARED)))
+        self._alpha = 0.05
         self._streak = Streak(size)
         self.last_scores = np.zeros((size, len(COMPARED)))
 
@@ -65,7 +68,19 @@ class PeerOutlierDetector:
         median = nanmedian0(ref)
         mad = nanmedian0(np.abs(ref - median))
         scale = np.maximum(np.maximum(1.4826 * np.nan_to_num(mad), _FLOOR), _REL_FLOOR * np.abs(np.nan_to_num(median)))
+        # A deviation within a machine's own sample-to-sample noise is no evidence (a noisy sensor); intermittent
+        # metrics keep the group's scale, or the flaps themselves would widen it.
+        scale = np.where(_INTERMITTENT, scale, np.maximum(scale, self._noise(values)))
         return self.judge((values - median) / scale * _SIGN, values, np.broadcast_to(median, values.shape))
+
+    def _noise(self, values: np.ndarray) -> np.ndarray:
+        """Each machine's own noise per metric: an average of |successive differences| / 1.128 (= sigma)."""
+        step = np.abs(values - self._previous)
+        seen = np.isfinite(step)
+        self._jitter = np.where(seen, (1 - self._alpha) * self._jitter + self._alpha * np.where(seen, step, 0.0),
+                                self._jitter)
+        self._previous = np.where(np.isfinite(values), values, self._previous)
+        return self._jitter / 1.128
 
     def judge(self, z: np.ndarray, values: np.ndarray, reference: np.ndarray) -> list[Finding]:
         """Window and continuity over signed scores `z` (bad direction positive, NaN = no score) against
