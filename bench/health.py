@@ -302,7 +302,7 @@ def curve(seeds=HELD_OUT_SEEDS[:3], start: int = 150, horizon: int = 450) -> Non
                 if hit is not None:
                     lat.append(hit)
                     break
-        print(f"{size:>9.3f}{len(lat):>4}/{len(seeds):<3}{_median(lat)!s:>10}{max(lat) if lat else None!s:>8}",
+        print(f"{size:>9.3f}{len(lat):>4}/{len(seeds):<3}{_median(lat)!s:>10}{round(max(lat), 1) if lat else None!s:>8}",
               flush=True)
 
 

@@ -6,7 +6,7 @@ one value per machine with `reduce` (the GPU that looks worst), then compare
 machines of the same role group (same job and role; see `flotilla.health.monitor`). `bad` says which deviation from the peers counts:
 "low" (e.g. a throughput that falls), "high" (e.g. a temperature that rises),
 or None (published, not compared). A peer deviation is measured in units of
-`max(1.4826 * MAD, floor, rel_floor * |median|)` so that a metric on which all
+`max(sigma from the MAD, floor, rel_floor * |median|)` so that a metric on which all
 healthy machines agree exactly still gets a sensible scale.
 """
 

@@ -3,7 +3,8 @@
 Each evaluation gets one row per machine of the compared metrics (see
 `metrics.COMPARED`, already reduced over the machine's GPUs). Every metric is
 normalised against the group: a robust z-score around the peers' median, in
-units of max(1.4826 * MAD, floor, rel_floor * |median|), signed so that the bad
+units of max(sigma, floor, rel_floor * |median|), sigma = MAD / E[MAD] for the group's size
+(1.4826 * MAD in a large group), signed so that the bad
 direction is positive and clipped. Because the median moves with the group, a
 load shift that hits all machines at once leaves the scores near zero. A
 machine's score on a metric is the mean of its z over a sliding window; a
@@ -22,7 +23,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from flotilla.health.metrics import COMPARED
-from flotilla.health.window import RollingMedian, Streak, nanmedian0
+from flotilla.health.window import RollingMedian, Streak, mad_factor, nanmedian0
 
 _SIGN = np.array([1.0 if m.bad == "high" else -1.0 for m in COMPARED])
 _FLOOR = np.array([m.floor for m in COMPARED])
@@ -67,7 +68,9 @@ class PeerOutlierDetector:
         ref = values[peers]
         median = nanmedian0(ref)
         mad = nanmedian0(np.abs(ref - median))
-        scale = np.maximum(np.maximum(1.4826 * np.nan_to_num(mad), _FLOOR), _REL_FLOOR * np.abs(np.nan_to_num(median)))
+        # MAD of a small group underestimates the spread: scaled for the group's size (1.4826 for a large one)
+        sigma = np.nan_to_num(mad) / mad_factor(int(peers.sum()))
+        scale = np.maximum(np.maximum(sigma, _FLOOR), _REL_FLOOR * np.abs(np.nan_to_num(median)))
         # A deviation within a machine's own sample-to-sample noise is no evidence (a noisy sensor); intermittent
         # metrics keep the group's scale, or the flaps themselves would widen it.
         scale = np.where(_INTERMITTENT, scale, np.maximum(scale, self._noise(values)))

@@ -25,22 +25,12 @@ synchronous job every rank's wall time is the slowest rank's.
 from __future__ import annotations
 
 from collections import deque
-from functools import lru_cache
 from typing import Sequence
 
 import numpy as np
 
 from flotilla.health.peers import Finding
-from flotilla.health.window import RollingMedian
-
-
-@lru_cache(maxsize=None)
-def _mad_factor(n: int) -> float:
-    """E[median_i |x_i - median(x)|] for n standard normal draws: turns a small group's MAD into sigma."""
-    if n >= 200:
-        return 0.6745
-    x = np.random.default_rng(0).standard_normal((4000, n))
-    return float(np.median(np.abs(x - np.median(x, axis=1, keepdims=True)), axis=1).mean())
+from flotilla.health.window import RollingMedian, mad_factor
 
 
 class StragglerDetector:
@@ -76,7 +66,7 @@ class StragglerDetector:
             if len(ref) >= 3:
                 median = float(np.median(x[ref]))
                 dev[here] = x[here] - median
-                noise = float(np.median(np.abs(dev[ref]))) / _mad_factor(len(ref))
+                noise = float(np.median(np.abs(dev[ref]))) / mad_factor(len(ref))
             elif np.isfinite(job_median) and len(here):
                 noise = self._own_history(here, x[here] - job_median, dev)
             else:
