@@ -91,6 +91,24 @@ def metric(responder, name, **labels):
     return responder.metrics.registry.get_sample_value(name, labels or None)
 
 
+def test_a_cleared_finding_does_not_untaint_a_node_that_another_fault_holds(responder, clock):
+    for t in range(3):
+        clock.now = NOW + t
+        responder.accept([Sample(clock.now, n, "heartbeat", 1.0) for n in ("a", "b")])
+    for _ in range(5):   # b falls silent: heartbeat-lost, NoSchedule
+        clock.now += 1
+        responder.accept([Sample(clock.now, "a", "heartbeat", 1.0)])
+    clock.now += 1       # b is back, with an XID 79: a hardware fault decided although the lost heartbeat is open
+    responder.accept([Sample(clock.now, "b", "xid", 79.0, gpu=0), Sample(clock.now, "a", "heartbeat", 1.0)])
+    for _ in range(40):  # its heartbeat finding clears by rule; the XID keeps the node out
+        clock.now += 1
+        responder.accept([Sample(clock.now, n, "heartbeat", 1.0) for n in ("a", "b")])
+    health = [c[2:] + (c[5],) for c in calls(responder, "set_node_health") if c[1] == "b"]
+    assert [(h[0], h[-1]) for h in health] == [(False, "NoSchedule"), (False, "NoExecute"), (False, "NoExecute")]
+    responder.release("b")
+    assert responder.monitor.active_on("b") == []
+
+
 @pytest.mark.parametrize("stall", [5, 60])
 def test_a_stalled_pipeline_taints_nothing_and_shows_in_the_condition_metrics_and_an_event(fleet, clock, store, stall):
     beat(fleet, clock, 5)

@@ -85,24 +85,102 @@ def test_transient_outlier_clears_by_rule():
                                                          ("n3", "outlier:temperature", "cleared")]
 
 
-def test_lasting_fault_replaces_a_transient_one_but_not_the_reverse():
+def test_hard_faults_are_decided_while_a_soft_finding_is_open():
     m = HealthMonitor()
     run(m, range(3))
     run(m, range(3, 8), skip={"n0"})
     assert m.active["n0"].reason == "heartbeat-lost"
-    [d] = m.observe([Sample(8.0, "n0", "xid", 79.0, "j", 0)], 8.0)
-    assert m.active["n0"] is d and not d.transient
+    [xid] = m.observe([Sample(8.0, "n0", "xid", 79.0, "j", 0)], 8.0)
+    [ecc] = m.observe([Sample(8.5, "n0", "ecc_uncorrected", 1.0, "j", 1)], 8.5)
+    assert (xid.reason, ecc.reason) == ("xid-79", "ecc-uncorrectable")
+    assert m.active["n0"] is ecc and {d.key for d in m.active_on("n0")} == {"heartbeat-lost", "xid", "ecc"}
+    assert m.observe([Sample(9.0, "n0", "xid", 48.0, "j", 0)], 9.0) == []   # one decision per node and kind
 
 
-def test_straggler_decision_names_the_node_and_its_slow_ranks():
-    m = HealthMonitor(MonitorConfig(straggler_window=3, straggler_continuity=2))
+def test_a_wrong_soft_finding_clears_and_leaves_the_hard_fault_open():
+    m = HealthMonitor(MonitorConfig(window=2, continuity=2, clear_after=3))
+    low = {("n1", "nvlink_active", 1): 12.0}
+    out = run(m, range(6), overrides=low)
+    assert [(d.reason, d.state) for d in out] == [("outlier:nvlink_active", "confirmed")]
+    [xid] = m.observe([Sample(6.0, "n1", "xid", 79.0, "j", 0)], 6.0)
+    out = run(m, range(7, 15))   # nvlink back among its peers: the soft finding was wrong and clears
+    assert [(d.reason, d.state) for d in out] == [("outlier:nvlink_active", "cleared")]
+    assert m.active_on("n1") == [xid]
+
+
+def pipeline_tick(t: float, roles: bool, slow_gpu: tuple | None = None, stopped: set = frozenset()) -> list[Sample]:
+    """A 4-stage pipeline job on 12 nodes (node i is stage i % 4): the last stage draws 12 % more power and
+    computes 12 % longer."""
     out = []
-    for t in range(8):
-        batch = [Sample(float(t), n, "step_time", 1.3 if (n, g) in {("n5", 0), ("n5", 1)} else 1.0, "j", g)
-                 for n in NODES for g in (0, 1)]
+    for i in range(12):
+        n = f"p{i}"
+        last = i % 4 == 3
+        role = f"pp{i % 4}/4" if roles else None
+        out.append(Sample(t, n, "heartbeat", 1.0, "pipe"))
+        for g in (0, 1):
+            if (n, g) in stopped:
+                continue
+            wobble = ((i * 7 + g * 3 + int(t) * 5) % 11 - 5) / 5
+            out.append(Sample(t, n, "power", 500.0 * (1.12 if last else 1.0) + 3 * wobble, "pipe", g, role))
+            out.append(Sample(t, n, "gpu_util", 95.0 + wobble, "pipe", g, role))
+            slow = 1.1 if (n, g) == slow_gpu and t >= 40 else 1.0
+            step = (1.12 if last else 1.0) * slow * (1 + 0.01 * wobble)
+            out.append(Sample(t, n, "step_time", step, "pipe", g, role, rank=2 * i + g))
+    return out
+
+
+def test_pipeline_stages_are_compared_within_their_role():
+    with_roles, without = HealthMonitor(), HealthMonitor()
+    found = {True: [], False: []}
+    for t in range(60):
+        found[True] += with_roles.observe(pipeline_tick(float(t), True), float(t))
+        found[False] += without.observe(pipeline_tick(float(t), False), float(t))
+    assert found[True] == []
+    # without roles the last stage is "slow" and draws "too much": every one of its nodes is flagged
+    assert {d.node for d in found[False]} == {"p3", "p7", "p11"}
+
+
+def test_straggler_decision_names_the_node_its_rank_and_role():
+    m = HealthMonitor()
+    out = [d for t in range(120) for d in m.observe(pipeline_tick(float(t), True, slow_gpu=("p3", 1)), float(t))]
+    assert [(d.node, d.kind, d.reason) for d in out] == [("p3", "straggler", "slow-rank")]
+    ev = out[0].evidence
+    assert ev["gpus"] == [1] and ev["ranks"] == [7] and ev["role"] == "pp3/4"
+    assert out[0].ts - 40 <= 30 and 0.05 < ev["slowdown"] < 0.15
+
+
+def test_a_node_alone_in_its_role_is_watched_against_its_own_history():
+    m = HealthMonitor(MonitorConfig(history_warmup=10))
+    out = []
+    for t in range(80):
+        batch = pipeline_tick(float(t), True)
+        # a third role with one node: its NVLink falls to a third at t=50
+        batch += [Sample(float(t), "solo", "heartbeat", 1.0, "pipe")]
+        batch += [Sample(float(t), "solo", "nvlink_tx", (30000.0 if t < 50 else 10000.0) + 100 * (t % 3), "pipe", g,
+                         "solo/1") for g in (0, 1)]
         out += m.observe(batch, float(t))
-    assert [(d.node, d.kind, d.reason) for d in out] == [("n5", "straggler", "slow-rank")]
-    assert out[0].evidence["gpus"] == [0, 1] and out[0].evidence["score"] == pytest.approx(1.3)
+    [d] = out
+    assert (d.node, d.reason, d.evidence["basis"]) == ("solo", "outlier:nvlink_tx", "own-history")
+    assert 50 < d.ts <= 62
+
+
+def test_a_gpu_whose_series_stop_while_its_node_reports_is_lost():
+    m = HealthMonitor()
+    out = [d for t in range(10) for d in m.observe(pipeline_tick(float(t), True), float(t))]
+    out += [d for t in range(10, 20) for d in m.observe(pipeline_tick(float(t), True, stopped={("p2", 1)}), float(t))]
+    [d] = out
+    assert (d.node, d.reason, d.evidence["gpus"], d.checkpointable) == ("p2", "gpu-lost", [1], False)
+    assert d.ts <= 12.0   # last seen at 9: lost once 2.5 s of the node's other series went on without it
+
+
+def test_a_silent_node_is_no_lost_gpu_and_its_first_batch_back_neither():
+    m = HealthMonitor()
+    out = [d for t in range(10) for d in m.observe(pipeline_tick(float(t), True), float(t))]
+    for t in range(10, 16):
+        out += m.observe([s for s in pipeline_tick(float(t), True) if s.node != "p2"], float(t))
+    out += m.observe([Sample(16.0, "p2", "heartbeat", 1.0, "pipe")], 16.0)   # back, its GPUs not yet
+    out += [d for t in range(17, 25) for d in m.observe(pipeline_tick(float(t), True), float(t))]
+    assert [(d.node, d.reason) for d in out if d.state == "confirmed"] == [("p2", "heartbeat-lost")]
 
 
 def test_nodes_without_a_job_are_not_compared():

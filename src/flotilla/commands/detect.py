@@ -1,6 +1,6 @@
 """Run the health detectors offline over a metrics dump.
 
-Input: JSON lines `{"ts", "node", "job", "gpu", "metric", "value"}` in time
+Input: JSON lines `{"ts", "node", "job", "gpu", "metric", "value"[, "role", "rank"]}` in time
 order (see docs/health.md for the metric names). Output: one JSON line per
 decision at the moment it is confirmed, `{"ts", "node", "kind", "reason",
 "evidence"}`, kind "fault" or "straggler".

@@ -8,7 +8,9 @@ A sink of the ingest pipeline. Every batch goes through one `HealthMonitor`
   transient one); every job on it gets a checkpoint request (`restart: true` when
   the fault no longer lets it write one), so the operator moves it to healthy GPUs;
 * confirmed straggler: recorded, and acted on like a fault only with `straggler_action="evict"`;
-* cleared (transient findings, by rule): condition back to True, taint removed.
+* cleared (soft findings and lost heartbeats, by rule): condition back to True and taint removed, unless
+  another fault the responder acted on is still active on the node (decisions are per node and fault kind):
+  then the node keeps that one's condition and taint.
 
 Two limits keep a fault of the pipeline or of the detectors from draining the fleet:
 
@@ -68,7 +70,7 @@ class HealthResponder:
         self._domains: dict[str, str] = {}
         self._maps_at = float("-inf")
         self._job_map_ttl = job_map_ttl
-        self._held: set[str] = set()  # nodes whose fault the budget held back (never tainted by us)
+        self._held: set[tuple[str, str]] = set()  # (node, fault kind) the budget held back (never tainted by us)
         self._open: dict[str, PipelineFinding] = {}
         self.ingest_condition = _condition(True, "Delivering", "metric samples arrive", clock())
         self._stop = threading.Event()
@@ -94,7 +96,7 @@ class HealthResponder:
     def release(self, node: str) -> None:
         with self._lock:
             self.monitor.release(node)
-        self._held.discard(node)
+        self._held = {h for h in self._held if h[0] != node}
 
     def conditions(self) -> list[dict[str, str | None]]:
         """The controller's own conditions, for `GET /v1/cluster`."""
@@ -140,12 +142,17 @@ class HealthResponder:
         inputs = {"evidence": d.evidence, "job": d.job, "transient": d.transient, "checkpointable": d.checkpointable,
                   "detectedAt": d.ts}
         if d.state == "cleared":
-            if acts and d.node not in self._held:
-                self.actions.set_node_health(d.node, True, "Cleared", d.reason)
-                self.store.set_node_fields(d.node, healthy=True, taint=None, health_reason=None, health_message=None)
+            if acts and (d.node, d.key) not in self._held:
+                remaining = self._acted_on(d.node)
+                if remaining:   # another fault still holds the node: keep its taint, un-do only this finding
+                    self._taint(remaining[0], self._effect(remaining))
+                else:
+                    self.actions.set_node_health(d.node, True, "Cleared", d.reason)
+                    self.store.set_node_fields(d.node, healthy=True, taint=None, health_reason=None,
+                                               health_message=None)
             self._record(DecisionRecord("health-cleared", "Node", d.node, d.reason, inputs, actor="controller"))
             log.info("node %s: %s cleared (%s)", d.node, d.kind, d.reason)
-            self._held.discard(d.node)
+            self._held.discard((d.node, d.key))
             return
         self.metrics.detected(d.kind, max(0.0, self.clock() - d.ts))
         kind = "detection" if d.kind == "fault" else "straggler"
@@ -157,7 +164,7 @@ class HealthResponder:
         held = self.budget.check(self.clock(), d.node, domain, len(self._domains.keys() | {d.node}),
                                  sum(1 for x in self._domains.values() if x == domain) or 1)
         if held is not None:
-            self._held.add(d.node)
+            self._held.add((d.node, d.key))
             self.metrics.health_actions_suppressed.labels("taint-budget").inc()
             self._record(DecisionRecord("action-suppressed", "Node", d.node, held, inputs | {"detection": d.reason},
                                         actor="controller"))
@@ -165,18 +172,35 @@ class HealthResponder:
                         "the history, an admin decides", d.node, d.kind, d.reason, held)
             return
         self.budget.spend(self.clock(), d.node, domain)
-        self._held.discard(d.node)
-        effect = "NoSchedule" if d.transient or d.kind == "straggler" else "NoExecute"
-        reason = _condition_reason(d)
-        self.actions.set_node_health(d.node, False, reason, d.reason, effect=effect)
-        self.store.set_node_fields(d.node, healthy=False, taint={"value": reason, "effect": effect},
-                                   health_reason=reason, health_message=d.reason)
+        self._held.discard((d.node, d.key))
+        # the taint is the strongest any acted-on finding of the node asks for: a transient one never weakens it
+        acted = self._acted_on(d.node) or [d]
+        self._taint(acted[0], self._effect([d, *acted]))
         for job in self.store.jobs_on_node(d.node):
             if job.phase in TERMINAL:
                 continue
             checkpoints.request(self.store, self.actions, self.metrics, job.key,
                                 f"{d.kind} on node {d.node}: {d.reason}", not d.checkpointable,
                                 actor="controller", requested_by="controller")
+
+    def _acted_on(self, node: str) -> list[HealthDecision]:
+        """The node's active decisions the responder acted on (tainted for), the governing one first."""
+        with self._lock:
+            active = self.monitor.active_on(node)
+        acted = [d for d in active if (d.kind == "fault" or self.straggler_action == "evict")
+                 and (node, d.key) not in self._held]
+        return sorted(acted, key=lambda d: (not d.transient and d.kind == "fault", d.ts), reverse=True)
+
+    @staticmethod
+    def _effect(decisions: Sequence[HealthDecision]) -> str:
+        lasting = any(not d.transient and d.kind == "fault" for d in decisions)
+        return "NoExecute" if lasting else "NoSchedule"
+
+    def _taint(self, d: HealthDecision, effect: str) -> None:
+        reason = _condition_reason(d)
+        self.actions.set_node_health(d.node, False, reason, d.reason, effect=effect)
+        self.store.set_node_fields(d.node, healthy=False, taint={"value": reason, "effect": effect},
+                                   health_reason=reason, health_message=d.reason)
 
     def _report_pipeline(self, f: PipelineFinding) -> None:
         inputs = {"reason": f.reason, "silent": list(f.silent), "watched": f.watched, "since": f.since,

@@ -3,10 +3,10 @@
 One table, `METRICS`, is the reference (docs/health.md renders it). Per-GPU
 metrics carry `gpu` = the local GPU index; the detectors first reduce them to
 one value per machine with `reduce` (the GPU that looks worst), then compare
-machines of the same job. `bad` says which deviation from the peers counts:
+machines of the same role group (same job and role; see `flotilla.health.monitor`). `bad` says which deviation from the peers counts:
 "low" (e.g. a throughput that falls), "high" (e.g. a temperature that rises),
 or None (published, not compared). A peer deviation is measured in units of
-`max(1.4826 * MAD, floor, rel_floor * |median|)` so that a metric on which all
+`max(sigma from the MAD, floor, rel_floor * |median|)` so that a metric on which all
 healthy machines agree exactly still gets a sensible scale.
 """
 
@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from typing import Literal
 
 Reduce = Literal["min", "max", "mean"]
-Kind = Literal["compared", "hard", "step", "info"]
+Kind = Literal["compared", "hard", "step", "job", "info"]   # job: a job-level signal, published, localises nothing
 
 
 @dataclass(frozen=True, slots=True)
@@ -31,6 +31,7 @@ class Metric:
     floor: float = 1.0
     rel_floor: float = 0.0
     transient: bool = False  # a fault seen on this metric clears by rule once the metric is back among its peers
+    intermittent: bool = False  # faults come and go (a flapping link): also counted over a longer window
 
 
 METRICS: tuple[Metric, ...] = (
@@ -59,16 +60,20 @@ METRICS: tuple[Metric, ...] = (
     Metric("cpu_util", "%", False, "compared", "host CPU utilisation", bad="high", floor=5.0, transient=True),
     Metric("mem_available", "MiB", False, "info", "host memory available"),
     Metric("net_rx", "MB/s", False, "compared", "network receive throughput (all NICs but lo)", bad="low",
-           floor=5.0, rel_floor=0.05, transient=True),
+           floor=5.0, rel_floor=0.05, transient=True, intermittent=True),
     Metric("net_tx", "MB/s", False, "compared", "network transmit throughput (all NICs but lo)", bad="low",
-           floor=5.0, rel_floor=0.05, transient=True),
+           floor=5.0, rel_floor=0.05, transient=True, intermittent=True),
     Metric("net_errors", "1/s", False, "compared", "network errors + drops per second (all NICs but lo)", bad="high",
-           floor=1.0, transient=True),
+           floor=1.0, transient=True, intermittent=True),
     # training worker, through the agent's step intake; `gpu` = the rank's local GPU index
     Metric("step_time", "s", True, "step", "compute time of the rank's last step, without waiting on collectives"),
+    Metric("sync_step_time", "s", True, "job",
+           "wall time of the whole synchronous step (every rank waits for the slowest: localises nothing)"),
 )
 
 BY_NAME: dict[str, Metric] = {m.name: m for m in METRICS}
+# Per-GPU metrics that are events, not series: their absence says nothing about the GPU.
+EVENTS: frozenset[str] = frozenset({"xid", "step_time", "sync_step_time"})
 COMPARED: tuple[Metric, ...] = tuple(m for m in METRICS if m.kind == "compared")
 COMPARED_INDEX: dict[str, int] = {m.name: i for i, m in enumerate(COMPARED)}
 

@@ -6,8 +6,17 @@ samples, so that silence is noticed. Hard signals (a hardware XID, an uncorrecta
 ECC error, a GPU gone) are confirmed at once; once per `interval` of `now` the
 monitor judges liveness (`flotilla.health.liveness`: by arrival, with silences that
 many nodes share reported as pipeline faults in `take_pipeline_findings()`, never as
-node faults), builds one frame per training job from the latest values and runs the
+node faults), notices GPUs whose series stopped while their node's go on (a lost
+GPU), builds one frame per training job from the latest values and runs the
 peer-group outlier detector and the straggler detector on it.
+
+Peers are machines doing the same work: the same job and the same `role` (the
+pipeline stage, and data/tensor-parallel group where known, as workers report it;
+no role = every machine of the job). A role group with fewer than three healthy
+machines is compared with each machine's own recent history instead, corrected by
+the job's common change. Per-rank `step_time` is compared within the ranks' role
+group by a sequential test (`flotilla.health.straggler`); `sync_step_time`, the wall
+time of a synchronous step, is a job-level signal and localises nothing.
 
 Agent clocks are trusted for nothing but evidence. A sample's age at arrival is
 measured against its node's own clock offset (`liveness.ClockOffsets`); a sample
@@ -16,10 +25,11 @@ is not settled yet (just after a start, while a backlog is caught up), is eviden
 its hard signals are still decided (broken hardware stays broken), but it feeds no
 peer comparison.
 
-Each node carries at most one active decision. A node confirmed faulty is no
-longer used as a peer. Transient findings (see `metrics.Metric.transient`, lost
-heartbeats, stragglers) clear by rule once the node has looked normal for
-`clear_after` consecutive evaluations; everything else stays until
+A node carries at most one active decision per fault kind (`HealthDecision.key`):
+an open soft finding never masks a hard fault. A node with any active decision is
+no longer used as a peer. Soft findings (outliers, stragglers) and lost heartbeats
+clear by rule once the node has looked normal for `clear_after` consecutive
+evaluations (a soft finding that was wrong clears); hard faults stay until
 `release(node)` (the admin's return-to-service).
 """
 
@@ -30,12 +40,13 @@ from typing import Any, Iterable, Literal, Mapping, Sequence
 
 import numpy as np
 
-from flotilla.health.decision import HealthDecision
+from flotilla.health.decision import HealthDecision, decision_key
 from flotilla.health.liveness import ClockOffsets, Liveness, PipelineFinding
-from flotilla.health.metrics import BY_NAME, COMPARED, COMPARED_INDEX, HARDWARE_XIDS, NO_CHECKPOINT_XIDS
-from flotilla.health.peers import PeerOutlierDetector
+from flotilla.health.metrics import BY_NAME, COMPARED, COMPARED_INDEX, EVENTS, HARDWARE_XIDS, NO_CHECKPOINT_XIDS
+from flotilla.health.peers import PeerOutlierDetector, SelfHistory
 from flotilla.health.samples import Sample
 from flotilla.health.straggler import StragglerDetector
+from flotilla.health.window import nanmedian0
 
 Rank = tuple[str, int | None]
 
@@ -51,56 +62,83 @@ class MonitorConfig:
     clip: float = 8.0                # |z| cap per evaluation, so one wild sample cannot decide alone
     stale_after: float = 3.0         # seconds a value stays usable without a newer one
     heartbeat_timeout: float = 2.5   # seconds without a heartbeat arriving that make it lost (at two evaluations)
+    gpu_silence: float = 2.5         # seconds a GPU's series may lag its node's other series before it is lost
     shared_silence_fraction: float = 0.55  # share of a scope's nodes silent together = a pipeline fault
     shared_silence_min_nodes: int = 3      # ... and at least this many (all of the cluster always counts)
     clock_window: float = 600.0      # seconds of arrivals over which each agent's clock offset is estimated
-    straggler_window: int = 15       # evaluations
-    straggler_continuity: int = 5
-    straggler_margin: float = 0.10   # step time this much above the peers' median
-    clear_after: int = 30            # evaluations a transient finding must look normal before it clears
+    history_span: int = 120          # evaluations of a machine's own history (groups without three peers)
+    history_warmup: int = 30         # evaluations of own history before it is used
+    straggler_window: int = 60       # evaluations over which a role group's step-time noise is estimated
+    straggler_shift: float = 0.05    # relative slowdown the sequential test is tuned to (the CUSUM's reference)
+    straggler_threshold: float = 12.0  # CUSUM level, in noise units, at which a rank is a straggler
+    straggler_min_sigma: float = 0.005  # floor of the step-time noise (relative)
+    clear_after: int = 30            # evaluations a soft finding must look normal before it clears
 
     def __post_init__(self) -> None:
-        for name in ("interval", "threshold", "clip", "stale_after", "heartbeat_timeout", "straggler_margin",
-                     "shared_silence_fraction", "clock_window"):
+        for name in ("interval", "threshold", "clip", "stale_after", "heartbeat_timeout", "gpu_silence",
+                     "straggler_shift", "straggler_threshold", "straggler_min_sigma", "shared_silence_fraction",
+                     "clock_window"):
             if not getattr(self, name) > 0:
                 raise ValueError(f"monitor config field {name!r} must be positive")
-        for name in ("window", "continuity", "straggler_window", "straggler_continuity", "clear_after",
-                     "shared_silence_min_nodes"):
+        for name in ("window", "continuity", "straggler_window", "clear_after", "shared_silence_min_nodes",
+                     "history_span", "history_warmup"):
             if getattr(self, name) < 1:
                 raise ValueError(f"monitor config field {name!r} must be at least 1")
 
 
 @dataclass(frozen=True, slots=True)
 class JobFrame:
-    """One evaluation's view of one job: a row of compared metrics per machine, one step time per rank."""
+    """One evaluation's view of one job: a row of compared metrics per machine, one step time per rank.
+    `roles` (per machine) and `rank_roles` (per rank) name the role groups; empty = one group."""
 
     job: str
     nodes: tuple[str, ...]
     values: np.ndarray                    # (len(nodes), len(COMPARED)), reduced over GPUs, NaN = missing
     ranks: tuple[Rank, ...] = ()
     step_times: np.ndarray = field(default_factory=lambda: np.empty(0))  # (len(ranks),), NaN = no new step
+    roles: tuple[str | None, ...] = ()
+    rank_roles: tuple[str | None, ...] = ()
+    rank_ids: tuple[int | None, ...] = ()  # the global rank of each rank, where workers say it
 
 
-class _Group:
-    def __init__(self, nodes: tuple[str, ...], ranks: tuple[Rank, ...], cfg: MonitorConfig) -> None:
-        self.nodes, self.ranks = nodes, ranks
-        self.peers = PeerOutlierDetector(len(nodes), window=cfg.window, continuity=cfg.continuity,
-                                         threshold=cfg.threshold, clip=cfg.clip)
-        self.stragglers = StragglerDetector(len(ranks), window=cfg.straggler_window,
-                                            continuity=cfg.straggler_continuity, margin=cfg.straggler_margin)
+def _group_ids(roles: Sequence[str | None], n: int) -> tuple[list[str | None], np.ndarray]:
+    roles = list(roles) if roles else [None] * n
+    names = sorted(set(roles), key=lambda r: "" if r is None else r)
+    return names, np.array([names.index(r) for r in roles], dtype=np.int64)
+
+
+class _Job:
+    """The detectors' state for one job: one outlier detector per role group, own histories, stragglers."""
+
+    def __init__(self, frame: JobFrame, cfg: MonitorConfig) -> None:
+        self.key = (frame.nodes, frame.roles, frame.ranks, frame.rank_roles)
+        self.role_names, groups = _group_ids(frame.roles, len(frame.nodes))
+        self.groups = [np.flatnonzero(groups == g) for g in range(len(self.role_names))]
+        self.peers = [PeerOutlierDetector(len(idx), window=cfg.window, continuity=cfg.continuity,
+                                          threshold=cfg.threshold, clip=cfg.clip) for idx in self.groups]
+        self.history = SelfHistory(len(frame.nodes), span=cfg.history_span, warmup=cfg.history_warmup)
+        self.rank_role_names, rank_groups = _group_ids(frame.rank_roles, len(frame.ranks))
+        self.stragglers = StragglerDetector(rank_groups, shift=cfg.straggler_shift,
+                                            threshold=cfg.straggler_threshold, window=cfg.straggler_window,
+                                            min_sigma=cfg.straggler_min_sigma, history_span=cfg.history_span,
+                                            history_warmup=cfg.history_warmup)
 
 
 class HealthMonitor:
     def __init__(self, config: MonitorConfig | None = None) -> None:
         self.config = config or MonitorConfig()
-        self.active: dict[str, HealthDecision] = {}
-        self._calm: dict[str, int] = {}
-        self._groups: dict[str, _Group] = {}
+        self.decisions: dict[tuple[str, str], HealthDecision] = {}   # (node, key) -> active decision
+        self._calm: dict[tuple[str, str], int] = {}
+        self._jobs: dict[str, _Job] = {}
         self._last_eval = -np.inf
         self._node_job: dict[str, str | None] = {}
+        self._gpu_role: dict[str, dict[int | None, str]] = {}
         self._latest: dict[str, dict[tuple[int, int | None], tuple[float, float]]] = {}
         self._new_steps: dict[Rank, float] = {}
-        self._ranks: dict[str, set[Rank]] = {}
+        self._ranks: dict[str, dict[Rank, tuple[str | None, int | None]]] = {}   # job -> rank -> (role, rank id)
+        self._node_seen: dict[str, float] = {}
+        self._heard_since: dict[str, float] = {}
+        self._gpu_seen: dict[str, dict[int, float]] = {}
         self.domains: Mapping[str, str] = {}   # node -> topology domain, for shared silences (set by the caller)
         self.liveness = Liveness(interval=self.config.interval, timeout=self.config.heartbeat_timeout,
                                  shared_fraction=self.config.shared_silence_fraction,
@@ -134,12 +172,28 @@ class HealthMonitor:
         out, self._pipeline = self._pipeline, []
         return out
 
+    @property
+    def active(self) -> dict[str, HealthDecision]:
+        """Each node with an active decision -> the one that governs it (a lasting fault before a transient one,
+        then a hard fault before a soft one, then the newest)."""
+        out: dict[str, HealthDecision] = {}
+        for (node, _), d in self.decisions.items():
+            best = out.get(node)
+            if best is None or _weight(d) > _weight(best):
+                out[node] = d
+        return out
+
+    def active_on(self, node: str) -> list[HealthDecision]:
+        return [d for (n, _), d in self.decisions.items() if n == node]
+
     def release(self, node: str) -> None:
-        """Return a node to service: forget its decision; counters it showed become its new baseline, and its
-        heartbeat is watched again from its next one."""
-        self.active.pop(node, None)
-        self._calm.pop(node, None)
+        """Return a node to service: forget its decisions; counters it showed become its new baseline, GPUs it
+        lost are no longer expected, and its heartbeat is watched again from its next one."""
+        for key in [k for k in self.decisions if k[0] == node]:
+            del self.decisions[key]
+            self._calm.pop(key, None)
         self.liveness.forget(node)
+        self._gpu_seen.pop(node, None)
         if node in self._gpu_count:
             self._gpu_expected[node] = self._gpu_count[node]
         for rank, value in self._ecc.items():
@@ -157,13 +211,22 @@ class HealthMonitor:
                 freshest[s.node] = lag
         for node, lag in freshest.items():
             self._clocks.update(node, now, lag)
+            if now - self._node_seen.get(node, -np.inf) > self.config.heartbeat_timeout:
+                self._heard_since[node] = now   # heard again after a silence: its GPUs are judged from now
+            self._node_seen[node] = now
         stale_after = self.config.stale_after
         out: list[HealthDecision] = []
         for s in samples:
             metric = BY_NAME.get(s.metric)
             if metric is None:
                 continue
-            self._node_job[s.node] = s.job
+            if self._node_job.get(s.node) != s.job:
+                self._node_job[s.node] = s.job
+                self._gpu_role.pop(s.node, None)
+            if s.role is not None and s.metric not in EVENTS:
+                self._gpu_role.setdefault(s.node, {})[s.gpu] = s.role
+            if s.gpu is not None and s.metric not in EVENTS:
+                self._gpu_seen.setdefault(s.node, {})[s.gpu] = now
             if metric.kind == "hard":
                 decision = self._hard(s, now)
                 if decision is not None:
@@ -175,7 +238,7 @@ class HealthMonitor:
             elif metric.kind == "step":
                 if s.job is not None:
                     self._new_steps[(s.node, s.gpu)] = s.value
-                    self._ranks.setdefault(s.job, set()).add((s.node, s.gpu))
+                    self._ranks.setdefault(s.job, {})[(s.node, s.gpu)] = (s.role, s.rank)
         return out
 
     def _hard(self, s: Sample, now: float) -> HealthDecision | None:
@@ -183,6 +246,7 @@ class HealthMonitor:
         if s.metric == "heartbeat":
             if value == 0:  # the agent stopped on purpose: its silence from now on is no fault
                 self.liveness.forget(node)
+                self._gpu_seen.pop(node, None)
             else:
                 self.liveness.beat(node, now)
                 self._heartbeat_ts[node] = max(s.ts, self._heartbeat_ts.get(node, s.ts))
@@ -212,27 +276,32 @@ class HealthMonitor:
 
     def _confirm(self, ts: float, node: str, kind: Literal["fault", "straggler"], reason: str, evidence: dict[str, Any],
                  *, transient: bool = False, checkpointable: bool = True) -> HealthDecision | None:
-        current = self.active.get(node)
-        # A node keeps one decision; only a lasting fault may replace a transient one.
+        key = (node, decision_key(reason))
+        current = self.decisions.get(key)
+        # One decision per node and kind; within a kind only a lasting finding may replace a transient one.
         if current is not None and (transient or not current.transient):
             return None
         decision = HealthDecision(ts, node, kind, reason, evidence, self._node_job.get(node), transient, checkpointable)
-        self.active[node] = decision
-        self._calm[node] = 0
+        self.decisions[key] = decision
+        self._calm[key] = 0
         return decision
 
-    def _settle(self, ts: float, node: str, calm: bool) -> HealthDecision | None:
-        """Count one evaluation of a node with an active transient decision; clear it when calm long enough."""
-        self._calm[node] = self._calm[node] + 1 if calm else 0
-        if self._calm[node] < self.config.clear_after:
+    def _settle(self, ts: float, key: tuple[str, str], calm: bool) -> HealthDecision | None:
+        """Count one evaluation of an active clearable decision; clear it when calm long enough."""
+        self._calm[key] = self._calm[key] + 1 if calm else 0
+        if self._calm[key] < self.config.clear_after:
             return None
-        decision = self.active.pop(node)
-        del self._calm[node]
-        return HealthDecision(ts, node, decision.kind, decision.reason,
+        decision = self.decisions.pop(key)
+        del self._calm[key]
+        return HealthDecision(ts, decision.node, decision.kind, decision.reason,
                               {**decision.evidence, "cleared_after": self.config.clear_after}, decision.job,
-                              True, decision.checkpointable, "cleared")
+                              decision.transient, decision.checkpointable, "cleared")
 
     # -- evaluation ----------------------------------------------------------
+
+    def _node_role(self, node: str) -> str | None:
+        roles = self._gpu_role.get(node)
+        return "+".join(sorted(set(roles.values()))) if roles else None
 
     def _frames(self, now: float) -> list[JobFrame]:
         cutoff = now - self.config.stale_after
@@ -251,19 +320,23 @@ class HealthMonitor:
                         per_metric.setdefault(k, []).append(v)
                 for k, vs in per_metric.items():
                     values[row, k] = _REDUCE[COMPARED[k].reduce](vs)
-            ranks = tuple(sorted((r for r in self._ranks.get(job, ()) if self._node_job.get(r[0]) == job),
+            known = self._ranks.get(job, {})
+            ranks = tuple(sorted((r for r in known if self._node_job.get(r[0]) == job),
                                  key=lambda r: (r[0], -1 if r[1] is None else r[1])))
             steps = np.array([self._new_steps.get(r, np.nan) for r in ranks])
-            frames.append(JobFrame(job, tuple(nodes), values, ranks, steps))
+            frames.append(JobFrame(job, tuple(nodes), values, ranks, steps,
+                                   tuple(self._node_role(n) for n in nodes),
+                                   tuple(known[r][0] for r in ranks), tuple(known[r][1] for r in ranks)))
         self._new_steps.clear()
         return frames
 
     def _evaluate(self, now: float, frames: Sequence[JobFrame]) -> list[HealthDecision]:
         self._last_eval = now
-        out: list[HealthDecision] = []
+        out: list[HealthDecision | None] = []
         for frame in frames:
             out += self._evaluate_job(now, frame)
         out += self._judge_liveness(now)
+        out += self._judge_gpu_silence(now)
         return [d for d in out if d is not None]
 
     def _judge_liveness(self, now: float) -> list[HealthDecision | None]:
@@ -271,9 +344,9 @@ class HealthMonitor:
         lost, findings = self.liveness.evaluate(now, self.domains)
         self._pipeline += findings
         out: list[HealthDecision | None] = []
-        for node, current in list(self.active.items()):
-            if current.reason == "heartbeat-lost" and self.liveness.watched(node):
-                out.append(self._settle(now, node, self.liveness.silence(node, now) <= timeout))
+        for key in [k for k in self.decisions if k[1] == "heartbeat-lost"]:
+            if self.liveness.watched(key[0]):
+                out.append(self._settle(now, key, self.liveness.silence(key[0], now) <= timeout))
         for node in lost:
             silent = self.liveness.silence(node, now)
             out.append(self._confirm(now, node, "fault", "heartbeat-lost",
@@ -283,39 +356,88 @@ class HealthMonitor:
                                      transient=True, checkpointable=False))
         return out
 
-    def _evaluate_job(self, now: float, frame: JobFrame) -> list[HealthDecision]:
-        group = self._groups.get(frame.job)
-        if group is None or group.nodes != frame.nodes or group.ranks != frame.ranks:
-            group = self._groups[frame.job] = _Group(frame.nodes, frame.ranks, self.config)
+    def _judge_gpu_silence(self, now: float) -> list[HealthDecision | None]:
+        """A GPU whose series stopped while its node's others go on is lost (a silent node is liveness's)."""
         out: list[HealthDecision | None] = []
-        healthy = np.array([n not in self.active for n in frame.nodes], dtype=bool)
-        for f in group.peers.update(frame.values, healthy):
-            node = frame.nodes[f.member]
-            metric = BY_NAME[f.metric]
-            out.append(self._confirm(now, node, "fault", f"outlier:{f.metric}", {
-                "metric": f.metric, "window": self.config.window, "score": round(f.score, 3),
-                "value": f.value, "peer_median": f.peer_median, "continuity": f.streak, "peers": int(healthy.sum()),
-            }, transient=metric.transient))
+        limit = self.config.gpu_silence
+        for node, gpus in self._gpu_seen.items():
+            heard = self._node_seen.get(node, -np.inf)
+            if now - heard > self.config.interval * 1.5:
+                continue
+            since = self._heard_since.get(node, -np.inf)
+            silent = sorted(g for g, seen in gpus.items() if heard - max(seen, since) >= limit)
+            if silent:
+                last = min(gpus[g] for g in silent)
+                out.append(self._confirm(now, node, "fault", "gpu-lost", {
+                    "metric": "gpu_series", "window": round(limit / self.config.interval, 3),
+                    "score": round(heard - max(last, since), 3), "gpus": silent, "last_seen": round(last, 3)},
+                    checkpointable=False))
+        return out
+
+    def _evaluate_job(self, now: float, frame: JobFrame) -> list[HealthDecision]:
+        cfg = self.config
+        state = self._jobs.get(frame.job)
+        if state is None or state.key != (frame.nodes, frame.roles, frame.ranks, frame.rank_roles):
+            state = self._jobs[frame.job] = _Job(frame, cfg)
+        out: list[HealthDecision | None] = []
+        flagged = {n for n, _ in self.decisions}
+        healthy = np.array([n not in flagged for n in frame.nodes], dtype=bool)
+        own = state.history.score(frame.values)
+        if healthy.sum() >= 3:   # what the whole job does together (a load shift, a checkpoint) is nobody's fault
+            common = own[healthy]
+            shared = np.isfinite(common).sum(axis=0) >= 3
+            shift = np.where(shared, np.nan_to_num(nanmedian0(common)), 0.0)
+            # While the whole job is far from its usual level (a checkpoint, a slow data loader), own histories
+            # neither judge nor learn: machines at different levels do not move by the same z.
+            excursion = np.abs(shift) > cfg.threshold
+            own = np.where(excursion, np.nan, own - shift)
+        else:
+            excursion = np.zeros(own.shape[1], dtype=bool)
+        state.history.learn(frame.values, ~(own > cfg.threshold) & healthy[:, None] & ~excursion)
+        for g, idx in enumerate(state.groups):
+            detector, peers = state.peers[g], healthy[idx]
+            values = frame.values[idx]
+            if peers.sum() >= 3:
+                findings, basis = detector.update(values, peers), "role-peers"
+            else:
+                findings, basis = detector.judge(own[idx], values, state.history.base[idx]), "own-history"
+            for f in findings:
+                node = frame.nodes[idx[f.member]]
+                out.append(self._confirm(now, node, "fault", f"outlier:{f.metric}", {
+                    "metric": f.metric, "window": cfg.window, "score": round(f.score, 3), "value": f.value,
+                    "peer_median": f.peer_median, "continuity": f.streak, "peers": int(peers.sum()),
+                    "role": state.role_names[g], "basis": basis,
+                }, transient=BY_NAME[f.metric].transient))
         if frame.ranks:
-            rank_healthy = np.array([r[0] not in self.active for r in frame.ranks], dtype=bool)
+            rank_healthy = np.array([r[0] not in flagged for r in frame.ranks], dtype=bool)
             slow: dict[str, list] = {}
-            for f in group.stragglers.update(frame.step_times, rank_healthy):
+            for f in state.stragglers.update(frame.step_times, rank_healthy):
                 slow.setdefault(frame.ranks[f.member][0], []).append(f)
             for node, findings in slow.items():
-                worst = max(findings, key=lambda f: f.score)
+                worst = max(findings, key=lambda f: f.value)
                 out.append(self._confirm(now, node, "straggler", "slow-rank", {
-                    "metric": "step_time", "window": self.config.straggler_window, "score": round(worst.score, 3),
-                    "value": worst.value, "peer_median": worst.peer_median, "continuity": worst.streak,
+                    "metric": "step_time", "window": cfg.straggler_window, "score": round(worst.score, 3),
+                    "slowdown": round(worst.value - 1.0, 4),
+                    "sigma": round(float(state.stragglers.sigma[worst.member]), 4),
+                    "role": frame.rank_roles[worst.member] if frame.rank_roles else None,
                     "gpus": sorted(-1 if frame.ranks[f.member][1] is None else frame.ranks[f.member][1]
                                    for f in findings),
+                    "ranks": sorted(frame.rank_ids[f.member] for f in findings
+                                    if frame.rank_ids and frame.rank_ids[f.member] is not None),
                 }, transient=True))
-        for row, node in enumerate(frame.nodes):
-            current = self.active.get(node)
-            if current is None or not current.transient or current.reason == "heartbeat-lost":
-                continue
-            if current.kind == "straggler":
-                calm = all(group.stragglers.calm(i) for i, r in enumerate(frame.ranks) if r[0] == node)
+        rows = {n: i for i, n in enumerate(frame.nodes)}
+        for key in [k for k in self.decisions if k[0] in rows and k[1] in ("outlier", "straggler")]:
+            node = key[0]
+            if key[1] == "straggler":
+                calm = all(state.stragglers.calm(i) for i, r in enumerate(frame.ranks) if r[0] == node)
             else:
-                calm = group.peers.calm(row, COMPARED_INDEX[current.evidence["metric"]])
-            out.append(self._settle(now, node, calm))
+                row = rows[node]
+                g = next(g for g, idx in enumerate(state.groups) if row in idx)
+                member = int(np.flatnonzero(state.groups[g] == row)[0])
+                calm = state.peers[g].calm(member, COMPARED_INDEX[self.decisions[key].evidence["metric"]])
+            out.append(self._settle(now, key, calm))
         return [d for d in out if d is not None]
+
+
+def _weight(d: HealthDecision) -> tuple[bool, bool, float]:
+    return (not d.transient, d.hard, d.ts)

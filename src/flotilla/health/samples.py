@@ -6,11 +6,11 @@ and writes them as JSON lines. One sample is
 
     {"ts": 1700000000.0, "node": "gpu-0", "job": "default/llama" | null,
      "gpu": 0 | null, "metric": "gpu_util", "value": 97.0,
-     "role": "pp0/4" | null, "rank": 3 | null}
+     "role": "pp1/4" | null, "rank": 12 | null}
 
-`role` (optional) names what the machine does within its job (`pp<stage>/<stages>`,
-with `,tp<i>` / `,dp<i>` where known): machines with equal (job, role) are peers.
-`rank` (optional) is the worker's global rank, on per-rank metrics such as step_time.
+`role` (optional) is the machine's role within its job (`pp<stage>/<stages>`, with `,tp<i>` / `,dp<i>`
+appended where known): machines with equal (job, role) do the same work and are compared with each other.
+`rank` (optional) is the worker's global rank, on per-rank metrics such as `step_time`.
 
 Transport encodings (both carry a JSON array of samples):
   * Redis Streams: XADD to stream `STREAM` with field `FIELD`, and `TOKEN_FIELD` (the agent's

@@ -2,7 +2,19 @@
 
 from __future__ import annotations
 
+from functools import lru_cache
+
 import numpy as np
+
+
+@lru_cache(maxsize=None)
+def mad_factor(n: int) -> float:
+    """E[median_i |x_i - median(x)|] for n standard normal draws: a group of n's MAD / this = sigma.
+    0.6745 for large groups; much less for small ones (for 3, one of the three deviations is 0)."""
+    if n >= 200:
+        return 0.6745
+    x = np.random.default_rng(0).standard_normal((4000, max(n, 1)))
+    return float(np.median(np.abs(x - np.median(x, axis=1, keepdims=True)), axis=1).mean())
 
 
 def nanmedian0(a: np.ndarray) -> np.ndarray:
