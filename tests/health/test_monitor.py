@@ -192,3 +192,13 @@ def test_nodes_without_a_job_are_not_compared():
 def test_bad_config_names_the_field(field, value):
     with pytest.raises(ValueError, match=field):
         MonitorConfig(**{field: value})
+
+
+def test_gpus_silent_because_the_agents_gpu_source_is_down_are_not_lost():
+    m = HealthMonitor()
+    out = [d for t in range(10) for d in m.observe(pipeline_tick(float(t), True), float(t))]
+    for t in range(10, 20):  # p2's DCGM exporter is down: the agent sends its host series and says so
+        batch = [s for s in pipeline_tick(float(t), True) if s.node != "p2" or s.gpu is None]
+        out += m.observe(batch + [Sample(float(t), "p2", "gpu_source_up", 0.0)], float(t))
+    out += [d for t in range(20, 30) for d in m.observe(pipeline_tick(float(t), True), float(t))]
+    assert [(d.node, d.reason) for d in out if d.state == "confirmed"] == []

@@ -217,6 +217,12 @@ class HealthMonitor:
         stale_after = self.config.stale_after
         out: list[HealthDecision] = []
         for s in samples:
+            if s.metric == "gpu_source_up" and s.value == 0:
+                # The agent cannot read its GPUs (the DCGM exporter is down): their silence is the agent's
+                # outage, not lost GPUs. Series that come back are watched again; a GPU that does not is seen
+                # through gpu_count.
+                self._gpu_seen.pop(s.node, None)
+                continue
             metric = BY_NAME.get(s.metric)
             if metric is None:
                 continue
