@@ -64,7 +64,7 @@ def test_rejection_says_how_many_gpus_and_how_much_more_time():
     # 800 steps in 100 s needs 8 GPUs; with the 4 there are it finishes at 200, 100 s late.
     d = decide(snapshot(nodes(4), job("big", 800, 100)))
     assert d["big"].reason == ("rejected: needs 8 GPUs from now until its deadline; with what is not promised "
-                               "to others it would finish 100 s too late (restores counted)")
+                               "to others it would finish 100 s after its deadline (restores counted)")
     d = decide(snapshot(nodes(4), job("big", 800, 100, max_gpus=4)))
     assert d["big"].reason.startswith("rejected: needs more than its maxGPUs;")
 

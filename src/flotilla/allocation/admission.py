@@ -44,7 +44,7 @@ class Shortfall:
             more = "no GPUs it can use are ever free of other guarantees"
         else:
             late = math.ceil(self.best_finish - self.deadline)
-            more = f"with what is not promised to others it would finish {late} s too late (restores counted)"
+            more = f"with what is not promised to others it would finish {late} s after its deadline (restores counted)"
         return f"needs {need}; {more}"
 
 
