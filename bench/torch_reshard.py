@@ -51,7 +51,10 @@ def _wait(check, timeout, workers):
 def resize(work: Path, worlds: list[int], total: int, every: int) -> dict:
     api = FileJobAPI.create(work / "job.json", "bench", "bench", uid="uid-bench")
     argv = [str(EXAMPLE), "--total-steps", str(total), "--global-batch", str(BATCH), "--samples", str(SAMPLES),
-            "--seed", str(SEED), "--job-file", str(api.path), "--ledger", str(work / "ledger")]
+            "--seed", str(SEED), "--job-file", str(api.path), "--ledger", str(work / "ledger"),
+            # Paced: unpaced, a worker set can finish the job between two of its once-a-second progress
+            # reports, before the resize is asked for.
+            "--min-step-seconds", "0.25"]
 
     def start(world, generation):
         port = free_port()

@@ -36,7 +36,10 @@ def test_a_job_resized_4_to_2_to_3_trains_every_sample_once_and_keeps_its_loss_a
     ckpt, ledger = tmp_path / "ckpt", tmp_path / "ledger"
     argv = [str(EXAMPLE), "--total-steps", str(TOTAL), "--global-batch", str(BATCH), "--samples", str(SAMPLES),
             "--seed", str(SEED), "--job-file", str(api.path), "--ledger", str(ledger),
-            "--dump-restored", str(tmp_path)]
+            "--dump-restored", str(tmp_path),
+            # Paced: unpaced, a worker set can finish the job between two of its once-a-second progress
+            # reports, before the resize is asked for.
+            "--min-step-seconds", "0.25"]
 
     def start(world, generation):
         port = free_port()
