@@ -95,8 +95,11 @@ function confirmAction(text) {
 const randomHex = (n) => Array.from(crypto.getRandomValues(new Uint8Array(n)), (b) => b.toString(16).padStart(2, "0")).join("");
 
 async function act(what, method, path, body) {
-  if (!(await confirmAction(what))) return;
   const box = document.getElementById("answer");
+  // The last action's answer goes before the new confirmation, so nothing can read it as this one's.
+  box.hidden = true;
+  box.replaceChildren();
+  if (!(await confirmAction(what))) return;
   box.hidden = false;
   box.replaceChildren(h("p", {}, "Sending…"));
   try {
@@ -106,7 +109,7 @@ async function act(what, method, path, body) {
     box.replaceChildren(
       h("h2", {}, `${status >= 400 ? "Refused" : "Done"}: ${method} ${path} → ${status}`),
       h("pre", { "data-answer-status": status }, JSON.stringify(answer, null, 2)),
-      h("button", { type: "button", onclick: () => { box.hidden = true; } }, "Close"));
+      h("button", { type: "button", onclick: () => { box.hidden = true; box.replaceChildren(); } }, "Close"));
   } catch (e) {
     box.className = "refused";
     box.replaceChildren(h("p", {}, `Failed: ${e.message}`));
