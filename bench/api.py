@@ -18,9 +18,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import os
 import random
-import subprocess
 import sys
 import tempfile
 import time
@@ -35,7 +33,7 @@ sys.path.insert(0, str(ROOT / "src"))
 from flotilla.controller import db  # noqa: E402
 from flotilla.controller.mirror import DecisionRecord  # noqa: E402
 from flotilla.controller.store import Store  # noqa: E402
-from flotilla.testing.services import free_port, wait_for_port  # noqa: E402
+from flotilla.testing.services import controller_without_kubernetes  # noqa: E402
 
 NODES, JOBS, SERVINGS, DECISIONS, NODES_PER_RACK = 10_000, 1_000, 20, 5_000, 8
 TOKEN = "bench-read-token-0123456789"
@@ -140,16 +138,7 @@ def main() -> int:
         fill(url)
         print(f"filled {NODES} nodes, {JOBS} jobs, {SERVINGS} serving deployments, {DECISIONS} decisions "
               f"in {time.perf_counter() - t:.1f}s", flush=True)
-        tokens = Path(tmp) / "tokens"
-        tokens.write_text(f"{TOKEN},read,bench\n")
-        port = free_port()
-        server = subprocess.Popen([sys.executable, "-m", "flotilla.cli", "controller", "--no-kubernetes",
-                                   "--db-url", url, "--tokens-file", str(tokens), "--port", str(port)],
-                                  env={**os.environ, "PYTHONPATH": str(ROOT / "src")},
-                                  stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        try:
-            wait_for_port(port, timeout=60, proc=server)
-            base = f"http://127.0.0.1:{port}"
+        with controller_without_kubernetes(url, TOKEN) as base:
             asyncio.run(drive(base, read_paths(random.Random(2))[:50], 1.0, args.concurrency))  # warm-up
             took, by_route, base_err = asyncio.run(drive(base, [("healthz", "/healthz")], seconds,
                                                          args.concurrency))
@@ -165,9 +154,6 @@ def main() -> int:
             print(f"read routes: {rps:.0f} req/s, p50 {1000 * sorted(lat)[len(lat) // 2]:.1f} ms, "
                   f"p99 {p99_ms(lat):.1f} ms, errors {err}, concurrency {args.concurrency}")
             print(f"ratio read/baseline rps: {rps / base_rps:.2f}")
-        finally:
-            server.terminate()
-            server.wait(timeout=30)
     print(json.dumps({"rps": round(rps, 1), "p99_ms": round(p99_ms(lat), 1)}))
     return 0 if err == 0 else 1
 

@@ -20,9 +20,7 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import random
-import subprocess
 import sys
 import tempfile
 import time
@@ -36,7 +34,7 @@ sys.path.insert(0, str(ROOT / "src"))
 
 from flotilla.controller import db  # noqa: E402  (the schema, to fill it; not the code measured)
 from flotilla.testing import browser  # noqa: E402
-from flotilla.testing.services import free_port, wait_for_port  # noqa: E402
+from flotilla.testing.services import controller_without_kubernetes  # noqa: E402
 
 NODES, JOBS, RUNNING, GPUS_PER_JOB, NODES_PER_RACK, DECISIONS = 1_000, 15_000, 1_400, 4, 8, 2_000
 TOKEN = "bench-console-read-token-0123456789"
@@ -176,16 +174,7 @@ def main() -> int:
         fill(url)
         print(f"filled {NODES} nodes, {JOBS} jobs ({RUNNING} running), {DECISIONS} decisions "
               f"in {time.perf_counter() - t:.1f}s", flush=True)
-        tokens = Path(tmp) / "tokens"
-        tokens.write_text(f"{TOKEN},read,bench\n")
-        port = free_port()
-        server = subprocess.Popen([sys.executable, "-m", "flotilla.cli", "controller", "--no-kubernetes",
-                                   "--db-url", url, "--tokens-file", str(tokens), "--port", str(port)],
-                                  env={**os.environ, "PYTHONPATH": str(ROOT / "src")},
-                                  stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        try:
-            wait_for_port(port, timeout=60, proc=server)
-            base = f"http://127.0.0.1:{port}"
+        with controller_without_kubernetes(url, TOKEN) as base:
             data, healthz, size = data_latency(base, requests)
             print(f"GET /v1/gpumap: n={len(data)}, {size / 1024:.0f} KiB, p50 {1000 * sorted(data)[len(data) // 2]:.1f} ms, "
                   f"p99 {p99_ms(data):.1f} ms")
@@ -197,9 +186,6 @@ def main() -> int:
                 print(f"first view of the GPU map: worst {max(views):.0f} ms, median {sorted(views)[len(views) // 2]:.0f} ms "
                       f"over {loads} loads")
                 ok = pages_ok(driver, base)
-        finally:
-            server.terminate()
-            server.wait(timeout=30)
     result = {"nodes": NODES, "jobs": JOBS, "first_view_ms": round(max(views)), "data_p99_ms": round(p99_ms(data), 1),
               "data_p99_vs_healthz": round(p99_ms(data) / p99_ms(healthz), 1), "pages_ok": ok, "pages": len(PAGES)}
     print(json.dumps(result))

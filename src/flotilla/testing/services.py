@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import os
 import shutil
 import signal
 import socket
 import subprocess
+import sys
 import tempfile
 import time
 from contextlib import contextmanager
@@ -94,3 +96,23 @@ def redis_server() -> Iterator[str]:
         yield server.start().url
     finally:
         server.stop()
+
+
+@contextmanager
+def controller_without_kubernetes(db_url: str, read_token: str) -> Iterator[str]:
+    """`flotilla controller --no-kubernetes` serving `db_url` on a free loopback port, `read_token` its one
+    read token; yields its base URL. For benches of the REST API and the console."""
+    with tempfile.TemporaryDirectory(prefix="flotilla-controller-") as tmp:
+        tokens = Path(tmp) / "tokens"
+        tokens.write_text(f"{read_token},read,bench\n")
+        port = free_port()
+        src = str(Path(__file__).resolve().parents[2])
+        server = subprocess.Popen([sys.executable, "-m", "flotilla.cli", "controller", "--no-kubernetes",
+                                   "--db-url", db_url, "--tokens-file", str(tokens), "--port", str(port)],
+                                  env={**os.environ, "PYTHONPATH": src},
+                                  stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        try:
+            wait_for_port(port, timeout=60, proc=server)
+            yield f"http://127.0.0.1:{port}"
+        finally:
+            stop_process(server, timeout=30)
