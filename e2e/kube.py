@@ -85,6 +85,15 @@ def apply(manifest: str, namespace: str) -> subprocess.CompletedProcess:
     return kubectl("apply", "-n", namespace, "-f", "-", stdin=manifest, check=False)
 
 
+IDLE_WORKER = {"spec": {"containers": [{"name": "w", "image": "busybox:1.36", "command": ["sh", "-c", "sleep 3600"]}]}}
+
+
+def training_job(name: str, **spec: Any) -> str:
+    """A TrainingJob manifest (JSON) with `spec`; its pods idle (KWOK runs nothing; on kind they sleep)."""
+    return json.dumps({"apiVersion": "flotilla.dev/v1alpha1", "kind": "TrainingJob", "metadata": {"name": name},
+                       "spec": {"template": IDLE_WORKER, **spec}})
+
+
 class FlotillaProcess:
     """A `flotilla` subcommand as a child process, its log in a file."""
 

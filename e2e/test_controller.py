@@ -9,7 +9,6 @@
 
 from __future__ import annotations
 
-import json
 
 import httpx
 import pytest
@@ -22,6 +21,7 @@ from e2e.kube import (
     get,
     items,
     kubectl,
+    training_job,
     wait_for,
     wait_for_gpus_free_outside,
 )
@@ -43,17 +43,10 @@ def controller(redis_url, log_dir, tmp_path_factory):
 
 
 def job_manifest(name: str) -> str:
-    return json.dumps({
-        "apiVersion": "flotilla.dev/v1alpha1", "kind": "TrainingJob", "metadata": {"name": name},
-        "spec": {
-            "deadlineSeconds": 3600, "totalSteps": 30000,
-            "elasticity": {"minGPUs": 8, "maxGPUs": 16, "gpusPerWorker": 8},
-            "throughput": [{"gpus": 8, "stepsPerSecond": 10.0}, {"gpus": 16, "stepsPerSecond": 18.0}],
-            "checkpoint": {"intervalSteps": 50, "restoreSeconds": 5},
-            "template": {"spec": {"containers": [{"name": "w", "image": "busybox:1.36",
-                                                  "command": ["sh", "-c", "sleep 3600"]}]}},
-        },
-    })
+    return training_job(name, deadlineSeconds=3600, totalSteps=30000,
+                        elasticity={"minGPUs": 8, "maxGPUs": 16, "gpusPerWorker": 8},
+                        throughput=[{"gpus": 8, "stepsPerSecond": 10.0}, {"gpus": 16, "stepsPerSecond": 18.0}],
+                        checkpoint={"intervalSteps": 50, "restoreSeconds": 5})
 
 
 def status(name: str, ns: str) -> dict:

@@ -2,26 +2,17 @@
 
 from __future__ import annotations
 
-import json
 
-from e2e.kube import SimulatedWorkersProcess, apply, get, items, wait_for, wait_for_gpus_free_outside
+from e2e.kube import SimulatedWorkersProcess, apply, get, items, training_job, wait_for, wait_for_gpus_free_outside
 
 OPERATOR_ARGS = ("--policy", "elastic-deadline")
 CURVE = [{"gpus": 4, "stepsPerSecond": 4.0}, {"gpus": 8, "stepsPerSecond": 8.0}, {"gpus": 16, "stepsPerSecond": 15.0}]
 
 
 def job(name: str, total_steps: int, deadline_seconds: int, min_gpus: int, max_gpus: int) -> str:
-    return json.dumps({
-        "apiVersion": "flotilla.dev/v1alpha1", "kind": "TrainingJob", "metadata": {"name": name},
-        "spec": {
-            "deadlineSeconds": deadline_seconds, "totalSteps": total_steps,
-            "elasticity": {"minGPUs": min_gpus, "maxGPUs": max_gpus, "gpusPerWorker": 4},
-            "throughput": CURVE,
-            "checkpoint": {"intervalSteps": 100, "restoreSeconds": 5},
-            "template": {"spec": {"containers": [{"name": "w", "image": "busybox:1.36",
-                                                  "command": ["sh", "-c", "sleep 3600"]}]}},
-        },
-    })
+    return training_job(name, deadlineSeconds=deadline_seconds, totalSteps=total_steps,
+                        elasticity={"minGPUs": min_gpus, "maxGPUs": max_gpus, "gpusPerWorker": 4},
+                        throughput=CURVE, checkpoint={"intervalSteps": 100, "restoreSeconds": 5})
 
 
 def status(name: str, ns: str) -> dict:

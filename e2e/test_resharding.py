@@ -2,27 +2,19 @@
 
 from __future__ import annotations
 
-import json
 
-from e2e.kube import SimulatedWorkersProcess, apply, get, items, kubectl, wait_for
+from e2e.kube import SimulatedWorkersProcess, apply, get, items, kubectl, training_job, wait_for
 
 
 def test_a_job_moves_off_a_cordoned_node_through_a_checkpoint_and_keeps_its_progress(operator, namespace, log_dir):
     sim = SimulatedWorkersProcess(log_dir / f"simworkers-{namespace}.log", namespace).start()
-    job = {
-        "apiVersion": "flotilla.dev/v1alpha1", "kind": "TrainingJob", "metadata": {"name": "mover"},
-        "spec": {
-            "deadlineSeconds": 3600, "totalSteps": 400,
-            "elasticity": {"minGPUs": 2, "maxGPUs": 2, "gpusPerWorker": 1},
-            "throughput": [{"gpus": 1, "stepsPerSecond": 10.0}, {"gpus": 2, "stepsPerSecond": 18.0}],
-            "checkpoint": {"intervalSteps": 50, "restoreSeconds": 5},
-            "template": {"spec": {"containers": [{"name": "w", "image": "busybox:1.36",
-                                                  "command": ["sh", "-c", "sleep 3600"]}]}},
-        },
-    }
+    job = training_job("mover", deadlineSeconds=3600, totalSteps=400,
+                       elasticity={"minGPUs": 2, "maxGPUs": 2, "gpusPerWorker": 1},
+                       throughput=[{"gpus": 1, "stepsPerSecond": 10.0}, {"gpus": 2, "stepsPerSecond": 18.0}],
+                       checkpoint={"intervalSteps": 50, "restoreSeconds": 5})
     cordoned = None
     try:
-        assert apply(json.dumps(job), namespace).returncode == 0
+        assert apply(job, namespace).returncode == 0
 
         def status():
             return (get("trainingjob", "mover", namespace) or {}).get("status", {})

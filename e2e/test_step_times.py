@@ -18,7 +18,6 @@ with their job, role and rank, and the node's GPU samples must carry the role th
 
 from __future__ import annotations
 
-import json
 import os
 import socket
 import subprocess
@@ -26,7 +25,8 @@ import sys
 
 import pytest
 
-from e2e.kube import ROOT, FlotillaProcess, apply, controller_api, get, items, wait_for, wait_for_gpus_free_outside
+from e2e.kube import (ROOT, FlotillaProcess, apply, controller_api, get, items, training_job, wait_for,
+                      wait_for_gpus_free_outside)
 from flotilla.testing.services import stop_process
 
 
@@ -48,18 +48,10 @@ def controller(log_dir, tmp_path_factory):
 
 
 def job_manifest(name: str) -> str:
-    return json.dumps({
-        "apiVersion": "flotilla.dev/v1alpha1", "kind": "TrainingJob", "metadata": {"name": name},
-        "spec": {
-            "deadlineSeconds": 3600, "totalSteps": 5000,
-            "elasticity": {"minGPUs": 16, "maxGPUs": 16, "gpusPerWorker": 8},
-            "throughput": [{"gpus": 16, "stepsPerSecond": 5.0}],
-            "parallelism": {"pipelineStages": STAGES},
-            # On KWOK nothing runs in the pod (the test runs the worker with the pod's env); on kind it idles.
-            "template": {"spec": {"containers": [{"name": "w", "image": "busybox:1.36",
-                                                  "command": ["sh", "-c", "sleep 3600"]}]}},
-        },
-    })
+    # On KWOK nothing runs in the pods (the test runs the worker with each pod's env); on kind they idle.
+    return training_job(name, deadlineSeconds=3600, totalSteps=5000,
+                        elasticity={"minGPUs": 16, "maxGPUs": 16, "gpusPerWorker": 8},
+                        throughput=[{"gpus": 16, "stepsPerSecond": 5.0}], parallelism={"pipelineStages": STAGES})
 
 
 def kubelet_env(pod: dict, node_network: dict[str, str]) -> dict[str, str]:
