@@ -22,8 +22,8 @@ from flotilla.allocation import JobDecision, NodeState
 from flotilla.operator import serving, training
 from flotilla.operator.pods import holds_gpus, pod_gpus, serving_key, worker_job_uid
 from flotilla.operator.serving import ServingGrant
-from flotilla.operator.timeutil import to_unix
 from flotilla.pool import PoolPolicy, PoolSnapshot, ServingState, decide
+from flotilla.resources import serving_deployment
 
 Body = Mapping[str, Any]
 
@@ -42,26 +42,26 @@ def _serving_state(body: Body, placement: Mapping[str, int], now: float,
 
     The forecast is the highest demand within the policy's forecast window: a peak seen in the last
     window is planned for again (a daily peak, with a window of a day), and admission counts it."""
-    spec, status = body["spec"], body.get("status") or {}
+    sd = serving_deployment.parse(body)
+    if sd.max_gpus is None:
+        raise ValueError(f"ServingDeployment {sd.key} has no spec.maxGPUs")
     try:
         want = serving.target(body)
     except ValueError:
         return None
     unit = max(want.gpus_per_instance.values())
-    max_gpus, min_gpus = int(spec["maxGPUs"]), int(spec.get("minGPUs") or 0)
+    max_gpus, min_gpus = sd.max_gpus, sd.min_gpus
     if unit > max_gpus or min_gpus > max_gpus:
         return None
     demand = min(want.gpus, max_gpus)
-    recorded = status.get("pool") or {}
-    peak, peak_at = int(recorded.get("peakGPUs") or 0), recorded.get("peakAt")
-    since = to_unix(peak_at) if peak_at else now
+    peak = sd.pool.peak_gpus if sd.pool else 0
+    since = sd.pool.peak_at if sd.pool and sd.pool.peak_at is not None else now
     if demand > peak or now - since >= policy.forecast_window_seconds:
         peak, since = demand, now
-    below = recorded.get("belowSince")
-    state = ServingState(training.key_of(body), demand_gpus=demand, min_gpus=min_gpus, max_gpus=max_gpus,
+    state = ServingState(sd.key, demand_gpus=demand, min_gpus=min_gpus, max_gpus=max_gpus,
                          gpus_per_instance=unit, placement=dict(placement),
                          forecast=((now, peak),) if peak > demand else (),
-                         below_since=to_unix(below) if below else None)
+                         below_since=sd.pool.below_since if sd.pool else None)
     return state, (peak, since)
 
 
