@@ -108,7 +108,7 @@ def _pod_usage(pods: Mapping[str, Body], servings: Mapping[str, Body], live: Map
         finished = (pod.get("status") or {}).get("phase") in ("Succeeded", "Failed")
         if not gpus or finished:
             continue
-        if (job := live.get(worker_job_uid(pod))) is not None:
+        if (uid := worker_job_uid(pod)) is not None and (job := live.get(uid)) is not None:
             node = spec.get("nodeName") or (spec.get("nodeSelector") or {}).get("kubernetes.io/hostname")
             if node:
                 usage.worker_use[job][node] += gpus

@@ -74,15 +74,16 @@ def _throughput(spec: Mapping[str, Any]) -> tuple[tuple[int, float], ...]:
     raw = spec.get("throughput") or []
     if not isinstance(raw, list):
         raise ValueError("spec.throughput must be a list")
-    points = []
+    points: list[tuple[int, float]] = []
     for i, p in enumerate(raw):
         gpus, sps = (p.get("gpus"), p.get("stepsPerSecond")) if isinstance(p, dict) else (None, None)
-        if type(gpus) is not int or type(sps) not in (float, int):  # the slow path names the field
-            if not isinstance(p, Mapping):
-                raise ValueError(f"spec.throughput[{i}] must be an object")
-            gpus = integer(p, "gpus", f"spec.throughput[{i}]")
-            sps = number(p, "stepsPerSecond", f"spec.throughput[{i}]") or 0.0
-        points.append((gpus, float(sps)))
+        if type(gpus) is int and isinstance(sps, (float, int)) and type(sps) is not bool:
+            points.append((gpus, float(sps)))
+            continue
+        if not isinstance(p, Mapping):  # the slow path names the field
+            raise ValueError(f"spec.throughput[{i}] must be an object")
+        points.append((integer(p, "gpus", f"spec.throughput[{i}]"),
+                       number(p, "stepsPerSecond", f"spec.throughput[{i}]") or 0.0))
     return tuple(points)
 
 
