@@ -109,12 +109,8 @@ def job_state(body: Body) -> JobState:
     )
 
 
-def gpu_node(node: k8s_node.Node) -> bool:
-    """A node the allocator places on: it has GPUs to allocate (or is one of KWOK's, which may list none yet)."""
-    return node.allocatable_gpus is not None or "kwok.x-k8s.io/node" in node.annotations
-
-
-def node_state(node: k8s_node.Node) -> NodeState:
+def node_state(body: Body) -> NodeState:
+    node = k8s_node.parse(body)
     return NodeState(name=node.name, total_gpus=node.allocatable_gpus or 0, schedulable=node.schedulable,
                      labels=dict(node.labels))
 
@@ -131,7 +127,9 @@ def live_by_uid(jobs: Iterable[Body]) -> dict[str, str]:
 
 def snapshot(now: float, jobs: Iterable[Body], nodes: Iterable[Body], pods: Iterable[Body] = ()) -> ClusterSnapshot:
     """The allocator's view. A job in `displaced(...)` is shown holding nothing, so that it is placed afresh."""
-    gpu_nodes = tuple(node_state(n) for n in map(k8s_node.parse, nodes) if gpu_node(n))
+    gpu_nodes = tuple(node_state(n) for n in nodes
+                      if "kwok.x-k8s.io/node" in (n["metadata"].get("annotations") or {})
+                      or names.GPU_RESOURCE in ((n.get("status") or {}).get("allocatable") or {}))
     live = [j for j in jobs if not is_final(j)]
     moved = displaced(live, {n.name: n.total_gpus for n in gpu_nodes}, pods)
     states = (job_state(j) for j in live)
