@@ -98,3 +98,9 @@ def connect(component: str, identity: str | None = None, timeout: float = DEFAUL
 def default_identity() -> str:
     """hostname_pid: which process sent a request, in the API server's audit log."""
     return f"{os.environ.get('POD_NAME') or socket.gethostname()}_{os.getpid()}"
+
+
+def as_body(manifest: dict[str, Any]) -> Any:
+    """A manifest as the client's `body`: the client serialises a plain dict as it is, though its annotations
+    name only its model classes (V1Pod, CoreV1Event ...)."""
+    return manifest

@@ -39,6 +39,22 @@ def test_ready_deployments_make_it_ready_and_a_replica_drift_is_reapplied():
     assert [a.manifest["spec"]["replicas"] for a in again if isinstance(a, ApplyDeployment)] == [2]
 
 
+def test_the_ready_condition_follows_the_phase_and_available_is_told_once():
+    def conditions(actions):
+        return {c["type"]: (c["status"], c["reason"])
+                for c in next(a for a in actions if isinstance(a, PatchStatus)).status["conditions"]}
+
+    first = serving.plan_serving(sd(), {}, T0)
+    assert conditions(first)["Ready"] == ("False", "Progressing")
+    deps = {r: {"spec": {"replicas": n}, "status": {"readyReplicas": n}} for r, n in (("prefill", 1), ("decode", 2))}
+    progressing = {"lastPlan": {"time": "t", "reason": "r"}, "phase": "Progressing"}
+    ready = serving.plan_serving(sd(status=progressing), deps, T0)
+    assert conditions(ready)["Ready"] == ("True", "Available")
+    assert [a.reason for a in ready if isinstance(a, PostEvent)] == ["Available"]
+    again = serving.plan_serving(sd(status={**progressing, "phase": "Ready"}), deps, T0)
+    assert not [a for a in again if isinstance(a, PostEvent)]
+
+
 def test_a_plan_over_max_gpus_is_refused():
     actions = serving.plan_serving(sd(p=2, d=4, max_gpus=8), {}, T0)
     assert not [a for a in actions if isinstance(a, ApplyDeployment)]

@@ -140,7 +140,7 @@ class CapacityProfile:
         if first >= len(sizes):
             return None
 
-        def works(i: int):
+        def works(i: int) -> tuple[np.ndarray, float] | None:
             return self._plan(job, sizes[i], deadline, current)
 
         # A larger cap never gives a segment fewer GPUs, so feasibility is monotone in the share. The answer

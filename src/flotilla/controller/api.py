@@ -38,7 +38,8 @@ from flotilla.controller.db import current_revision, head_revision
 from flotilla.controller.ingest import Ingestor
 from flotilla.controller.ingest_auth import UNAUTHENTICATED_REFUSAL, IngestPolicy, Refusal
 from flotilla.controller.metrics import ControllerMetrics
-from flotilla.controller.mirror import REPLAN_REQUEST, DecisionRecord, parse_time
+from flotilla.controller.mirror import DecisionRecord, parse_time
+from flotilla.resources.names import ANNOTATION_REPLAN_REQUEST as REPLAN_REQUEST
 from flotilla.controller.store import OUTLOOKS, Store
 from flotilla.health.samples import MAX_GPU_INDEX, MAX_RANK, MAX_ROLE_LENGTH, Sample
 from flotilla.serving.replan import ObservedWindow

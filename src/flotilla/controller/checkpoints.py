@@ -8,7 +8,8 @@ from typing import Any
 from flotilla.controller import views
 from flotilla.controller.actions import ClusterActions
 from flotilla.controller.metrics import ControllerMetrics
-from flotilla.controller.mirror import CHECKPOINT_REQUEST, DecisionRecord
+from flotilla.controller.mirror import DecisionRecord
+from flotilla.resources.names import ANNOTATION_CHECKPOINT_REQUEST as CHECKPOINT_REQUEST
 from flotilla.controller.store import Store
 
 

@@ -18,24 +18,21 @@ from typing import Any, Callable, Mapping
 from kubernetes import client, watch
 from kubernetes.client.rest import ApiException
 
-from flotilla import kubeapi
+from flotilla import GROUP, VERSION, kubeapi
 from flotilla.controller.actions import ClusterActionError, ObjectNotFound
 from flotilla.controller.auth import NO_ROLE, Identity, ReviewUnavailable
 from flotilla.controller.ingest_auth import NODE_NAME_EXTRA, StatsAccess
 from flotilla.controller.metrics import ControllerMetrics
-from flotilla.controller.mirror import (
-    GPU_RESOURCE,
-    GROUP,
-    HEALTH_CONDITION,
-    UNHEALTHY_TAINT,
-    VERSION,
-    parse_node,
-    parse_serving_deployment,
-    parse_training_job,
-)
+from flotilla.controller.mirror import parse_node, parse_serving_deployment, parse_training_job
 from flotilla.controller.store import Store, SyncResult
 from flotilla.operator.recorder import EventRecorder
-from flotilla.resources.names import LABEL_SERVING, Reason
+from flotilla.resources.names import (
+    GPU_RESOURCE,
+    LABEL_SERVING,
+    NODE_CONDITION_HEALTHY,
+    TAINT_UNHEALTHY,
+    Reason,
+)
 
 log = logging.getLogger(__name__)
 FIELD_MANAGER = "flotilla-controller"
@@ -115,15 +112,15 @@ class KubeActions:
         try:
             current = self.core.read_node(node)
             taints = [self.core.api_client.sanitize_for_serialization(t) for t in current.spec.taints or []
-                      if t.key != UNHEALTHY_TAINT]
+                      if t.key != TAINT_UNHEALTHY]
             if not healthy:
                 value = re.sub(r"[^A-Za-z0-9_.-]", "-", reason)[:63].strip("-_.") or "unhealthy"
-                taints.append({"key": UNHEALTHY_TAINT, "value": value, "effect": effect})
+                taints.append({"key": TAINT_UNHEALTHY, "value": value, "effect": effect})
             # Taints have no merge key: send the whole list, guarded by the resourceVersion we read.
             self.core.patch_node(node, {"metadata": {"resourceVersion": current.metadata.resource_version},
                                         "spec": {"taints": taints}})
             self.core.patch_node_status(node, {"status": {"conditions": [{
-                "type": HEALTH_CONDITION, "status": "True" if healthy else "False", "reason": reason,
+                "type": NODE_CONDITION_HEALTHY, "status": "True" if healthy else "False", "reason": reason,
                 "message": message, "lastTransitionTime": now, "lastHeartbeatTime": now}]}})
             self.events.record({"apiVersion": "v1", "kind": "Node", "name": node, "uid": current.metadata.uid},
                                "Normal" if healthy else "Warning",

@@ -29,10 +29,11 @@ from typing import Any, Callable
 
 from flotilla.controller.actions import ClusterActionError, ClusterActions
 from flotilla.controller.metrics import ControllerMetrics
-from flotilla.controller.mirror import REPLAN_REQUEST, DecisionRecord, parse_time
+from flotilla.controller.mirror import DecisionRecord, parse_time
 from flotilla.controller.store import Store
 from flotilla.controller.views import iso
 from flotilla.resources.names import ANNOTATION_OBSERVED
+from flotilla.resources.names import ANNOTATION_REPLAN_REQUEST as REPLAN_REQUEST
 from flotilla.serving.replan import ObservedWindow, ReplanPolicy, Replanner
 from flotilla.serving.spec import plan_field, plan_from_spec, plan_from_status, plan_request
 

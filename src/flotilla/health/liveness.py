@@ -29,6 +29,9 @@ from typing import Literal, Mapping
 CLUSTER = "cluster"
 
 
+PipelineReason = Literal["no-delivery", "shared-silence", "controller-stalled"]
+
+
 @dataclass(frozen=True, slots=True)
 class PipelineFinding:
     """A silence of the metric pipeline (not of nodes): opened, or closed when delivery resumed.
@@ -39,7 +42,7 @@ class PipelineFinding:
 
     ts: float
     scope: str
-    reason: Literal["no-delivery", "shared-silence", "controller-stalled"]
+    reason: PipelineReason
     silent: tuple[str, ...]
     watched: int
     since: float
@@ -143,7 +146,8 @@ class Liveness:
             if self._shared(len(silent), len(members), is_cluster):
                 held.update(members)
                 if current is None:
-                    reason = "no-delivery" if is_cluster and len(silent) == len(members) else "shared-silence"
+                    reason: PipelineReason = ("no-delivery" if is_cluster and len(silent) == len(members)
+                                              else "shared-silence")
                     started = now - min(silence[n] for n in silent)
                     self.open[scope] = f = PipelineFinding(now, scope, reason, tuple(silent), len(members), started)
                     findings.append(f)

@@ -36,7 +36,7 @@ evaluations (a soft finding that was wrong clears); hard faults stay until
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Iterable, Literal, Mapping, Sequence
+from typing import Any, Callable, Iterable, Literal, Mapping, Sequence
 
 import numpy as np
 
@@ -50,7 +50,8 @@ from flotilla.health.window import nanmedian0
 
 Rank = tuple[str, int | None]
 
-_REDUCE = {"min": min, "max": max, "mean": lambda v: sum(v) / len(v)}
+_REDUCE: dict[str, Callable[[list[float]], float]] = {"min": min, "max": max,
+                                                       "mean": lambda v: sum(v) / len(v)}
 
 
 @dataclass(frozen=True, slots=True)

@@ -34,7 +34,7 @@ from flotilla.health.window import RollingMedian, mad_factor
 
 
 class StragglerDetector:
-    def __init__(self, groups: Sequence[int], *, shift: float, threshold: float, window: int,
+    def __init__(self, groups: Sequence[int] | np.ndarray, *, shift: float, threshold: float, window: int,
                  min_sigma: float, k_min: float = 0.5, clip: float = 4.0, history_span: int = 120,
                  history_warmup: int = 30) -> None:
         self.groups = np.asarray(groups, dtype=np.int64)
@@ -44,7 +44,7 @@ class StragglerDetector:
         n = len(self.groups)
         self.cusum = np.zeros(n)
         self.sigma = np.full(n, np.nan)
-        self._noise = [deque(maxlen=window) for _ in self.members]
+        self._noise: list[deque[float]] = [deque(maxlen=window) for _ in self.members]
         self._level = RollingMedian(15, (n,), skip_missing=True)
         self.level = np.zeros(n)
         self._alpha = 2.0 / (history_span + 1)

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Mapping
 
 
 @dataclass(frozen=True)
@@ -56,7 +56,7 @@ class PostEvent:
 Action = PatchStatus | PatchAnnotations | CreatePod | DeletePod | ApplyDeployment | ApplyObject | PostEvent
 
 
-def involved(body: dict[str, Any]) -> dict[str, Any]:
+def involved(body: Mapping[str, Any]) -> dict[str, Any]:
     meta = body["metadata"]
     return {"apiVersion": body["apiVersion"], "kind": body["kind"], "namespace": meta.get("namespace"),
             "name": meta["name"], "uid": meta.get("uid")}

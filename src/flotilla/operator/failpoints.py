@@ -60,7 +60,7 @@ def parse(spec: str) -> tuple[Failpoint, ...]:
 
 
 def _compact(action: Any) -> str:
-    value = asdict(action) if is_dataclass(action) else action
+    value = asdict(action) if is_dataclass(action) and not isinstance(action, type) else action
     return json.dumps(value, sort_keys=True, separators=(",", ":"), default=str)
 
 

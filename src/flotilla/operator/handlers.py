@@ -122,27 +122,27 @@ async def cleanup(memo: kopf.Memo, **_: Any) -> None:
 
 
 @kopf.on.event(GROUP, VERSION, "trainingjobs")
-async def on_job(event: dict, **_: Any) -> None:
+async def on_job(event: kopf.RawEvent, **_: Any) -> None:
     view.record("jobs", event)
 
 
 @kopf.on.event(GROUP, VERSION, "servingdeployments")
-async def on_serving(event: dict, **_: Any) -> None:
+async def on_serving(event: kopf.RawEvent, **_: Any) -> None:
     view.record("servings", event)
 
 
 @kopf.on.event("", "v1", "nodes")
-async def on_node(event: dict, **_: Any) -> None:
+async def on_node(event: kopf.RawEvent, **_: Any) -> None:
     view.record("nodes", event)
 
 
 @kopf.on.event("", "v1", "pods", labels=MANAGED)
-async def on_pod(event: dict, **_: Any) -> None:
+async def on_pod(event: kopf.RawEvent, **_: Any) -> None:
     view.record("pods", event)
 
 
 @kopf.on.event("apps", "v1", "deployments", labels=MANAGED)
-async def on_deployment(event: dict, **_: Any) -> None:
+async def on_deployment(event: kopf.RawEvent, **_: Any) -> None:
     view.record("deployments", event)
 
 
@@ -222,10 +222,11 @@ async def _reconcile_once(kube: Kube) -> float:
     view.prune()
     # Planned in a thread of its own on copies of the view (the objects are replaced, never changed in place),
     # so that the event loop goes on taking watch events and sending writes while a big pass is planned.
-    copies = [dict(d) for d in (view.jobs, view.nodes, view.pods, view.servings, view.deployments)]
+    jobs, nodes, pods, servings, deployments = (
+        dict(d) for d in (view.jobs, view.nodes, view.pods, view.servings, view.deployments))
     plans = await asyncio.get_running_loop().run_in_executor(
-        _planner, plan, time.time(), settings.allocator, *copies, settings.max_restarts, settings.pool,
-        inference_pools, settings.agent_port)
+        _planner, plan, time.time(), settings.allocator, jobs, nodes, pods, servings, deployments,
+        settings.max_restarts, settings.pool, inference_pools, settings.agent_port)
     planned = time.perf_counter()
     actions = dispatched = deferred = 0
     now = time.monotonic()

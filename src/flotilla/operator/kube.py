@@ -12,7 +12,7 @@ from kubernetes import client
 from kubernetes.client.rest import ApiException
 
 from flotilla import GROUP, VERSION
-from flotilla.kubeapi import DEFAULT_TIMEOUT_SECONDS, NotLeader
+from flotilla.kubeapi import DEFAULT_TIMEOUT_SECONDS, NotLeader, as_body
 from flotilla.operator import failpoints
 from flotilla.operator.actions import (
     Action,
@@ -158,7 +158,7 @@ class Kube:
         if isinstance(a, CreatePod):
             meta = a.manifest["metadata"]
             try:
-                self.core.create_namespaced_pod(meta["namespace"], a.manifest, field_manager=FIELD_MANAGER)
+                self.core.create_namespaced_pod(meta["namespace"], as_body(a.manifest), field_manager=FIELD_MANAGER)
                 log.info("created pod %s/%s", meta["namespace"], meta["name"])
             except ApiException as e:
                 if e.status != 409:
@@ -193,8 +193,10 @@ class Kube:
 
     def _apply_object(self, manifest: dict[str, Any]) -> Any:
         """Server-side apply of a Service or an InferencePool (an endpoint's objects)."""
-        meta, ssa = manifest["metadata"], {"field_manager": FIELD_MANAGER, "force": True,
-                                           "_content_type": "application/apply-patch+yaml"}
+        meta = manifest["metadata"]
+        ssa: dict[str, Any] = {"field_manager": FIELD_MANAGER, "force": True,
+                               "_content_type": "application/apply-patch+yaml"}
+        result: Any
         if manifest["kind"] == "Service":
             result = self.core.patch_namespaced_service(meta["name"], meta["namespace"], manifest, **ssa)
         elif manifest["kind"] == "InferencePool":
@@ -256,6 +258,6 @@ def _api_message(e: ApiException) -> str:
     import json
 
     try:
-        return json.loads(e.body).get("message", "")
+        return str(json.loads(e.body or "").get("message", ""))
     except (TypeError, ValueError):
         return str(e.reason)

@@ -15,15 +15,15 @@ safely is this module's part:
 from __future__ import annotations
 
 from collections import defaultdict
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import Any, Mapping
 
-from flotilla.allocation import JobDecision, NodeState
+from flotilla.allocation import JobDecision, JobState, NodeState
 from flotilla.operator import serving, training
 from flotilla.operator.pods import holds_gpus, pod_gpus, serving_key, worker_job_uid
 from flotilla.operator.serving import ServingGrant
-from flotilla.operator.timeutil import to_unix
-from flotilla.pool import PoolPolicy, PoolSnapshot, ServingState, decide
+from flotilla.pool import PoolDecision, PoolPolicy, PoolSnapshot, ServingState, decide
+from flotilla.resources import serving_deployment
 
 Body = Mapping[str, Any]
 
@@ -42,109 +42,156 @@ def _serving_state(body: Body, placement: Mapping[str, int], now: float,
 
     The forecast is the highest demand within the policy's forecast window: a peak seen in the last
     window is planned for again (a daily peak, with a window of a day), and admission counts it."""
-    spec, status = body["spec"], body.get("status") or {}
+    sd = serving_deployment.parse(body)
+    if sd.max_gpus is None:
+        raise ValueError(f"ServingDeployment {sd.key} has no spec.maxGPUs")
     try:
         want = serving.target(body)
     except ValueError:
         return None
     unit = max(want.gpus_per_instance.values())
-    max_gpus, min_gpus = int(spec["maxGPUs"]), int(spec.get("minGPUs") or 0)
+    max_gpus, min_gpus = sd.max_gpus, sd.min_gpus
     if unit > max_gpus or min_gpus > max_gpus:
         return None
     demand = min(want.gpus, max_gpus)
-    recorded = status.get("pool") or {}
-    peak, peak_at = int(recorded.get("peakGPUs") or 0), recorded.get("peakAt")
-    since = to_unix(peak_at) if peak_at else now
+    peak = sd.pool.peak_gpus if sd.pool else 0
+    since = sd.pool.peak_at if sd.pool and sd.pool.peak_at is not None else now
     if demand > peak or now - since >= policy.forecast_window_seconds:
         peak, since = demand, now
-    below = recorded.get("belowSince")
-    state = ServingState(training.key_of(body), demand_gpus=demand, min_gpus=min_gpus, max_gpus=max_gpus,
+    state = ServingState(sd.key, demand_gpus=demand, min_gpus=min_gpus, max_gpus=max_gpus,
                          gpus_per_instance=unit, placement=dict(placement),
                          forecast=((now, peak),) if peak > demand else (),
-                         below_since=to_unix(below) if below else None)
+                         below_since=sd.pool.below_since if sd.pool else None)
     return state, (peak, since)
+
+
+@dataclass
+class _PodUsage:
+    """Where the pods put GPUs, as the arbiter must count them."""
+
+    # sd -> node -> GPUs of its live pods
+    serving_live: dict[str, dict[str, int]] = field(default_factory=lambda: defaultdict(lambda: defaultdict(int)))
+    # sd -> GPUs on schedulable nodes, terminating pods included
+    serving_bound: dict[str, int] = field(default_factory=lambda: defaultdict(int))
+    serving_pending: dict[str, int] = field(default_factory=lambda: defaultdict(int))  # sd -> GPUs of unbound pods
+    foreign: dict[str, int] = field(default_factory=lambda: defaultdict(int))  # node -> GPUs nobody may be given
+    # job key -> node -> GPUs of its pods (any generation, bound or pinned)
+    worker_use: dict[str, dict[str, int]] = field(default_factory=lambda: defaultdict(lambda: defaultdict(int)))
 
 
 def arbitrate(now: float, policy: PoolPolicy, jobs: Mapping[str, Body], nodes: Mapping[str, Body],
               pods: Mapping[str, Body], servings: Mapping[str, Body]) -> PoolPlan:
     base = training.snapshot(now, jobs.values(), nodes.values(), pods.values())
-    serving_live: dict[str, dict[str, int]] = defaultdict(lambda: defaultdict(int))  # sd -> node -> GPUs
-    serving_bound: dict[str, int] = defaultdict(int)  # sd -> GPUs on nodes, terminating pods included
-    serving_pending: dict[str, int] = defaultdict(int)  # sd -> GPUs of pods not bound yet
-    foreign: dict[str, int] = defaultdict(int)
-    worker_use: dict[str, dict[str, int]] = defaultdict(lambda: defaultdict(int))  # job -> node -> GPUs of its pods
-    schedulable = {n.name for n in base.nodes if n.schedulable}
-    # job UID -> key: a gone or finished job's pods (orphans too) that still hold GPUs are foreign
-    live = training.live_by_uid(jobs.values())
+    usage = _pod_usage(pods, servings, training.live_by_uid(jobs.values()),
+                       {n.name for n in base.nodes if n.schedulable})
+    states, peaks = _serving_states(servings, usage, now, policy)
+    node_states = tuple(replace(n, foreign_gpus=n.foreign_gpus + usage.foreign.get(n.name, 0)) for n in base.nodes)
+    # A live job's old worker set terminating on a node it has left holds GPUs nobody may be given yet
+    # (`_free_now` counts them through the job's pods).
+    surplus = training.held_beyond_placement(jobs.values(), pods.values())
+    decision = decide(PoolSnapshot(now, tuple(replace(n, foreign_gpus=n.foreign_gpus + surplus.get(n.name, 0))
+                                              for n in node_states), base.jobs, tuple(states.values())), policy)
+    job_decisions = _no_growth_while_serving_gives_back(decision, usage.serving_bound, base.jobs)
+    free = _free_now(node_states, jobs, usage.worker_use, usage.serving_live)
+    grants = _grants(decision, states, peaks, free, usage, _borrowed(jobs))
+    return PoolPlan(job_decisions, _lending(decision), grants)
+
+
+def _pod_usage(pods: Mapping[str, Body], servings: Mapping[str, Body], live: Mapping[str, str],
+               schedulable: set[str]) -> _PodUsage:
+    """Sort the pods' GPUs: a live job's workers (`live`: job UID -> key), a ServingDeployment's pods (bound,
+    pending, terminating), and the rest (a gone or finished job's pods, orphans too) foreign."""
+    usage = _PodUsage()
     for pod in pods.values():
         meta, spec = pod["metadata"], pod.get("spec") or {}
         gpus, sd = pod_gpus(pod), serving_key(pod)
         finished = (pod.get("status") or {}).get("phase") in ("Succeeded", "Failed")
         if not gpus or finished:
             continue
-        if (job := live.get(worker_job_uid(pod))) is not None:
+        if (uid := worker_job_uid(pod)) is not None and (job := live.get(uid)) is not None:
             node = spec.get("nodeName") or (spec.get("nodeSelector") or {}).get("kubernetes.io/hostname")
             if node:
-                worker_use[job][node] += gpus
+                usage.worker_use[job][node] += gpus
         elif sd is not None and sd in servings:
             if not spec.get("nodeName"):
-                serving_pending[sd] += gpus
+                usage.serving_pending[sd] += gpus
                 continue
             if spec["nodeName"] in schedulable:  # on a cordoned node they are lost to the arbiter, not given back
-                serving_bound[sd] += gpus
+                usage.serving_bound[sd] += gpus
             if meta.get("deletionTimestamp"):
-                foreign[spec["nodeName"]] += gpus
+                usage.foreign[spec["nodeName"]] += gpus
             else:
-                serving_live[sd][spec["nodeName"]] += gpus
+                usage.serving_live[sd][spec["nodeName"]] += gpus
         elif holds_gpus(pod):
-            foreign[spec["nodeName"]] += gpus
+            usage.foreign[spec["nodeName"]] += gpus
+    return usage
 
+
+def _serving_states(servings: Mapping[str, Body], usage: _PodUsage, now: float, policy: PoolPolicy
+                    ) -> tuple[dict[str, ServingState], dict[str, tuple[int, float]]]:
+    """The arbiter's view of each ServingDeployment with a valid plan, and its recent peak. What one
+    without a plan holds is not the arbiter's to give: it is counted foreign."""
     states, peaks = {}, {}
     for key, body in sorted(servings.items()):
-        seen = _serving_state(body, serving_live.get(key, {}), now, policy)
-        if seen is None:  # not in the pool: whatever it holds is not the arbiter's to give
-            for node, g in serving_live.get(key, {}).items():
-                foreign[node] += g
+        seen = _serving_state(body, usage.serving_live.get(key, {}), now, policy)
+        if seen is None:
+            for node, g in usage.serving_live.get(key, {}).items():
+                usage.foreign[node] += g
         else:
             states[key], peaks[key] = seen
-    node_states = tuple(replace(n, foreign_gpus=n.foreign_gpus + foreign.get(n.name, 0)) for n in base.nodes)
-    # A live job's old worker set terminating on a node it has left holds GPUs nobody may be given yet
-    # (`_free_now` counts them through the job's pods).
-    surplus = training.held_beyond_placement(jobs.values(), pods.values())
-    decision = decide(PoolSnapshot(now, tuple(replace(n, foreign_gpus=n.foreign_gpus + surplus.get(n.name, 0))
-                                              for n in node_states), base.jobs, tuple(states.values())), policy)
+    return states, peaks
 
-    giving_back = [key for key, d in decision.serving.items() if serving_bound[key] > d.gpus]
+
+def _no_growth_while_serving_gives_back(decision: PoolDecision, serving_bound: Mapping[str, int],
+                                        jobs: tuple[JobState, ...]) -> dict[str, JobDecision]:
+    """The arbiter's job decisions, except that no job grows while a ServingDeployment still holds more
+    than its grant: the next pass places growth on what is really free."""
+    giving_back = [key for key, d in decision.serving.items() if serving_bound.get(key, 0) > d.gpus]
     job_decisions = dict(decision.jobs)
     if giving_back:
         why = f"waiting for {', '.join('sd/' + k.rpartition('/')[2] for k in giving_back)} to give back GPUs"
-        current = {j.key: j.placement for j in base.jobs}
+        current = {j.key: j.placement for j in jobs}
         for key, d in job_decisions.items():
             if d.gpus > sum(current.get(key, {}).values()):
                 job_decisions[key] = replace(d, placement=dict(current.get(key, {})), reason=why)
+    return job_decisions
 
+
+def _lending(decision: PoolDecision) -> dict[str, dict[str, int]]:
+    """job key -> serving key -> GPUs the job lends in this decision."""
     lending: dict[str, dict[str, int]] = defaultdict(dict)
     for loan in decision.loans:
         if loan.gpus:
             lending[loan.job][loan.serving] = lending[loan.job].get(loan.serving, 0) + loan.gpus
+    return lending
+
+
+def _borrowed(jobs: Mapping[str, Body]) -> dict[str, dict[str, int]]:
+    """serving key -> job key -> GPUs live jobs record as lent to it (status.lentTo) and not got back."""
     borrowed: dict[str, dict[str, int]] = defaultdict(dict)
     for key, body in jobs.items():
         if not training.is_final(body):
             for sd, g in training.lent_to(body).items():
                 borrowed[sd][key] = g
+    return borrowed
 
-    free = _free_now(node_states, jobs, worker_use, serving_live)
-    allowance = sum(f for f in free.values()) - sum(serving_pending.values())
+
+def _grants(decision: PoolDecision, states: Mapping[str, ServingState], peaks: Mapping[str, tuple[int, float]],
+            free: Mapping[str, int], usage: _PodUsage, borrowed: Mapping[str, Mapping[str, int]]
+            ) -> dict[str, ServingGrant]:
+    """Each ServingDeployment's grant, and the budget it may hold now: what it holds plus what is free now
+    (in whole instances), never more than the grant; pending serving pods have a claim on the free GPUs first."""
+    allowance = sum(f for f in free.values()) - sum(usage.serving_pending.values())
     grants = {}
     for key, d in sorted(decision.serving.items()):
         unit = states[key].gpus_per_instance
-        held = serving_bound[key] + serving_pending[key]
+        held = usage.serving_bound.get(key, 0) + usage.serving_pending.get(key, 0)
         room = sum(f // unit * unit for f in free.values())
         budget = min(d.gpus, held + max(0, min(room, allowance)))
         allowance -= max(0, budget - held)
         grants[key] = ServingGrant(d.gpus, budget, d.demanded, d.reason, d.below_since, peaks[key],
                                    borrowed.get(key, {}))
-    return PoolPlan(job_decisions, lending, grants)
+    return grants
 
 
 def _free_now(nodes: tuple[NodeState, ...], jobs: Mapping[str, Body], worker_use: Mapping[str, Mapping[str, int]],

@@ -10,6 +10,7 @@ from typing import Any, Callable, Mapping
 from kubernetes import client
 from kubernetes.client.rest import ApiException
 
+from flotilla.kubeapi import as_body
 from flotilla.operator.events import Bump, Create, Drop, EventCorrelator
 
 log = logging.getLogger(__name__)
@@ -45,7 +46,7 @@ class EventRecorder:
         log.info("event %s %s/%s: %s", reason, decision.namespace, involved.get("name"), message)
         if isinstance(decision, Create):
             try:
-                return self.core.create_namespaced_event(decision.namespace, decision.body,
+                return self.core.create_namespaced_event(decision.namespace, as_body(decision.body),
                                                          _request_timeout=self.timeout)
             except ApiException as e:
                 if e.status != 409:
@@ -65,7 +66,7 @@ class EventRecorder:
         body = self.correlator.body(involved, decision.key, decision.name,
                                     decision.patch.get("message", decision.key.message), now,
                                     count=decision.patch["count"])
-        return self.core.create_namespaced_event(decision.namespace, body, _request_timeout=self.timeout)
+        return self.core.create_namespaced_event(decision.namespace, as_body(body), _request_timeout=self.timeout)
 
     def _patch(self, name: str, namespace: str, patch: dict[str, Any]) -> Any:
         return self.core.patch_namespaced_event(name, namespace, patch, _request_timeout=self.timeout)

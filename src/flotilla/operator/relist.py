@@ -28,6 +28,9 @@ SETTLE_SECONDS = 1.0
 RETRY_SECONDS = 5.0
 
 
+ListCalls = list[Callable[..., Any]]  # one list call per namespace (a method below is named `list`)
+
+
 class Lister:
     """Lists one kind, all pages, as plain dicts (with apiVersion and kind, as watch events have them),
     with the same namespaces and label selector as the operator's watches."""
@@ -41,8 +44,8 @@ class Lister:
             return _pages(self.core.list_node)
         return [item for call in self._calls(kind) for item in _pages(call)]
 
-    def _calls(self, kind: str) -> list[Callable[..., Any]]:
-        def per_namespace(namespaced: Callable[..., Any], everywhere: Callable[..., Any], **kw: Any):
+    def _calls(self, kind: str) -> ListCalls:
+        def per_namespace(namespaced: Callable[..., Any], everywhere: Callable[..., Any], **kw: Any) -> ListCalls:
             if not self.namespaces:
                 return [lambda **more: everywhere(**kw, **more)]
             return [lambda ns=ns, **more: namespaced(ns, **kw, **more) for ns in self.namespaces]
@@ -103,7 +106,7 @@ class Relister:
 
     async def sync(self) -> None:
         """The first full list of every kind; retried until it succeeds."""
-        kinds = KINDS
+        kinds: tuple[str, ...] = KINDS
         while kinds := tuple(await self.relist(kinds)):
             await asyncio.sleep(RETRY_SECONDS)
 

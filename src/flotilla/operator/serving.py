@@ -156,6 +156,23 @@ def fit(want: Target, gpus: int) -> Target:
                   want.predicted_goodput, want.slo_at_risk)
 
 
+class _StatusPatch:
+    """One ServingDeployment's status patch as it is built: only what differs from status."""
+
+    def __init__(self, body: Body, now: float) -> None:
+        self.body, self.now = body, now
+        self.meta, self.status = body["metadata"], body.get("status") or {}
+        self.patch: dict[str, Any] = {}
+
+    def condition(self, type_: str, state: str, reason: str, message: str) -> None:
+        base = {"conditions": self.patch.get("conditions", self.status.get("conditions"))}
+        self.patch["conditions"] = set_condition(base, {"type": type_, "status": state, "reason": reason,
+                                                        "message": message}, self.now)
+
+    def action(self) -> PatchStatus:
+        return PatchStatus(PLURAL, self.meta["namespace"], self.meta["name"], self.patch)
+
+
 def plan_serving(body: Body, deployments: Mapping[str, Body], now: float,
                  grant: ServingGrant | None = None, inference_pools: bool = False) -> list[Action]:
     """Actions for one ServingDeployment; `deployments` maps role -> its Deployment (if any).
@@ -163,53 +180,78 @@ def plan_serving(body: Body, deployments: Mapping[str, Body], now: float,
     not shrunk while the grant keeps more than the plan (the pool's hold-down). The endpoint's objects
     (flotilla.operator.endpoint) are applied on every pass, an InferencePool too when `inference_pools`
     (its CRD is installed): the caller skips those it applied unchanged a moment ago."""
-    meta, spec, status = body["metadata"], body["spec"], body.get("status") or {}
+    meta, spec = body["metadata"], body["spec"]
     observed = observed_from_annotation((meta.get("annotations") or {}).get(names.ANNOTATION_OBSERVED)) or None
-    actions: list[Action] = []
-    patch: dict[str, Any] = {}
-    if status.get("observedGeneration") != meta.get("generation"):
-        patch["observedGeneration"] = meta.get("generation")
-
-    def condition(type_: str, state: str, reason: str, message: str) -> None:
-        base = {"conditions": patch.get("conditions", status.get("conditions"))}
-        patch["conditions"] = set_condition(base, {"type": type_, "status": state, "reason": reason,
-                                                   "message": message}, now)
-
-    def refuse(reason: str, why: str) -> list[Action]:
-        if status.get("message") != why:
-            patch.update(phase=phases.FAILED, message=why)
-            condition(names.COND_READY, "False", reason, why)
-            actions.append(PostEvent(involved(body), "Warning", reason, why))
-        return [PatchStatus(PLURAL, meta["namespace"], meta["name"], patch), *actions] if patch else []
-
+    out = _StatusPatch(body, now)
+    if out.status.get("observedGeneration") != meta.get("generation"):
+        out.patch["observedGeneration"] = meta.get("generation")
     try:
         want = target(body)
     except ValueError as e:
-        return refuse(names.Reason.NO_PLAN, f"the planner found no plan: {e}")
+        return _refuse(out, names.Reason.NO_PLAN, f"the planner found no plan: {e}")
     if want.gpus > int(spec["maxGPUs"]):
-        return refuse(names.Reason.OVER_BUDGET, f"the plan needs {want.gpus} GPUs, more than spec.maxGPUs={spec['maxGPUs']}")
+        return _refuse(out, names.Reason.OVER_BUDGET,
+                       f"the plan needs {want.gpus} GPUs, more than spec.maxGPUs={spec['maxGPUs']}")
 
-    actions.extend(ApplyObject(m) for m in endpoint.objects(body, inference_pools))
+    actions: list[Action] = [ApplyObject(m) for m in endpoint.objects(body, inference_pools)]
     budget, deploy = int(spec["maxGPUs"]), want
     if grant is not None:
         budget, deploy = min(budget, grant.budget), fit(want, grant.budget)
-        pool = grant.status()
-        if status.get("pool") != {k: v for k, v in pool.items() if v is not None}:
-            patch["pool"] = pool
-        if {e["job"]: int(e["gpus"]) for e in status.get("borrowedFrom") or []} != dict(grant.borrowed):
-            patch["borrowedFrom"] = [{"job": k, "gpus": g} for k, g in sorted(grant.borrowed.items())]
-            actions.extend(_loan_events(body, grant.borrowed, status))
+        actions.extend(_record_grant(out, grant))
     holding = grant is not None and grant.gpus > want.gpus
-    actions.extend(_deployment_changes(body, deployments, deploy, status, budget, shrink=not holding))
-    if status.get("lastPlan") and status.get("ratio") not in (None, want.ratio):
-        actions.append(PostEvent(involved(body), "Normal", names.Reason.SCALED,
-                                 f"prefill:decode {status.get('ratio')} -> {want.ratio} on {want.gpus} GPUs: "
-                                 f"{want.reason}"))
+    actions.extend(_deployment_changes(body, deployments, deploy, out.status, budget, shrink=not holding))
+    actions.extend(_plan_change_events(out, want))
     ready = {r: int(((deployments.get(r) or {}).get("status") or {}).get("readyReplicas") or 0) for r in ROLES}
+    desired = _desired_status(body, want, deploy, ready, grant, inference_pools, now)
+    out.patch.update({k: v for k, v in desired.items() if out.status.get(k) != v})
+    _mirror_observed(out, observed)
+    actions.extend(_slo_condition(out, want, observed, grant))
+    actions.extend(_ready_condition(out, want, desired["phase"], desired["message"]))
+    if out.patch:
+        actions.insert(0, out.action())
+    return actions
+
+
+def _refuse(out: _StatusPatch, reason: str, why: str) -> list[Action]:
+    """No plan to deploy: Failed, with the reason (once)."""
+    actions: list[Action] = []
+    if out.status.get("message") != why:
+        out.patch.update(phase=phases.FAILED, message=why)
+        out.condition(names.COND_READY, "False", reason, why)
+        actions.append(PostEvent(involved(out.body), "Warning", reason, why))
+    return [out.action(), *actions] if out.patch else []
+
+
+def _record_grant(out: _StatusPatch, grant: ServingGrant) -> list[Action]:
+    """status.pool and status.borrowedFrom from the pool's grant; an Event per lender whose loan changed."""
+    pool = grant.status()
+    if out.status.get("pool") != {k: v for k, v in pool.items() if v is not None}:
+        out.patch["pool"] = pool
+    if {e["job"]: int(e["gpus"]) for e in out.status.get("borrowedFrom") or []} != dict(grant.borrowed):
+        out.patch["borrowedFrom"] = [{"job": k, "gpus": g} for k, g in sorted(grant.borrowed.items())]
+        return _loan_events(out.body, grant.borrowed, out.status)
+    return []
+
+
+def _plan_change_events(out: _StatusPatch, want: Target) -> list[Action]:
+    """Scaled: the first plan, or a prefill:decode ratio that changed."""
+    status = out.status
+    if not status.get("lastPlan"):
+        return [PostEvent(involved(out.body), "Normal", names.Reason.SCALED,
+                          f"prefill:decode {want.ratio} on {want.gpus} GPUs: {want.reason}")]
+    if status.get("ratio") not in (None, want.ratio):
+        return [PostEvent(involved(out.body), "Normal", names.Reason.SCALED,
+                          f"prefill:decode {status.get('ratio')} -> {want.ratio} on {want.gpus} GPUs: "
+                          f"{want.reason}")]
+    return []
+
+
+def _desired_status(body: Body, want: Target, deploy: Target, ready: Mapping[str, int], grant: ServingGrant | None,
+                    inference_pools: bool, now: float) -> dict[str, Any]:
+    """The status fields the plan and the Deployments' readiness determine."""
     all_ready = all(ready[r] >= want.replicas[r] for r in ROLES)
-    phase = phases.READY if all_ready else phases.PROGRESSING
-    desired = {
-        "phase": phase,
+    desired: dict[str, Any] = {
+        "phase": phases.READY if all_ready else phases.PROGRESSING,
         "prefillReplicas": want.replicas[names.ROLE_PREFILL],
         "decodeReplicas": want.replicas[names.ROLE_DECODE],
         "prefillGPUsPerInstance": want.gpus_per_instance[names.ROLE_PREFILL],
@@ -221,40 +263,50 @@ def plan_serving(body: Body, deployments: Mapping[str, Body], now: float,
         "endpoint": endpoint.url(body),
         "message": f"{ready[names.ROLE_PREFILL]}/{want.replicas[names.ROLE_PREFILL]} prefill, "
                    f"{ready[names.ROLE_DECODE]}/{want.replicas[names.ROLE_DECODE]} decode ready"
-                   + (f"; {deploy.gpus} of {want.gpus} GPUs granted now: {grant.reason}" if deploy is not want else ""),
+                   + (f"; {deploy.gpus} of {want.gpus} GPUs granted now: {grant.reason}"
+                      if deploy is not want and grant is not None else ""),
     }
     if inference_pools:
-        desired["inferencePool"] = meta["name"]
+        desired["inferencePool"] = body["metadata"]["name"]
     if want.predicted_goodput is not None:
         desired["predictedGoodput"] = round(float(want.predicted_goodput), 3)
     desired["lastPlan"] = last_plan(body, want, now)
-    patch.update({k: v for k, v in desired.items() if status.get(k) != v})
-    if (status.get("observed") or None) != observed:
+    return desired
+
+
+def _mirror_observed(out: _StatusPatch, observed: Mapping[str, float] | None) -> None:
+    """status.observed: the controller's observed-load annotation, as it is now."""
+    if (out.status.get("observed") or None) != observed:
         # a merge patch keeps keys it does not name: name the ones that went (null deletes them)
-        patch["observed"] = {**{k: None for k in status.get("observed") or {}}, **observed} if observed else None
-    if not status.get("lastPlan"):
-        actions.append(PostEvent(involved(body), "Normal", names.Reason.SCALED,
-                                 f"prefill:decode {want.ratio} on {want.gpus} GPUs: {want.reason}"))
+        out.patch["observed"] = {**{k: None for k in out.status.get("observed") or {}}, **observed} \
+            if observed else None
+
+
+def _slo_condition(out: _StatusPatch, want: Target, observed: Mapping[str, float] | None,
+                   grant: ServingGrant | None) -> list[Action]:
+    """SLOAtRisk: set when the plan (or the pool's grant) cannot serve the load; cleared once it can."""
     at_risk, why = _slo_at_risk(want, observed)
     if grant is not None and grant.gpus < want.gpus and not at_risk:
         at_risk, why = True, f"the pool grants {grant.gpus} of the {want.gpus} GPUs the plan needs: {grant.reason}"
-    was = next((c.get("status") for c in status.get("conditions") or [] if c.get("type") == names.COND_SLO_AT_RISK),
-               None)
-    if was != ("True" if at_risk else "False") and (at_risk or was is not None):
-        condition(names.COND_SLO_AT_RISK, "True" if at_risk else "False",
+    was = next((c.get("status") for c in out.status.get("conditions") or []
+                if c.get("type") == names.COND_SLO_AT_RISK), None)
+    if was == ("True" if at_risk else "False") or not (at_risk or was is not None):
+        return []
+    out.condition(names.COND_SLO_AT_RISK, "True" if at_risk else "False",
                   names.Reason.SLO_AT_RISK if at_risk else names.Reason.SLO_MET, why)
-        if at_risk:
-            actions.append(PostEvent(involved(body), "Warning", names.Reason.SLO_AT_RISK, why))
-    if status.get("phase") != phase:
-        if all_ready:
-            condition(names.COND_READY, "True", names.Reason.AVAILABLE, "all instances ready")
-            actions.append(PostEvent(involved(body), "Normal", names.Reason.AVAILABLE,
-                                     f"{want.ratio} prefill:decode instances ready"))
-        else:
-            condition(names.COND_READY, "False", names.Reason.PROGRESSING, desired["message"])
-    if patch:
-        actions.insert(0, PatchStatus(PLURAL, meta["namespace"], meta["name"], patch))
-    return actions
+    return [PostEvent(involved(out.body), "Warning", names.Reason.SLO_AT_RISK, why)] if at_risk else []
+
+
+def _ready_condition(out: _StatusPatch, want: Target, phase: str, message: str) -> list[Action]:
+    """Ready: True (and an Event) when every instance became ready, False while some are not."""
+    if out.status.get("phase") == phase:
+        return []
+    if phase == phases.READY:
+        out.condition(names.COND_READY, "True", names.Reason.AVAILABLE, "all instances ready")
+        return [PostEvent(involved(out.body), "Normal", names.Reason.AVAILABLE,
+                          f"{want.ratio} prefill:decode instances ready")]
+    out.condition(names.COND_READY, "False", names.Reason.PROGRESSING, message)
+    return []
 
 
 def _slo_at_risk(want: Target, observed_load: Mapping[str, float] | None) -> tuple[bool, str]:

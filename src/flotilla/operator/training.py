@@ -34,7 +34,8 @@ from flotilla.operator.actions import (
 )
 from flotilla.operator.pods import holds_gpus, pod_gpus, worker_job_uid
 from flotilla.operator.timeutil import rfc3339, to_unix
-from flotilla.resources import checkpoint, names, phases
+from flotilla.resources import checkpoint, names, parse, phases, training_job
+from flotilla.resources import node as k8s_node
 
 
 Body = Mapping[str, Any]
@@ -47,15 +48,10 @@ def key_of(body: Body) -> str:
     return f"{body['metadata']['namespace']}/{body['metadata']['name']}"
 
 
-def deadline_of(body: Body) -> float:
-    spec = body["spec"]
-    if spec.get("deadline"):
-        return to_unix(spec["deadline"])
-    return to_unix(body["metadata"]["creationTimestamp"]) + float(spec["deadlineSeconds"])
-
-
 def placement_of(body: Body) -> dict[str, int]:
-    return {p["node"]: int(p["gpus"]) for p in (body.get("status") or {}).get("placement") or [] if p["gpus"]}
+    """status.placement: node -> GPUs, nodes given none left out."""
+    return {node: gpus for node, gpus in parse.keyed_gpus(body.get("status") or {}, "placement", "node").items()
+            if gpus}
 
 
 def progress_of(body: Body) -> dict[str, Any] | None:
@@ -80,54 +76,43 @@ _VERDICT_OF_PHASE = {
 
 
 def job_state(body: Body) -> JobState:
-    spec, status = body["spec"], body.get("status") or {}
-    el = spec["elasticity"]
+    job = training_job.parse(body)
+    if job.created is None or job.deadline is None:
+        raise ValueError(f"TrainingJob {job.key} has no metadata.creationTimestamp or no deadline")
     progress = progress_of(body) or {}
-    verdict = _VERDICT_OF_PHASE.get(status.get("phase", ""))
-    if verdict is Verdict.ADMITTED and spec.get("bestEffort") and _condition(status, names.COND_ADMITTED,
-                                                                              "reason") == "BestEffort":
+    verdict = _VERDICT_OF_PHASE.get(job.phase or "")
+    if verdict is Verdict.ADMITTED and job.best_effort and job.condition(names.COND_ADMITTED,
+                                                                          "reason") == "BestEffort":
         verdict = Verdict.BEST_EFFORT
-    curve = ScalingCurve.of([(int(p["gpus"]), float(p["stepsPerSecond"])) for p in spec["throughput"]])
-    placement = placement_of(body)
+    curve = ScalingCurve.of(list(job.throughput))
+    placement = {node: gpus for node, gpus in job.placement.items() if gpus}
     measured, gpus = float(progress.get("stepsPerSecond") or 0.0), sum(placement.values())
     if measured > 0 and gpus and throughput.departs(curve, gpus, measured):
         # The job runs off its declared curve: plan with the curve that matches what it does.
         curve = throughput.calibrated(curve, gpus, measured)
     return JobState(
-        key=key_of(body),
-        submit_time=to_unix(body["metadata"]["creationTimestamp"]),
-        deadline=deadline_of(body),
-        total_steps=int(spec["totalSteps"]),
+        key=job.key,
+        submit_time=job.created,
+        deadline=job.deadline,
+        total_steps=job.total_steps,
         done_steps=int(progress.get("steps", 0)),
-        min_gpus=int(el["minGPUs"]),
-        max_gpus=int(el["maxGPUs"]),
-        gpus_per_worker=int(el.get("gpusPerWorker", 1)),
+        min_gpus=job.min_gpus,
+        max_gpus=job.max_gpus,
+        gpus_per_worker=job.gpus_per_worker,
         curve=curve,
-        restore_seconds=restore_seconds(body),
-        best_effort=bool(spec.get("bestEffort", False)),
+        restore_seconds=job.restore_seconds,
+        best_effort=job.best_effort,
         placement=placement,
         verdict=verdict,
-        checkpoint_interval_steps=int((spec.get("checkpoint") or {}).get("intervalSteps", 0)),
-        last_checkpoint_step=int((status.get("checkpoint") or {}).get("step", 0)),
+        checkpoint_interval_steps=job.checkpoint_interval_steps,
+        last_checkpoint_step=job.checkpoint_step,
     )
 
 
-def restore_seconds(body: Body) -> float:
-    """What a stop/reshard/restart costs the job: as its workers measured it last (status), else as declared."""
-    measured = ((body.get("status") or {}).get("checkpoint") or {}).get("restoreSeconds")
-    if measured is not None:
-        return float(measured)
-    return float((body["spec"].get("checkpoint") or {}).get("restoreSeconds", 30.0))
-
-
-def node_state(node: Body) -> NodeState:
-    meta, spec, status = node["metadata"], node.get("spec") or {}, node.get("status") or {}
-    gpus = int(str((status.get("allocatable") or {}).get(names.GPU_RESOURCE, "0")))
-    ready = any(c.get("type") == "Ready" and c.get("status") == "True" for c in status.get("conditions") or [])
-    tainted = any(t.get("key") == names.TAINT_UNHEALTHY for t in spec.get("taints") or [])
-    return NodeState(name=meta["name"], total_gpus=gpus,
-                     schedulable=ready and not spec.get("unschedulable", False) and not tainted,
-                     labels=dict(meta.get("labels") or {}))
+def node_state(body: Body) -> NodeState:
+    node = k8s_node.parse(body)
+    return NodeState(name=node.name, total_gpus=node.allocatable_gpus or 0, schedulable=node.schedulable,
+                     labels=dict(node.labels))
 
 
 def is_final(body: Body) -> bool:
@@ -285,8 +270,8 @@ def checkpoint_storage(spec: Mapping[str, Any]) -> tuple[str | None, dict[str, A
 
 def pipeline_stages(body: Body) -> int | None:
     """`spec.parallelism.pipelineStages`, when the job says it."""
-    stages = (body["spec"].get("parallelism") or {}).get("pipelineStages")
-    return int(stages) if stages else None
+    return parse.optional_integer(body["spec"].get("parallelism") or {}, "pipelineStages",
+                                  "spec.parallelism") or None
 
 
 def stage_of(rank: int, world: int, stages: int) -> int:
@@ -379,13 +364,6 @@ def worker_pods(body: Body, placement: Mapping[str, int], generation: int,
     return pods
 
 
-def _condition(status: Mapping[str, Any], type_: str, field: str = "status") -> str | None:
-    for c in status.get("conditions") or []:
-        if c.get("type") == type_:
-            return c.get(field)
-    return None
-
-
 def set_condition(status: Mapping[str, Any], new: dict[str, Any], now: float) -> list[dict[str, Any]]:
     """Conditions with `new` merged in; lastTransitionTime moves only when status changes."""
     out, found = [], False
@@ -438,7 +416,7 @@ def _outlook(body: Body, state: JobState, gpus: int, now: float) -> dict[str, An
 
 def lent_to(body: Body) -> dict[str, int]:
     """ServingDeployment key -> GPUs this job lent it through the unified pool and has not got back."""
-    return {e["serving"]: int(e["gpus"]) for e in (body.get("status") or {}).get("lentTo") or [] if e.get("gpus")}
+    return {sd: gpus for sd, gpus in parse.keyed_gpus(body.get("status") or {}, "lentTo", "serving").items() if gpus}
 
 
 class _Plan:

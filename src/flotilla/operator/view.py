@@ -12,7 +12,7 @@ import asyncio
 import json
 import time
 from dataclasses import dataclass, field
-from typing import Any, Callable, Iterable
+from typing import Any, Callable, Iterable, Mapping
 
 from flotilla.operator import training, trim
 from flotilla.operator.actions import PatchAnnotations, PatchStatus
@@ -86,7 +86,7 @@ class View:
     relist_wake: asyncio.Event = field(default_factory=asyncio.Event)
     listing_seen_at: float = float("-inf")
 
-    def record(self, kind: str, event: dict[str, Any]) -> None:
+    def record(self, kind: str, event: Mapping[str, Any]) -> None:
         key = key_of(event["object"])
         now = self.clock()
         self._arrived[(kind, key)] = now

@@ -41,6 +41,8 @@ ANNOTATION_PLANNED_REPLICAS = f"{GROUP}/planned-replicas"
 # On a ServingDeployment: the controller's latest observed load window (JSON, see docs/serving.md),
 # server-side applied by the controller; the operator mirrors it into status.observed.
 ANNOTATION_OBSERVED = f"{GROUP}/observed"
+# On a ServingDeployment: a request to the controller to re-plan now (JSON {"generation", "time", ...}).
+ANNOTATION_REPLAN_REQUEST = f"{GROUP}/replan-request"
 
 # Endpoints: the Gateway API Inference Extension's InferencePool (installed CRD, optional).
 INFERENCE_POOL_GROUP = "inference.networking.k8s.io"

@@ -130,7 +130,7 @@ def _poisson_rows(means: np.ndarray, states: int) -> np.ndarray:
     """Row i: Poisson(means[i]) over 0..states-1, the tail folded into the last state."""
     counts, log_factorial = _log_factorials(states)
     means = np.maximum(means, 1e-12)
-    rows = np.exp(counts[None, :] * np.log(means)[:, None] - means[:, None] - log_factorial[None, :])
+    rows: np.ndarray = np.exp(counts[None, :] * np.log(means)[:, None] - means[:, None] - log_factorial[None, :])
     rows[:, -1] = np.maximum(1.0 - rows[:, :-1].sum(axis=1), 0.0)
     return rows
 
@@ -148,7 +148,8 @@ def _stationary(transition: np.ndarray) -> np.ndarray:
     system[-1] = 1.0
     target = np.zeros(states)
     target[-1] = 1.0
-    return np.maximum(np.linalg.solve(system, target), 0.0)
+    pi: np.ndarray = np.maximum(np.linalg.solve(system, target), 0.0)
+    return pi
 
 
 def _normal_sf(x: np.ndarray) -> np.ndarray:
@@ -157,7 +158,8 @@ def _normal_sf(x: np.ndarray) -> np.ndarray:
     t = 1.0 / (1.0 + 0.3275911 * z)
     poly = t * (0.254829592 + t * (-0.284496736 + t * (1.421413741 + t * (-1.453152027 + t * 1.061405429))))
     upper = 0.5 * poly * np.exp(-z * z)
-    return np.where(x >= 0, upper, 1.0 - upper)
+    sf: np.ndarray = np.where(x >= 0, upper, 1.0 - upper)
+    return sf
 
 
 _UNIFORM_GRID = (np.arange(5) + 0.5) / 5

@@ -152,18 +152,18 @@ def simulate(trace: Sequence[TraceJob], gpus: int, policy: Allocator, progress: 
         now = until
     bar.close()
 
-    finished = [j for j in jobs.values() if j.finish is not None]
+    finished = [(j, j.finish) for j in jobs.values() if j.finish is not None]
     ran = [j for j in jobs.values() if j.verdict is not Verdict.REJECTED]
-    met_ids = {j.trace.job_id for j in finished if j.finish <= j.trace.deadline + _EPS}
+    met_ids = {j.trace.job_id for j, finish in finished if finish <= j.trace.deadline + _EPS}
     met = len(met_ids)
-    span = (max((j.finish for j in finished), default=now) - arrivals[0].submit) or 1.0
+    span = (max((finish for _, finish in finished), default=now) - arrivals[0].submit) or 1.0
     return SimResult(
         policy=policy.name, gpus=gpus, jobs=len(arrivals), admitted=len(ran), rejected=len(arrivals) - len(ran),
         deadlines_met=met, deadline_ratio=met / len(arrivals),
         guarantees_missed=sum(1 for j in jobs.values() if j.guaranteed and j.trace.job_id not in met_ids),
         admitted_missed=sum(1 for j in jobs.values() if j.verdict is Verdict.ADMITTED and j.trace.job_id not in met_ids),
         utilisation=held_gpu_seconds / (gpus * span),
-        avg_jct_s=sum(j.finish - j.trace.submit for j in finished) / len(finished) if finished else 0.0,
+        avg_jct_s=sum(finish - j.trace.submit for j, finish in finished) / len(finished) if finished else 0.0,
         unfinished=len(ran) - len(finished), rescales=sum(j.rescales for j in jobs.values()),
         replans=len(decision_s), decision_ms_mean=1000 * sum(decision_s) / max(1, len(decision_s)),
         decision_ms_max=1000 * max(decision_s, default=0.0), timeline=tuple(timeline),

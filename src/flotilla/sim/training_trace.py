@@ -165,22 +165,25 @@ def _row(row: dict[str, str], where: str) -> TraceJob:
     def get(name: str) -> str:
         return (row.get(name) or "").strip()
 
-    def num(name: str, default: float | None = None, kind: type = float) -> float:
+    def num(name: str, default: float | None = None) -> float:
         text = get(name)
         if not text:
             if default is None:
                 raise ValueError(f"{where}: column '{name}' is required")
             return default
         try:
-            return kind(float(text)) if kind is int else kind(text)
+            return float(text)
         except ValueError:
             raise ValueError(f"{where}: column '{name}' must be a number, not {text!r}") from None
+
+    def whole(name: str, default: int | None = None) -> int:
+        return int(num(name, default))
 
     job_id = get("job_id")
     if not job_id:
         raise ValueError(f"{where}: column 'job_id' is required")
     submit = num("submit_s")
-    requested = num("requested_gpus", kind=int)
+    requested = whole("requested_gpus")
     if get("curve"):
         curve, model = _parse_curve(get("curve"), where), get("model")
     elif get("model"):
@@ -192,7 +195,7 @@ def _row(row: dict[str, str], where: str) -> TraceJob:
     else:
         raise ValueError(f"{where}: give column 'model' or 'curve'")
     if get("total_steps"):
-        steps = num("total_steps", kind=int)
+        steps = whole("total_steps")
     elif get("duration_s"):
         steps = round(num("duration_s") * curve.rate(requested))
     else:
@@ -203,10 +206,10 @@ def _row(row: dict[str, str], where: str) -> TraceJob:
         deadline = submit + num("deadline_s")
     else:
         raise ValueError(f"{where}: give column 'deadline_s' or 'deadline_abs_s'")
-    unit = num("gpus_per_worker", 1, int)
+    unit = whole("gpus_per_worker", 1)
     job = TraceJob(
         job_id=job_id, submit=submit, total_steps=steps, requested_gpus=requested,
-        min_gpus=num("min_gpus", unit, int), max_gpus=num("max_gpus", requested, int), gpus_per_worker=unit,
+        min_gpus=whole("min_gpus", unit), max_gpus=whole("max_gpus", requested), gpus_per_worker=unit,
         deadline=deadline, curve=curve, model=model, restore_seconds=num("restore_s", 30.0),
         best_effort=get("best_effort").lower() in ("1", "true", "yes"),
     )

@@ -19,7 +19,7 @@ import math
 
 import numpy as np
 
-from flotilla.serving.planner import instance_capacities
+from flotilla.serving.planner import InstanceCapacities, instance_capacities
 from flotilla.serving.shipped_profiles import OPT_13B_A100
 from flotilla.serving.workload import SLO, Workload
 from flotilla.sim.training_trace import generate
@@ -33,7 +33,7 @@ BURST_SHARE_OF_MEAN = 0.6  # the steady rate of the burst scenario, as a share o
 _SLO = SLO(ttft_ms=400.0, tpot_ms=60.0, attainment=0.9)
 
 
-def _capacities():
+def _capacities() -> InstanceCapacities:
     workload = Workload.from_means(1.0, 180.0, 150.0)
     return instance_capacities(workload, _SLO, OPT_13B_A100, allow_colocated=False, prefill_gpus=2, decode_gpus=2)
 
@@ -51,7 +51,7 @@ def build(name: str, seed: int, gpus: int = 64, duration_s: float = 12 * 3600.0,
             return mean_rate * (1 - SWING * math.cos(2 * math.pi * t / duration_s))
 
         def rate(t: float) -> float:
-            return curve(t) * noise[min(int(t // 60), minutes - 1)]
+            return curve(t) * float(noise[min(int(t // 60), minutes - 1)])
         forecast = curve
         peak, mean = mean_rate * (1 + SWING) * (1 + NOISE), mean_rate
     else:
