@@ -234,8 +234,20 @@ def rendezvous_service_name(job: str, uid: str) -> str:
     return ("w" + job if not job[:1].isalpha() else job)[:POD_NAME_MAX - len(suffix)].rstrip("-.") + suffix
 
 
-def rendezvous_address(meta: Mapping[str, Any], generation: int) -> str:
-    """Rank 0's DNS name for a worker set: its hostname (the pod name) under the job's headless Service."""
+LOCAL_RENDEZVOUS = "127.0.0.1"
+
+
+def needs_rendezvous_service(world: int) -> bool:
+    """A worker set of one has its process group inside its pod (rank 0 serves and joins it on the loopback):
+    no headless Service, and none of the Endpoints and EndpointSlice writes the cluster makes for one."""
+    return world > 1
+
+
+def rendezvous_address(meta: Mapping[str, Any], generation: int, world: int) -> str:
+    """Rank 0's DNS name for a worker set: its hostname (the pod name) under the job's headless Service;
+    the loopback for a set of one worker."""
+    if not needs_rendezvous_service(world):
+        return LOCAL_RENDEZVOUS
     service = rendezvous_service_name(meta["name"], meta["uid"])
     return f"{pod_name(meta['name'], meta['uid'], generation, 0)}.{service}.{meta['namespace']}.svc"
 
@@ -334,9 +346,9 @@ def worker_pods(body: Body, placement: Mapping[str, int], generation: int,
             {"name": names.ENV_AGENT_PORT, "value": str(agent_port)},
             {"name": "FLOTILLA_GPUS_PER_WORKER", "value": str(per_worker)},
             # The process group's rendezvous: rank 0 of this worker set (torchrun's --master-addr/--master-port).
-            {"name": "FLOTILLA_RENDEZVOUS_ADDR", "value": rendezvous_address(meta, generation)},
+            {"name": "FLOTILLA_RENDEZVOUS_ADDR", "value": rendezvous_address(meta, generation, world)},
             {"name": "FLOTILLA_RENDEZVOUS_PORT", "value": str(RENDEZVOUS_PORT)},
-            {"name": "MASTER_ADDR", "value": rendezvous_address(meta, generation)},
+            {"name": "MASTER_ADDR", "value": rendezvous_address(meta, generation, world)},
             {"name": "MASTER_PORT", "value": str(RENDEZVOUS_PORT)},
         ]
         if stage is not None:
@@ -347,7 +359,8 @@ def worker_pods(body: Body, placement: Mapping[str, int], generation: int,
             env.append({"name": "FLOTILLA_CHECKPOINT_DIR", "value": ckpt_dir})
         if ckpt.get("intervalSteps"):
             env.append({"name": "FLOTILLA_CHECKPOINT_INTERVAL_STEPS", "value": str(int(ckpt["intervalSteps"]))})
-        pod_spec["subdomain"] = rendezvous_service_name(meta["name"], meta["uid"])
+        if needs_rendezvous_service(world):
+            pod_spec["subdomain"] = rendezvous_service_name(meta["name"], meta["uid"])
         if volume:
             pod_spec.setdefault("volumes", []).append(volume)
         for i, c in enumerate(pod_spec["containers"]):
@@ -639,6 +652,7 @@ def _create_when_free(plan: _Plan, by_gen: Mapping[int, list[Body]], generation:
     busy = {p["spec"]["nodeName"] for g, ps in by_gen.items() if g != generation for p in ps if holds_gpus(p)}
     waiting = []
     creating = False
+    manifests = list(manifests)
     for m in manifests:
         node = m["spec"]["nodeSelector"]["kubernetes.io/hostname"]
         if node in busy:
@@ -646,7 +660,8 @@ def _create_when_free(plan: _Plan, by_gen: Mapping[int, list[Body]], generation:
         else:
             plan.actions.append(CreatePod(m))
             creating = True
-    if creating:  # applied with every pod creation: idempotent, and there before rank 0 is looked up
+    # Applied with every pod creation of a set that needs it: idempotent, and there before rank 0 is looked up.
+    if creating and any("subdomain" in m["spec"] for m in manifests):
         plan.actions.append(ApplyObject(rendezvous_service(plan.body)))
     return sorted(set(waiting))
 
