@@ -40,7 +40,14 @@ from flotilla.resources import checkpoint, names, phases
 Body = Mapping[str, Any]
 PLURAL = "trainingjobs"
 UNHEALTHY_TOLERATION_SECONDS = 600
-PROGRESS_EVERY_SECONDS = 10.0
+# Status is for people and costs the API server a write each time: what changes often is written only when
+# it is worth one. Rank 0's progress: at a new checkpoint, else at most once a minute (planning reads the
+# annotation). A job's first moments: a job placed within QUIET_SECONDS of its creation is written once,
+# admitted and placed, without a Pending before; workers that started less than QUIET_SECONDS ago are
+# recorded Running with the next write or once that time has passed (a job that ends first goes from
+# Admitted to Succeeded in one write, its startedAt taken from its pods).
+PROGRESS_EVERY_SECONDS = 60.0
+QUIET_SECONDS = 10.0
 
 
 def key_of(body: Body) -> str:
@@ -540,6 +547,8 @@ def plan_job(body: Body, pods: Iterable[Body], decision: JobDecision | None, now
             plan.condition(names.COND_ADMITTED, "True", admitted, reason)
             _switch(plan, state, by_gen, want, generation, reason)
             return plan.done()
+        if not status.get("phase") and plan.now - to_unix(meta["creationTimestamp"]) < QUIET_SECONDS:
+            return []  # it may be placed in a moment: one write then, admitted and placed
         if status.get("phase") != phases.PENDING or status.get("message") != reason:
             plan.patch.update(phase=phases.PENDING, message=reason, gpus=0)
         return plan.done()
@@ -728,6 +737,8 @@ def _keep_running(plan: _Plan, state: JobState, by_gen: Mapping[int, list[Body]]
         met = plan.now <= state.deadline
         plan.patch.update(phase=phases.SUCCEEDED, message="rank 0 exited successfully", gpus=0,
                           estimatedCompletion=rfc3339(plan.now), deadlineMet=met)
+        if not status.get("startedAt") and (started := workers_started(mine.values())) is not None:
+            plan.patch["startedAt"] = rfc3339(started)
         progress = progress_of(plan.body)
         if progress:
             plan.patch["progress"] = progress
@@ -740,13 +751,15 @@ def _keep_running(plan: _Plan, state: JobState, by_gen: Mapping[int, list[Body]]
         msg = f"waiting for the previous worker set's pods to terminate on {', '.join(held_up)}"
         if status.get("message") != msg:
             plan.patch["message"] = msg
-    if all_running and not waiting and status.get("phase") != phases.RUNNING:
+    _mirror_progress(plan)
+    started = workers_started(mine.values()) if all_running else None
+    if all_running and not waiting and status.get("phase") != phases.RUNNING and (
+            plan.patch or started is None or plan.now - started >= QUIET_SECONDS):
         msg = f"{len(mine)} workers running on {_describe(current)}"
         plan.patch.update(phase=phases.RUNNING, message=msg)
         if not status.get("startedAt"):
-            plan.patch["startedAt"] = rfc3339(plan.now)
+            plan.patch["startedAt"] = rfc3339(min(started or plan.now, plan.now))
         plan.condition(names.COND_READY, "True", names.Reason.WORKERS_RUNNING, msg)
-    _mirror_progress(plan)
     outlook = _outlook(plan.body, state, sum(current.values()), plan.now)
     # The outlook moves with every progress report: refresh it with a patch made anyway, or when it flips.
     if plan.patch or outlook.get("deadlineMet") != status.get("deadlineMet"):
@@ -754,10 +767,16 @@ def _keep_running(plan: _Plan, state: JobState, by_gen: Mapping[int, list[Body]]
     return plan.done()
 
 
+def workers_started(pods: Iterable[Body]) -> float | None:
+    """When the last of a worker set's pods started (their status.startTime); None if one has not said."""
+    times = [(p.get("status") or {}).get("startTime") for p in pods]
+    return max(to_unix(t) for t in times) if times and all(times) else None
+
+
 def _mirror_progress(plan: _Plan) -> None:
     """Copy rank 0's report into status: a new checkpoint at once (restarts resume from it), plain
     progress every PROGRESS_EVERY_SECONDS from the start (planning reads the annotation, status is for people;
-    a job shorter than that gets its progress recorded when it finishes)."""
+    a job shorter than that gets its progress recorded when it finishes), or with a write made anyway."""
     progress, mirrored = progress_of(plan.body), plan.status.get("progress") or {}
     measured = (progress or {}).pop("restoreSeconds", None)
     if measured is not None and measured != (plan.status.get("checkpoint") or {}).get("restoreSeconds"):
@@ -768,7 +787,7 @@ def _mirror_progress(plan: _Plan) -> None:
         (plan.status.get("checkpoint") or {}).get("step", 0))
     since = mirrored.get("updatedAt") or plan.status.get("startedAt")
     age = to_unix(progress["updatedAt"]) - (to_unix(since) if since else 0.0)
-    if not checkpointed and age < PROGRESS_EVERY_SECONDS:
+    if not checkpointed and age < PROGRESS_EVERY_SECONDS and not plan.patch:
         return
     plan.patch["progress"] = progress
     if checkpointed:
