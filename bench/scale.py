@@ -724,7 +724,7 @@ def find_rate(api: Any, run_id: str, args: argparse.Namespace) -> tuple[float, l
                         lambda j: [core.create_namespaced_pod(namespace, p) for p in direct_pods(j)],
                         args.client_concurrency)
         total = sum(j.workers for j in jobs)
-        deadline = time.monotonic() + 3 * args.target_p99 + 10
+        deadline = time.monotonic() + 2 * args.target_p99 + 5
         while time.monotonic() < deadline and sum(s.running is not None for s in list(watch.seen.values())) < total:
             time.sleep(0.5)
         latencies = watch_latency(watch.seen)
