@@ -775,7 +775,8 @@ def main() -> int:
                         help="jobs offered per second on both paths (a wave every second); default: the highest "
                              "rate of a short ramp at which the direct path's p99 stays within --target-p99")
     parser.add_argument("--target-p99", type=float, default=3.0, help="the ramp's bound on the direct path's p99 (s)")
-    parser.add_argument("--ramp-seconds", type=float, default=4.0, help="seconds of submissions per ramp trial")
+    parser.add_argument("--ramp-seconds", type=float, default=None,
+                        help="seconds of submissions per ramp trial (default 4, 3 with --quick)")
     parser.add_argument("--workers", choices=("kwok", "simulated"), default="kwok",
                         help="kwok: KWOK ends the worker pods after the job's duration, as on the direct path; "
                              "simulated: `flotilla simworkers` reports progress until the job is done")
@@ -804,6 +805,8 @@ def main() -> int:
     args = parser.parse_args()
     if args.quick:
         args.nodes, args.jobs, args.timeout = 100, 500, 150.0
+    if args.ramp_seconds is None:
+        args.ramp_seconds = 3.0 if args.quick else 4.0
     if args.nodes < 2 or args.jobs < 1 or (args.rate is not None and args.rate <= 0):
         parser.error("--nodes must be >= 2, --jobs >= 1, --rate > 0")
 
