@@ -703,7 +703,10 @@ def run_flotilla(api: Any, namespace: str, jobs: list[Job], cluster: Cluster, ou
     }
 
 
-RAMP = (10.0, 20.0, 40.0, 80.0, 160.0)  # jobs/s offered on the direct path until its p99 passes the target
+RAMP = (10.0, 20.0, 40.0, 80.0, 160.0)
+# --quick's rate: what the ramp (--rate auto, 12 s trials) found for 100 nodes on this 2-core machine; a ramp
+# with trials long enough to fill the GPUs would not fit in --quick's 3 minutes.
+QUICK_RATE = 40.0  # jobs/s offered on the direct path until its p99 passes the target
 
 
 def find_rate(api: Any, run_id: str, args: argparse.Namespace) -> tuple[float, list[dict[str, Any]]]:
@@ -715,7 +718,7 @@ def find_rate(api: Any, run_id: str, args: argparse.Namespace) -> tuple[float, l
     core = client.CoreV1Api(api)
     best, trials = RAMP[0], []
     for i, rate in enumerate(RAMP):
-        count = max(1, int(rate * args.ramp_seconds))
+        count = max(1, min(args.jobs, int(rate * args.ramp_seconds)))
         jobs = [replace(j, name=f"ramp-{j.name}") for j in workload(count, args.seed + 1000 + i)]
         namespace = f"scale-ramp{int(rate)}-{run_id}"
         core.create_namespace({"metadata": {"name": namespace}})
@@ -736,7 +739,7 @@ def find_rate(api: Any, run_id: str, args: argparse.Namespace) -> tuple[float, l
             not (left := core.list_namespaced_pod(namespace).items), f"{len(left)} left"), 120, 1.0)
         core.delete_namespace(namespace)
         trials.append({"rate": rate, "jobs": count, "p99_s": p99})
-        log(f"ramp: {rate:g} jobs/s for {args.ramp_seconds:g} s on the direct path: p99 {p99} s")
+        log(f"ramp: {count} jobs at {rate:g} jobs/s on the direct path: p99 {p99} s")
         if p99 > args.target_p99:
             break
         best = rate
@@ -768,15 +771,18 @@ def plot(report: dict[str, Any], path: Path) -> None:
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--quick", action="store_true", help="100 nodes, 500 jobs (under 3 minutes)")
+    parser.add_argument("--quick", action="store_true",
+                        help=f"100 nodes, 500 jobs at {QUICK_RATE:g} jobs/s unless --rate says otherwise")
     parser.add_argument("--nodes", type=int, default=1000)
     parser.add_argument("--jobs", type=int, default=15000)
-    parser.add_argument("--rate", type=float, default=None,
-                        help="jobs offered per second on both paths (a wave every second); default: the highest "
-                             "rate of a short ramp at which the direct path's p99 stays within --target-p99")
+    parser.add_argument("--rate", default=None,
+                        help="jobs offered per second on both paths (a wave every second), or 'auto': the highest "
+                             "rate of a ramp at which the direct path's p99 stays within --target-p99 (the "
+                             f"default, but {QUICK_RATE:g} with --quick)")
     parser.add_argument("--target-p99", type=float, default=3.0, help="the ramp's bound on the direct path's p99 (s)")
-    parser.add_argument("--ramp-seconds", type=float, default=None,
-                        help="seconds of submissions per ramp trial (default 4, 3 with --quick)")
+    parser.add_argument("--ramp-seconds", type=float, default=12.0,
+                        help="seconds of submissions per ramp trial (at most --jobs jobs): as long as the longest "
+                             "job, so that the GPUs in use reach what the rate keeps busy")
     parser.add_argument("--workers", choices=("kwok", "simulated"), default="kwok",
                         help="kwok: KWOK ends the worker pods after the job's duration, as on the direct path; "
                              "simulated: `flotilla simworkers` reports progress until the job is done")
@@ -805,8 +811,12 @@ def main() -> int:
     args = parser.parse_args()
     if args.quick:
         args.nodes, args.jobs, args.timeout = 100, 500, 150.0
-    if args.ramp_seconds is None:
-        args.ramp_seconds = 3.0 if args.quick else 4.0
+    if args.rate is None:
+        args.rate = str(QUICK_RATE) if args.quick else "auto"
+    try:
+        args.rate = None if args.rate == "auto" else float(args.rate)
+    except ValueError:
+        parser.error(f"--rate must be a number of jobs per second or 'auto', not {args.rate!r}")
     if args.nodes < 2 or args.jobs < 1 or (args.rate is not None and args.rate <= 0):
         parser.error("--nodes must be >= 2, --jobs >= 1, --rate > 0")
 
