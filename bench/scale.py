@@ -703,10 +703,11 @@ def run_flotilla(api: Any, namespace: str, jobs: list[Job], cluster: Cluster, ou
     }
 
 
-RAMP = (10.0, 20.0, 40.0, 80.0, 160.0)
-# --quick's rate: what the ramp (--rate auto, 12 s trials) found for 100 nodes on this 2-core machine; a ramp
-# with trials long enough to fill the GPUs would not fit in --quick's 3 minutes.
-QUICK_RATE = 40.0  # jobs/s offered on the direct path until its p99 passes the target
+RAMP = (10.0, 20.0, 40.0, 80.0, 160.0)  # jobs/s offered on the direct path until its p99 passes the target
+# --quick's rate: what the ramp (--rate auto, 12 s trials) found for 100 nodes on this 2-core machine under a
+# load average of ~19 (docs/scale.md); a ramp with trials long enough to fill the GPUs would not fit in
+# --quick's 3 minutes.
+QUICK_RATE = 20.0
 
 
 def find_rate(api: Any, run_id: str, args: argparse.Namespace) -> tuple[float, list[dict[str, Any]]]:
