@@ -769,7 +769,7 @@ def _keep_running(plan: _Plan, state: JobState, by_gen: Mapping[int, list[Body]]
 
 def workers_started(pods: Iterable[Body]) -> float | None:
     """When the last of a worker set's pods started (their status.startTime); None if one has not said."""
-    times = [(p.get("status") or {}).get("startTime") for p in pods]
+    times = [str((p.get("status") or {}).get("startTime") or "") for p in pods]
     return max(to_unix(t) for t in times) if times and all(times) else None
 
 
