@@ -1,9 +1,11 @@
 """Benchmark: Flotilla at cluster scale on the local control plane, against the stock path in the same run.
 
-  python bench/scale.py [--quick] [--nodes N] [--jobs M] [--keep-cluster]
+  python bench/scale.py [--quick] [--nodes N] [--jobs M] [--rate R] [--keep-cluster]
 
-Brings up (or reuses) the local control plane of e2e/cluster.sh with N KWOK nodes x 8 GPUs, then runs
-two phases on the same cluster, one after the other, with the same client and the same job mix:
+Brings up (or reuses) the local control plane of e2e/cluster.sh with N KWOK nodes x 8 GPUs. Without --rate, a
+short ramp on the direct path finds the highest rate (jobs/s, doubling from 10) at which its submission-to-Running
+p99 stays within --target-p99; then two phases run on the same cluster at that rate, one after the other, with
+the same client and the same job mix:
 
 * direct: each job's worker pods are created as bare pods (no Flotilla) and placed by kube-scheduler;
   KWOK ends each pod after the job's duration (annotation flotilla.dev/sim-exit-after);
@@ -12,17 +14,15 @@ two phases on the same cluster, one after the other, with the same client and th
   job succeeds when rank 0 exits (`--workers kwok`, the default), or `flotilla simworkers --speed S` plays
   rank 0, reporting progress through the API server until the job has done its steps (`--workers simulated`).
 
-Every latency comes from the API server's objects: creationTimestamp, the TrainingJob's Admitted
-condition and status.startedAt, the pods' containerStatuses startedAt/finishedAt (1 s resolution).
-The operator's re-plan time and API request count come from its per-pass log line; its CPU seconds
-and peak RSS from /proc. Writes a JSON report and a PNG plot into --out and prints, as its last line:
-{"nodes": n, "jobs": m, "admit_per_s": a, "p99_create_to_running_s": p, "p99_vs_direct": r,
- "operator_rss_mb": s}
-where p is the p99, over jobs, of submission to Running (the TrainingJob's creationTimestamp to the
-last of its workers started, by KWOK's timestamp) and r is p over the same figure on the direct path (a
-job's first pod created to its last pod started). When the operator recorded Running (status.startedAt)
-is in the report too. The worker pods' own create-to-Running is in the
-report for both paths.
+Latencies come from the bench's own watches (receive times, millisecond resolution, the same on both paths);
+the API server's 1 s timestamps give the secondary figures. The operator's re-plan time and request count
+come from its per-pass log line; its CPU seconds and peak RSS, and the API server's CPU seconds, from /proc;
+who wrote pods' status from the API server's audit log. Writes a JSON report and a PNG plot into --out and
+prints, as its last line:
+{"nodes", "jobs", "rate", "admit_per_s", "p99_create_to_running_s", "p99_vs_direct", "operator_rss_mb",
+ "writes_per_job", "apiserver_s_per_job_vs_direct", "apiserver_latency_s_per_job_vs_direct",
+ "operator_cpu_s_per_1000_jobs"}
+(docs/scale.md says what each is).
 """
 
 from __future__ import annotations
@@ -34,12 +34,14 @@ import random
 import re
 import subprocess
 import sys
+import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import datetime
 from pathlib import Path
 from typing import Any, Callable
+from urllib.parse import urlencode
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "src"))
@@ -162,7 +164,11 @@ class Cluster:
         self.kubeconfig = state.parent / "kubeconfig"
         self.env = {**os.environ, "FLOTILLA_STATE": str(state), "FLOTILLA_KUBECONFIG": str(self.kubeconfig),
                     "FLOTILLA_PORT_BASE": str(port_base), "FLOTILLA_NODES": str(nodes),
-                    "FLOTILLA_GPUS_PER_NODE": str(GPUS_PER_NODE), "FLOTILLA_NODE_LEASE_SECONDS": str(lease_seconds)}
+                    "FLOTILLA_GPUS_PER_NODE": str(GPUS_PER_NODE), "FLOTILLA_NODE_LEASE_SECONDS": str(lease_seconds),
+                    # Pod IPs off the loopback (e2e/cluster.sh's default, for the e2e serving engines): the
+                    # Endpoints and EndpointSlice controllers refuse loopback addresses and retry, with a
+                    # Warning Event each time, for every Service that selects pods.
+                    "FLOTILLA_POD_CIDR": os.environ.get("FLOTILLA_POD_CIDR", "10.128.0.1/16")}
         self.nodes = nodes
         self.started = False
         self.kubectl: list[str] = []  # the command with its kubeconfig, once up() ran
@@ -222,6 +228,28 @@ def cpu_seconds(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
+def pod_status_writers(state: Path, namespace: str) -> dict[str, float]:
+    """Status writes per pod in `namespace`, by who made them (the API server's audit log, which
+    e2e/cluster.sh keeps for writes): KWOK's stages, the node lifecycle controller marking pods NotReady
+    when a node's heartbeat is late, the scheduler... Only the writer tells one cause from another."""
+    writes: dict[str, int] = {}
+    pods: set[str] = set()
+    for path in sorted((state / "logs").glob("audit*.log")):
+        with open(path, errors="replace") as f:
+            for line in f:
+                if f'"namespace":"{namespace}"' not in line or '"resource":"pods"' not in line:
+                    continue
+                event = json.loads(line)
+                ref = event.get("objectRef") or {}
+                if event.get("verb") == "create" and not ref.get("subresource"):
+                    pods.add(ref.get("name", ""))
+                elif ref.get("subresource") == "status" and event.get("verb") in ("patch", "update"):
+                    agent = event.get("userAgent", "?")
+                    writer = agent.split("/")[0] + ("/" + agent.rsplit("/", 1)[1] if agent.count("/") > 2 else "")
+                    writes[writer] = writes.get(writer, 0) + 1
+    return {w: round(n / max(1, len(pods)), 2) for w, n in sorted(writes.items())}
+
+
 def component_cpu(state: Path) -> dict[str, float]:
     """CPU seconds so far of each control-plane process e2e/cluster.sh started (its PID files)."""
     out = {}
@@ -254,12 +282,145 @@ def api_server_requests(api: Any) -> dict[str, list[float]]:
     return out
 
 
-def requests_during(api: Any, before: dict[str, list[float]], top: int = 10) -> dict[str, dict[str, float]]:
-    """The `top` request kinds by API-server time since `before` (not watches: they last as long as they are open)."""
-    diff = {k: (v[0] - before.get(k, [0, 0])[0], v[1] - before.get(k, [0, 0])[1])
+def requests_during(api: Any, before: dict[str, list[float]]) -> dict[str, list[float]]:
+    """Every request kind's [count, API-server seconds] since `before` (not watches: they last as long as
+    they are open)."""
+    diff = {k: [v[0] - before.get(k, [0, 0])[0], v[1] - before.get(k, [0, 0])[1]]
             for k, v in api_server_requests(api).items() if not k.startswith("WATCH")}
-    ranked = sorted(((k, n, t) for k, (n, t) in diff.items() if n > 0), key=lambda x: -x[2])[:top]
-    return {k: {"count": int(n), "seconds": round(t, 1)} for k, n, t in ranked}
+    return {k: v for k, v in diff.items() if v[0] > 0}
+
+
+def busiest(requests: dict[str, list[float]], top: int = 10) -> dict[str, dict[str, float]]:
+    ranked = sorted(requests.items(), key=lambda kv: -kv[1][1])[:top]
+    return {k: {"count": int(n), "seconds": round(t, 1)} for k, (n, t) in ranked}
+
+
+# The cluster's own heartbeat (KWOK's node status and leases) goes on whatever runs: not a job's work.
+BACKGROUND = re.compile(r"^\S+ (nodes|nodes/status|leases)$")
+
+
+def apiserver_per_job(cpu: dict[str, float], requests: dict[str, list[float]], jobs: int) -> dict[str, float]:
+    """The API server's time per job, two ways:
+
+    * `apiserver_s_per_job`: its CPU seconds during the phase (/proc, the same figure as its own
+      process_cpu_seconds_total) over the jobs: the work it did, watches' fan-out included;
+    * `apiserver_latency_s_per_job`: the sum of its request durations (apiserver_request_duration_seconds),
+      watches and the nodes' heartbeats left out. A request's duration includes the time it waited for a
+      CPU: on a saturated machine this sum grows with the load, not only with the work."""
+    latency = sum(t for k, (_, t) in requests.items() if not BACKGROUND.match(k))
+    return {"apiserver_s_per_job": round(cpu.get("kube-apiserver", 0.0) / jobs, 4),
+            "apiserver_latency_s_per_job": round(latency / jobs, 4)}
+
+
+# --- the bench's own watches: receive times with millisecond resolution ---------------------------------
+
+@dataclass
+class Seen:
+    """What the bench saw of one object on its watch, by its own clock (time.time() at receipt)."""
+    first: float  # its first event (ADDED): the bench learnt it exists
+    job: str = ""
+    generation: int = 0
+    running: float | None = None  # a pod: the first event showing its container started (or already ended)
+    phase: str = ""
+
+
+class WatchLog(threading.Thread):
+    """Watches one collection (raw JSON lines, no model objects) and records when each object was first seen
+    and, for pods, when each was first seen started. The API server's own timestamps have 1 s resolution;
+    these are the bench's receive times, the same way on both paths."""
+
+    def __init__(self, api: Any, path: str, label_selector: str = ""):
+        super().__init__(daemon=True, name=f"watch {path}")
+        self.api, self.path, self.selector = api, path, label_selector
+        self.seen: dict[str, Seen] = {}
+        self.events = 0
+        self.stopped = threading.Event()
+        self.ready = threading.Event()  # the first watch request is open
+
+    def run(self) -> None:
+        from kubernetes.watch.watch import iter_resp_lines
+
+        auth = {s["key"]: s["value"] for s in self.api.configuration.auth_settings().values()}
+        version = ""
+        while not self.stopped.is_set():
+            query = {"watch": "1", "allowWatchBookmarks": "true", "timeoutSeconds": "240"}
+            if version:
+                query["resourceVersion"] = version
+            if self.selector:
+                query["labelSelector"] = self.selector
+            url = self.api.configuration.host + self.path + "?" + urlencode(query)
+            try:
+                response = self.api.call_api("GET", url, header_params=auth, _request_timeout=(10, 300)).response
+                self.ready.set()
+                for line in iter_resp_lines(response):
+                    now = time.time()
+                    event = json.loads(line)
+                    obj = event.get("object") or {}
+                    if event.get("type") == "ERROR":  # 410 Gone: start again from the current state
+                        version = ""
+                        break
+                    version = obj.get("metadata", {}).get("resourceVersion", version)
+                    if event.get("type") in ("ADDED", "MODIFIED"):
+                        self.events += 1
+                        self._record(obj, now)
+            except Exception as e:  # noqa: BLE001 - a dropped watch is resumed, never the end of the run
+                if not self.stopped.is_set():
+                    log(f"watch {self.path} resumed after {type(e).__name__}: {e}")
+                    time.sleep(0.5)
+
+    def _record(self, obj: dict[str, Any], now: float) -> None:
+        meta, status = obj["metadata"], obj.get("status") or {}
+        seen = self.seen.get(meta["name"])
+        if seen is None:
+            labels = meta.get("labels") or {}
+            seen = self.seen[meta["name"]] = Seen(now, labels.get(names.LABEL_JOB, meta["name"]),
+                                                  int(labels.get(names.LABEL_GENERATION, 0)))
+        seen.phase = status.get("phase", seen.phase)
+        if seen.running is None and obj.get("kind", "Pod") == "Pod":
+            state = ((status.get("containerStatuses") or [{}])[0].get("state") or {})
+            if "running" in state or "terminated" in state:
+                seen.running = now
+
+    def stop(self) -> None:
+        self.stopped.set()
+
+
+WORKERS = f"{names.LABEL_ROLE}={names.ROLE_WORKER}"
+
+
+def start_watch(api: Any, path: str, selector: str = "") -> WatchLog:
+    watch = WatchLog(api, path, selector)
+    watch.start()
+    if not watch.ready.wait(30):
+        raise SystemExit(f"could not watch {path}")
+    return watch
+
+
+def phase_counts(watch: WatchLog) -> dict[str, int]:
+    counts: dict[str, int] = {}
+    for seen in list(watch.seen.values()):
+        counts[seen.phase or "New"] = counts.get(seen.phase or "New", 0) + 1
+    return counts
+
+
+def watch_latency(seen: dict[str, Seen], submitted: dict[str, float] | None = None) -> list[float]:
+    """Submission to all of a job's workers running, by the bench's receive times: from the job's first pod
+    seen (direct path) or the TrainingJob seen (`submitted`, Flotilla) to the last start seen among the pods
+    of its last worker set."""
+    last: dict[str, list[Seen]] = {}
+    for p in seen.values():
+        mine = last.setdefault(p.job, [])
+        if mine and p.generation > mine[0].generation:
+            mine.clear()
+        if not mine or p.generation == mine[0].generation:
+            mine.append(p)
+    out = []
+    for job, pods in last.items():
+        if all(p.running is not None for p in pods):
+            start = submitted.get(job) if submitted is not None else min(p.first for p in pods)
+            if start is not None:
+                out.append(max(p.running for p in pods) - start)  # type: ignore[type-var]
+    return out
 
 
 # --- submitting and waiting ----------------------------------------------------------------------------
@@ -279,12 +440,6 @@ def submit_in_waves(jobs: list[Job], waves: int, gap: float, submit: Callable[[J
                 time.sleep(max(0.0, gap - (time.monotonic() - started)))
 
 
-def poll_interval(objects: int) -> float:
-    """Seconds between the bench's lists of every job or pod: listing 15,000 objects every 2 s would be a
-    load on the API server of its own."""
-    return max(2.0, objects / 1000)
-
-
 def wait_until(what: str, done: Callable[[], tuple[bool, str]], timeout: float, interval: float = 2.0) -> None:
     deadline = time.monotonic() + timeout
     while True:
@@ -294,13 +449,6 @@ def wait_until(what: str, done: Callable[[], tuple[bool, str]], timeout: float, 
         if time.monotonic() > deadline:
             raise SystemExit(f"timed out after {timeout:.0f}s waiting for {what}: {progress}")
         time.sleep(interval)
-
-
-def pod_phases(core: Any, namespace: str) -> dict[str, int]:
-    counts: dict[str, int] = {}
-    for p in core.list_namespaced_pod(namespace, label_selector=f"{names.LABEL_ROLE}={names.ROLE_WORKER}").items:
-        counts[p.status.phase] = counts.get(p.status.phase, 0) + 1
-    return counts
 
 
 # --- reading the API server's timestamps ----------------------------------------------------------------
@@ -347,11 +495,11 @@ def condition_time(status: dict[str, Any], type_: str, value: str = "True") -> f
     return None
 
 
-def percentiles(values: list[float]) -> dict[str, float | None]:
+def percentiles(values: list[float], digits: int = 2) -> dict[str, float | None]:
     if not values:
         return {"p50": None, "p90": None, "p99": None, "count": 0}
     v = sorted(values)
-    pick = lambda q: round(v[min(len(v) - 1, int(q * len(v)))], 2)  # noqa: E731
+    pick = lambda q: round(v[min(len(v) - 1, int(q * len(v)))], digits)  # noqa: E731
     return {"p50": pick(0.50), "p90": pick(0.90), "p99": pick(0.99), "count": len(v)}
 
 
@@ -420,7 +568,8 @@ def run_direct(api: Any, namespace: str, jobs: list[Job], args: argparse.Namespa
     from kubernetes import client
 
     core = client.CoreV1Api(api)
-    log(f"direct: {sum(j.workers for j in jobs)} pods of {len(jobs)} jobs in {args.waves} waves")
+    log(f"direct: {sum(j.workers for j in jobs)} pods of {len(jobs)} jobs at {args.rate} jobs/s")
+    watch = start_watch(api, f"/api/v1/namespaces/{namespace}/pods", WORKERS)
     started, cpu, requests = time.time(), component_cpu(args.state), api_server_requests(api)
 
     def submit(job: Job) -> None:
@@ -434,11 +583,12 @@ def run_direct(api: Any, namespace: str, jobs: list[Job], args: argparse.Namespa
     total = sum(j.workers for j in jobs)
 
     def finished() -> tuple[bool, str]:
-        counts = pod_phases(core, namespace)
+        counts = phase_counts(watch)
         return counts.get("Succeeded", 0) + counts.get("Failed", 0) >= total, str(counts)
 
-    wait_until("the direct pods to finish", finished, args.timeout, poll_interval(len(jobs)))
+    wait_until("the direct pods to finish", finished, args.timeout, 1.0)
     cpu, requests = cpu_during(args.state, cpu), requests_during(api, requests)
+    watch.stop()
     pods = pod_times(core, namespace)
     # The operator sees only its own pods: the stand-ins must not hold GPUs into the Flotilla phase.
     for i in range(args.servings):
@@ -456,9 +606,12 @@ def run_direct(api: Any, namespace: str, jobs: list[Job], args: argparse.Namespa
         "pods": len(pods),
         "wall_s": round(end - started, 1),
         "pod_create_to_running_s": percentiles(pod_latency(pods)),
-        "job_create_to_running_s": percentiles(job_latency_direct(pods)),
+        "job_create_to_running_s": percentiles(watch_latency(watch.seen), 3),
+        "job_create_to_running_api_s": percentiles(job_latency_direct(pods)),
         "control_plane_cpu_s": cpu,
-        "api_server_requests": requests,
+        "api_server_requests": busiest(requests),
+        **apiserver_per_job(cpu, requests, len(jobs)),
+        "pod_status_writes_per_pod": pod_status_writers(args.state, namespace),
         "gpus_in_use": gpus_in_use(pods, started, end),
     }
 
@@ -480,7 +633,9 @@ def run_flotilla(api: Any, namespace: str, jobs: list[Job], cluster: Cluster, ou
             custom.create_namespaced_custom_object(GROUP, VERSION, namespace, "servingdeployments",
                                                    servingdeployment(i))
         time.sleep(3)  # the operator lists what exists before the first job arrives
-        log(f"flotilla: {len(jobs)} TrainingJobs in {args.waves} waves, policy {args.policy}")
+        log(f"flotilla: {len(jobs)} TrainingJobs at {args.rate} jobs/s, policy {args.policy}")
+        watches = (start_watch(api, f"/api/v1/namespaces/{namespace}/pods", WORKERS),
+                   start_watch(api, f"/apis/{GROUP}/{VERSION}/namespaces/{namespace}/trainingjobs"))
         cpu, api_requests = component_cpu(args.state), api_server_requests(api)
         submit_in_waves(jobs, args.waves, args.wave_gap,
                         lambda j: custom.create_namespaced_custom_object(GROUP, VERSION, namespace, "trainingjobs",
@@ -488,14 +643,10 @@ def run_flotilla(api: Any, namespace: str, jobs: list[Job], cluster: Cluster, ou
                         args.client_concurrency)
 
         def finished() -> tuple[bool, str]:
-            items = custom.list_namespaced_custom_object(GROUP, VERSION, namespace, "trainingjobs")["items"]
-            counts: dict[str, int] = {}
-            for j in items:
-                phase = (j.get("status") or {}).get("phase", "New")
-                counts[phase] = counts.get(phase, 0) + 1
+            counts = phase_counts(watches[1])
             return sum(counts.get(p, 0) for p in FINAL) >= len(jobs), str(counts)
 
-        wait_until("the TrainingJobs to finish", finished, args.timeout, poll_interval(len(jobs)))
+        wait_until("the TrainingJobs to finish", finished, args.timeout, 1.0)
         usage = operator.usage()
         cpu = cpu_during(args.state, cpu)
         if workers:
@@ -505,6 +656,8 @@ def run_flotilla(api: Any, namespace: str, jobs: list[Job], cluster: Cluster, ou
         operator.stop()
         if workers:
             workers.stop()
+        for w in watches:
+            w.stop()
     items = custom.list_namespaced_custom_object(GROUP, VERSION, namespace, "trainingjobs")["items"]
     pods = pod_times(core, namespace)
     created = [ts(j["metadata"]["creationTimestamp"]) for j in items]
@@ -530,7 +683,9 @@ def run_flotilla(api: Any, namespace: str, jobs: list[Job], cluster: Cluster, ou
         "admit_per_s": round(len(admitted) / max(1.0, admitted[-1] - first), 2) if admitted else 0.0,
         "wall_s": round(end - first, 1),
         "pod_create_to_running_s": percentiles(pod_latency(pods)),
-        "job_create_to_running_s": percentiles(job_latency_flotilla(items, pods)),
+        "job_create_to_running_s": percentiles(
+            watch_latency(watches[0].seen, {name: seen.first for name, seen in watches[1].seen.items()}), 3),
+        "job_create_to_running_api_s": percentiles(job_latency_flotilla(items, pods)),
         "job_create_to_recorded_running_s": percentiles(job_recorded_running),
         "job_create_to_admitted_s": percentiles(job_admitted),
         "replan_ms": percentiles([p["plan_ms"] for p in passes if p["jobs"]]),
@@ -540,10 +695,56 @@ def run_flotilla(api: Any, namespace: str, jobs: list[Job], cluster: Cluster, ou
         "passes": len(passes),
         "operator": {**usage, "api_requests": requests, "api_requests_per_job": round(requests / len(jobs), 2)},
         "control_plane_cpu_s": cpu,
-        "api_server_requests": api_requests,
+        "api_server_requests": busiest(api_requests),
+        **apiserver_per_job(cpu, api_requests, len(jobs)),
+        "pod_status_writes_per_pod": pod_status_writers(args.state, namespace),
         "admitted_over_time": [round(t - first, 1) for t in admitted],
         "gpus_in_use": gpus_in_use(pods, first, end),
     }
+
+
+RAMP = (10.0, 20.0, 40.0, 80.0, 160.0)  # jobs/s offered on the direct path until its p99 passes the target
+# --quick's rate: what the ramp (--rate auto, 12 s trials) found for 100 nodes on this 2-core machine under a
+# load average of ~19 (docs/scale.md); a ramp with trials long enough to fill the GPUs would not fit in
+# --quick's 3 minutes.
+QUICK_RATE = 20.0
+
+
+def find_rate(api: Any, run_id: str, args: argparse.Namespace) -> tuple[float, list[dict[str, Any]]]:
+    """The highest rate of RAMP at which the direct path's submission-to-Running p99 stays within
+    `--target-p99`: each trial offers `--ramp-seconds` of the job mix (other seeds than the measured run's) in
+    a namespace of its own, waits for its pods to start, and removes them before the next."""
+    from kubernetes import client
+
+    core = client.CoreV1Api(api)
+    best, trials = RAMP[0], []
+    for i, rate in enumerate(RAMP):
+        count = max(1, min(args.jobs, int(rate * args.ramp_seconds)))
+        jobs = [replace(j, name=f"ramp-{j.name}") for j in workload(count, args.seed + 1000 + i)]
+        namespace = f"scale-ramp{int(rate)}-{run_id}"
+        core.create_namespace({"metadata": {"name": namespace}})
+        watch = start_watch(api, f"/api/v1/namespaces/{namespace}/pods", WORKERS)
+        submit_in_waves(jobs, -(-count // round(rate)), 1.0,
+                        lambda j: [core.create_namespaced_pod(namespace, p) for p in direct_pods(j)],
+                        args.client_concurrency)
+        total = sum(j.workers for j in jobs)
+        deadline = time.monotonic() + 2 * args.target_p99 + 5
+        while time.monotonic() < deadline and sum(s.running is not None for s in list(watch.seen.values())) < total:
+            time.sleep(0.5)
+        latencies = watch_latency(watch.seen)
+        # A job not yet running counts as beyond the target.
+        p99 = percentiles(latencies + [float("inf")] * (count - len(latencies)), 3)["p99"]
+        watch.stop()
+        core.delete_collection_namespaced_pod(namespace, grace_period_seconds=0)
+        wait_until(f"the ramp's pods in {namespace} to go", lambda: (
+            not (left := core.list_namespaced_pod(namespace).items), f"{len(left)} left"), 120, 1.0)
+        core.delete_namespace(namespace)
+        trials.append({"rate": rate, "jobs": count, "p99_s": p99})
+        log(f"ramp: {count} jobs at {rate:g} jobs/s on the direct path: p99 {p99} s")
+        if p99 > args.target_p99:
+            break
+        best = rate
+    return best, trials
 
 
 def plot(report: dict[str, Any], path: Path) -> None:
@@ -571,11 +772,18 @@ def plot(report: dict[str, Any], path: Path) -> None:
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--quick", action="store_true", help="100 nodes, 500 jobs (about 2 minutes)")
+    parser.add_argument("--quick", action="store_true",
+                        help=f"100 nodes, 500 jobs at {QUICK_RATE:g} jobs/s unless --rate says otherwise")
     parser.add_argument("--nodes", type=int, default=1000)
     parser.add_argument("--jobs", type=int, default=15000)
-    parser.add_argument("--waves", type=int, default=30, help="submit the jobs in this many waves")
-    parser.add_argument("--wave-gap", type=float, default=10.0, help="seconds from one wave to the next")
+    parser.add_argument("--rate", default=None,
+                        help="jobs offered per second on both paths (a wave every second), or 'auto': the highest "
+                             "rate of a ramp at which the direct path's p99 stays within --target-p99 (the "
+                             f"default, but {QUICK_RATE:g} with --quick)")
+    parser.add_argument("--target-p99", type=float, default=3.0, help="the ramp's bound on the direct path's p99 (s)")
+    parser.add_argument("--ramp-seconds", type=float, default=12.0,
+                        help="seconds of submissions per ramp trial (at most --jobs jobs): as long as the longest "
+                             "job, so that the GPUs in use reach what the rate keeps busy")
     parser.add_argument("--workers", choices=("kwok", "simulated"), default="kwok",
                         help="kwok: KWOK ends the worker pods after the job's duration, as on the direct path; "
                              "simulated: `flotilla simworkers` reports progress until the job is done")
@@ -603,9 +811,15 @@ def main() -> int:
     parser.add_argument("--out", type=Path, default=ROOT / ".flotilla" / "scale" / "report")
     args = parser.parse_args()
     if args.quick:
-        args.nodes, args.jobs, args.waves, args.wave_gap, args.timeout = 100, 500, 5, 5.0, 150.0
-    if args.nodes < 2 or args.jobs < 1 or args.waves < 1:
-        parser.error("--nodes must be >= 2, --jobs and --waves >= 1")
+        args.nodes, args.jobs, args.timeout = 100, 500, 150.0
+    if args.rate is None:
+        args.rate = str(QUICK_RATE) if args.quick else "auto"
+    try:
+        args.rate = None if args.rate == "auto" else float(args.rate)
+    except ValueError:
+        parser.error(f"--rate must be a number of jobs per second or 'auto', not {args.rate!r}")
+    if args.nodes < 2 or args.jobs < 1 or (args.rate is not None and args.rate <= 0):
+        parser.error("--nodes must be >= 2, --jobs >= 1, --rate > 0")
 
     args.out.mkdir(parents=True, exist_ok=True)
     args.state = args.state.resolve()
@@ -623,8 +837,15 @@ def main() -> int:
         for ns in spaces.values():
             core.create_namespace({"metadata": {"name": ns}})
         nodes = len(core.list_node(label_selector="type=kwok").items)
-        report: dict[str, Any] = {"nodes": nodes, "jobs": len(jobs), "waves": args.waves,
-                                  "wave_gap_s": args.wave_gap, "workers": args.workers, "speed": args.speed,
+        ramp: list[dict[str, Any]] = []
+        if args.rate is None:
+            args.rate, ramp = find_rate(api, run_id, args)
+        # Waves of round(rate) jobs, one a second (fewer, further apart, below 1 job/s), by `--client-concurrency`
+        # threads.
+        per_wave = max(1, round(args.rate))
+        args.waves, args.wave_gap = -(-len(jobs) // per_wave), per_wave / args.rate
+        report: dict[str, Any] = {"nodes": nodes, "jobs": len(jobs), "rate": args.rate, "ramp": ramp,
+                                  "workers": args.workers, "speed": args.speed,
                                   "policy": args.policy, "node_lease_s": args.node_lease_seconds,
                                   "gpus_requested": sum(j.gpus for j in jobs),
                                   "worker_pods": sum(j.workers for j in jobs)}
@@ -644,8 +865,10 @@ def main() -> int:
     # Submission to Running: a Flotilla pod is created only once its job is placed, so the pods' own
     # create-to-Running (in the report too) leaves out the time the job waits for the operator.
     p99, p99_direct = flo["job_create_to_running_s"]["p99"], direct["job_create_to_running_s"]["p99"]
-    # Timestamps have 1 s resolution: a 0 s p99 on the direct path counts as 1 s in the ratio.
-    report["p99_vs_direct"] = round(p99 / max(p99_direct, 1.0), 2) if p99 is not None else None
+    # The bench's own receive times: a direct-path p99 under 0.1 s counts as 0.1 s in the ratio.
+    report["p99_vs_direct"] = round(p99 / max(p99_direct, 0.1), 2) if p99 is not None else None
+    for figure in ("apiserver_s_per_job", "apiserver_latency_s_per_job"):
+        report[f"{figure}_vs_direct"] = round(flo[figure] / max(direct[figure], 1e-6), 2)
     (args.out / "scale.json").write_text(json.dumps(report, indent=1))
     plot(report, args.out / "scale.png")
     for phase in ("direct", "flotilla"):
@@ -656,13 +879,22 @@ def main() -> int:
           f"submit->recorded Running {flo['job_create_to_recorded_running_s']}, "
           f"admitted {flo['admit_per_s']} jobs/s (all in {flo['admission_wall_s']} s), "
           f"re-plan {flo['replan_ms']} ms (max {flo['replan_ms_max']}), operator {flo['operator']}")
+    if report["ramp"]:
+        print(f"ramp (direct path, p99 target {args.target_p99} s): {report['ramp']} -> {args.rate:g} jobs/s")
     for phase in ("direct", "flotilla"):
-        print(f"CPU seconds during {phase}: {report[phase]['control_plane_cpu_s']}")
-        print(f"API server's busiest requests during {phase}: {report[phase]['api_server_requests']}")
+        r = report[phase]
+        print(f"CPU seconds during {phase}: {r['control_plane_cpu_s']}")
+        print(f"API server during {phase}: {r['apiserver_s_per_job']} CPU-s per job, "
+              f"{r['apiserver_latency_s_per_job']} s of request durations per job; busiest: {r['api_server_requests']}")
+        print(f"pod status writes per pod during {phase}, by writer: {r['pod_status_writes_per_pod']}")
     print(f"report: {args.out / 'scale.json'}, plot: {args.out / 'scale.png'}")
-    print(json.dumps({"nodes": nodes, "jobs": len(jobs), "admit_per_s": flo["admit_per_s"],
+    print(json.dumps({"nodes": nodes, "jobs": len(jobs), "rate": args.rate, "admit_per_s": flo["admit_per_s"],
                       "p99_create_to_running_s": p99, "p99_vs_direct": report["p99_vs_direct"],
-                      "operator_rss_mb": flo["operator"]["peak_rss_mb"]}))
+                      "operator_rss_mb": flo["operator"]["peak_rss_mb"],
+                      "writes_per_job": flo["operator"]["api_requests_per_job"],
+                      "apiserver_s_per_job_vs_direct": report["apiserver_s_per_job_vs_direct"],
+                      "apiserver_latency_s_per_job_vs_direct": report["apiserver_latency_s_per_job_vs_direct"],
+                      "operator_cpu_s_per_1000_jobs": round(flo["operator"]["cpu_s"] * 1000 / len(jobs), 1)}))
     return 0
 
 

@@ -45,7 +45,8 @@ def test_a_third_job_is_admitted_by_shrinking_one_through_a_checkpoint_and_all_f
 
         rejected = wait_for("hopeless Rejected", lambda: (s := status("hopeless", namespace)).get("phase") == "Rejected"
                             and s)
-        assert "Rejected" in reasons("hopeless", namespace)
+        # The Event is the write after the status patch (intent first): it may come a moment after the phase.
+        wait_for("hopeless's Rejected Event", lambda: "Rejected" in reasons("hopeless", namespace), timeout=30)
         assert rejected["conditions"][0]["reason"] == "Rejected" and "deadline" in rejected["message"]
 
         wait_for("gamma Running on 8 GPUs", lambda: status("gamma", namespace).get("phase") == "Running"

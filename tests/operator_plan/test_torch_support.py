@@ -95,3 +95,13 @@ def test_the_measured_restore_cost_goes_into_status_and_replaces_the_declared_on
     body["status"]["checkpoint"] = patch["checkpoint"]
     assert job_state(body).restore_seconds == 12.34
     assert json.loads(body["metadata"]["annotations"]["flotilla.dev/progress"])["restoreSeconds"] == 12.34
+
+
+def test_a_worker_set_of_one_rendezvouses_on_the_loopback_without_a_service():
+    admitted = {"phase": "Admitted", "placement": [{"node": "n0", "gpus": 1}], "gpus": 1, "workers": 1, "reshards": 0}
+    acts = plan_job(trainingjob("j", status=admitted), [], None, T0 + 10, "elastic-deadline")
+    [created] = [a.manifest for a in acts if isinstance(a, CreatePod)]
+    assert not [a for a in acts if isinstance(a, ApplyObject)]  # no Service, no Endpoints churn for it
+    env = _env(created)
+    assert env["FLOTILLA_RENDEZVOUS_ADDR"] == env["MASTER_ADDR"] == "127.0.0.1" and env["FLOTILLA_WORLD_SIZE"] == "1"
+    assert "subdomain" not in created["spec"]

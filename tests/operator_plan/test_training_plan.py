@@ -206,13 +206,13 @@ FIRST = {k: v for k, v in RUNNING.items() if k != "progress"}  # started at 00:0
 
 
 @pytest.mark.parametrize("status, report, mirrored", [
-    (RUNNING, {"steps": 104, "stepsPerSecond": 1.0, "time": "2026-01-01T00:00:54Z"}, False),  # 4 s newer: can wait
-    (RUNNING, {"steps": 110, "stepsPerSecond": 1.0, "time": "2026-01-01T00:01:00Z"}, True),   # 10 s newer
+    (RUNNING, {"steps": 140, "stepsPerSecond": 1.0, "time": "2026-01-01T00:01:30Z"}, False),  # 40 s newer: can wait
+    (RUNNING, {"steps": 160, "stepsPerSecond": 1.0, "time": "2026-01-01T00:01:50Z"}, True),   # 60 s newer
     (RUNNING, {"steps": 104, "stepsPerSecond": 1.0, "time": "2026-01-01T00:00:54Z", "checkpointStep": 104}, True),
     (FIRST, {"steps": 5, "stepsPerSecond": 1.0, "time": "2026-01-01T00:00:15Z"}, False),  # 5 s after the start
-    (FIRST, {"steps": 10, "stepsPerSecond": 1.0, "time": "2026-01-01T00:00:20Z"}, True),
+    (FIRST, {"steps": 60, "stepsPerSecond": 1.0, "time": "2026-01-01T00:01:10Z"}, True),
 ])
-def test_progress_reaches_status_every_ten_seconds_or_with_a_new_checkpoint(status, report, mirrored):
+def test_progress_reaches_status_every_minute_or_with_a_new_checkpoint(status, report, mirrored):
     body = trainingjob(status=status, annotations={"flotilla.dev/progress": json.dumps(report)})
     pods = [pod(wname("job", 0, 0), "job", 0), pod(wname("job", 0, 1), "job", 0)]
     actions = training.plan_job(body, pods, JobDecision("ns/job", Verdict.ADMITTED, {"n0": 2}, "running"),
@@ -296,3 +296,42 @@ def test_the_agent_port_reaches_the_pods_the_reconciler_creates():
     actions = reconcile(NOW, FifoGang(), {"ns/job": body}, {"n0": node("n0")}, {}, {}, {}, agent_port=20000)
     pods = [a.manifest for a in actions if isinstance(a, CreatePod)]
     assert pods and all(_env(p)["FLOTILLA_AGENT_PORT"] == "20000" for p in pods)
+
+
+def _started(p, at):
+    p["status"]["startTime"] = at
+    return p
+
+
+def test_workers_that_just_started_are_recorded_running_once_the_quiet_time_passed_with_their_start_time():
+    admitted = {k: v for k, v in RUNNING.items() if k not in ("progress", "startedAt")}
+    body = trainingjob(status={**admitted, "phase": "Admitted", "reshards": 0})  # as the admission wrote it
+    started = training.rfc3339(NOW - 4)
+    pods = [_started(pod(wname("job", 0, r), "job", 0), started) for r in range(2)]
+    decision = JobDecision("ns/job", Verdict.ADMITTED, {"n0": 2}, "running")
+    assert not [a for a in training.plan_job(body, pods, decision, NOW, "fifo-gang") if isinstance(a, PatchStatus)]
+    later = status_patch(training.plan_job(body, pods, decision, NOW + training.QUIET_SECONDS, "fifo-gang"))
+    assert later["phase"] == "Running" and later["startedAt"] == started
+
+
+def test_a_job_that_ends_within_the_quiet_time_goes_from_admitted_to_succeeded_in_one_write():
+    body = trainingjob(status={"phase": "Admitted", "placement": [{"node": "n0", "gpus": 1}], "reshards": 0})
+    started = training.rfc3339(NOW - 3)
+    pods = [_started(pod(wname("job", 0, 0), "job", 0, phase="Succeeded"), started)]
+    actions = training.plan_job(body, pods, JobDecision("ns/job", Verdict.ADMITTED, {"n0": 1}, "x"), NOW, "fifo-gang")
+    [patch] = [a.status for a in actions if isinstance(a, PatchStatus)]
+    assert patch["phase"] == "Succeeded" and patch["startedAt"] == started
+
+
+def test_a_new_job_waiting_for_gpus_is_written_pending_only_after_the_quiet_time():
+    from flotilla.operator.timeutil import to_unix
+
+    created = to_unix(trainingjob()["metadata"]["creationTimestamp"])
+    waiting = JobDecision("ns/job", Verdict.PENDING, {}, "waiting for 2 GPUs")
+    assert training.plan_job(trainingjob(), [], waiting, created + 1, "fifo-gang") == []
+    later = status_patch(training.plan_job(trainingjob(), [], waiting, created + training.QUIET_SECONDS, "fifo-gang"))
+    assert later["phase"] == "Pending" and later["message"] == "waiting for 2 GPUs"
+    placed = training.plan_job(trainingjob(), [], JobDecision("ns/job", Verdict.ADMITTED, {"n0": 2}, "placed"),
+                               created + 1, "fifo-gang")
+    first = status_patch(placed)
+    assert first["phase"] == "Admitted" and first["placement"] == [{"node": "n0", "gpus": 2}]

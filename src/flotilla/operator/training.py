@@ -41,7 +41,14 @@ from flotilla.resources import node as k8s_node
 Body = Mapping[str, Any]
 PLURAL = "trainingjobs"
 UNHEALTHY_TOLERATION_SECONDS = 600
-PROGRESS_EVERY_SECONDS = 10.0
+# Status is for people and costs the API server a write each time: what changes often is written only when
+# it is worth one. Rank 0's progress: at a new checkpoint, else at most once a minute (planning reads the
+# annotation). A job's first moments: a job placed within QUIET_SECONDS of its creation is written once,
+# admitted and placed, without a Pending before; workers that started less than QUIET_SECONDS ago are
+# recorded Running with the next write or once that time has passed (a job that ends first goes from
+# Admitted to Succeeded in one write, its startedAt taken from its pods).
+PROGRESS_EVERY_SECONDS = 60.0
+QUIET_SECONDS = 10.0
 
 
 def key_of(body: Body) -> str:
@@ -219,8 +226,20 @@ def rendezvous_service_name(job: str, uid: str) -> str:
     return ("w" + job if not job[:1].isalpha() else job)[:POD_NAME_MAX - len(suffix)].rstrip("-.") + suffix
 
 
-def rendezvous_address(meta: Mapping[str, Any], generation: int) -> str:
-    """Rank 0's DNS name for a worker set: its hostname (the pod name) under the job's headless Service."""
+LOCAL_RENDEZVOUS = "127.0.0.1"
+
+
+def needs_rendezvous_service(world: int) -> bool:
+    """A worker set of one has its process group inside its pod (rank 0 serves and joins it on the loopback):
+    no headless Service, and none of the Endpoints and EndpointSlice writes the cluster makes for one."""
+    return world > 1
+
+
+def rendezvous_address(meta: Mapping[str, Any], generation: int, world: int) -> str:
+    """Rank 0's DNS name for a worker set: its hostname (the pod name) under the job's headless Service;
+    the loopback for a set of one worker."""
+    if not needs_rendezvous_service(world):
+        return LOCAL_RENDEZVOUS
     service = rendezvous_service_name(meta["name"], meta["uid"])
     return f"{pod_name(meta['name'], meta['uid'], generation, 0)}.{service}.{meta['namespace']}.svc"
 
@@ -319,9 +338,9 @@ def worker_pods(body: Body, placement: Mapping[str, int], generation: int,
             {"name": names.ENV_AGENT_PORT, "value": str(agent_port)},
             {"name": "FLOTILLA_GPUS_PER_WORKER", "value": str(per_worker)},
             # The process group's rendezvous: rank 0 of this worker set (torchrun's --master-addr/--master-port).
-            {"name": "FLOTILLA_RENDEZVOUS_ADDR", "value": rendezvous_address(meta, generation)},
+            {"name": "FLOTILLA_RENDEZVOUS_ADDR", "value": rendezvous_address(meta, generation, world)},
             {"name": "FLOTILLA_RENDEZVOUS_PORT", "value": str(RENDEZVOUS_PORT)},
-            {"name": "MASTER_ADDR", "value": rendezvous_address(meta, generation)},
+            {"name": "MASTER_ADDR", "value": rendezvous_address(meta, generation, world)},
             {"name": "MASTER_PORT", "value": str(RENDEZVOUS_PORT)},
         ]
         if stage is not None:
@@ -332,7 +351,8 @@ def worker_pods(body: Body, placement: Mapping[str, int], generation: int,
             env.append({"name": "FLOTILLA_CHECKPOINT_DIR", "value": ckpt_dir})
         if ckpt.get("intervalSteps"):
             env.append({"name": "FLOTILLA_CHECKPOINT_INTERVAL_STEPS", "value": str(int(ckpt["intervalSteps"]))})
-        pod_spec["subdomain"] = rendezvous_service_name(meta["name"], meta["uid"])
+        if needs_rendezvous_service(world):
+            pod_spec["subdomain"] = rendezvous_service_name(meta["name"], meta["uid"])
         if volume:
             pod_spec.setdefault("volumes", []).append(volume)
         for i, c in enumerate(pod_spec["containers"]):
@@ -505,6 +525,8 @@ def plan_job(body: Body, pods: Iterable[Body], decision: JobDecision | None, now
             plan.condition(names.COND_ADMITTED, "True", admitted, reason)
             _switch(plan, state, by_gen, want, generation, reason)
             return plan.done()
+        if not status.get("phase") and plan.now - to_unix(meta["creationTimestamp"]) < QUIET_SECONDS:
+            return []  # it may be placed in a moment: one write then, admitted and placed
         if status.get("phase") != phases.PENDING or status.get("message") != reason:
             plan.patch.update(phase=phases.PENDING, message=reason, gpus=0)
         return plan.done()
@@ -617,6 +639,7 @@ def _create_when_free(plan: _Plan, by_gen: Mapping[int, list[Body]], generation:
     busy = {p["spec"]["nodeName"] for g, ps in by_gen.items() if g != generation for p in ps if holds_gpus(p)}
     waiting = []
     creating = False
+    manifests = list(manifests)
     for m in manifests:
         node = m["spec"]["nodeSelector"]["kubernetes.io/hostname"]
         if node in busy:
@@ -624,7 +647,8 @@ def _create_when_free(plan: _Plan, by_gen: Mapping[int, list[Body]], generation:
         else:
             plan.actions.append(CreatePod(m))
             creating = True
-    if creating:  # applied with every pod creation: idempotent, and there before rank 0 is looked up
+    # Applied with every pod creation of a set that needs it: idempotent, and there before rank 0 is looked up.
+    if creating and any("subdomain" in m["spec"] for m in manifests):
         plan.actions.append(ApplyObject(rendezvous_service(plan.body)))
     return sorted(set(waiting))
 
@@ -691,6 +715,8 @@ def _keep_running(plan: _Plan, state: JobState, by_gen: Mapping[int, list[Body]]
         met = plan.now <= state.deadline
         plan.patch.update(phase=phases.SUCCEEDED, message="rank 0 exited successfully", gpus=0,
                           estimatedCompletion=rfc3339(plan.now), deadlineMet=met)
+        if not status.get("startedAt") and (started := workers_started(mine.values())) is not None:
+            plan.patch["startedAt"] = rfc3339(started)
         progress = progress_of(plan.body)
         if progress:
             plan.patch["progress"] = progress
@@ -703,13 +729,15 @@ def _keep_running(plan: _Plan, state: JobState, by_gen: Mapping[int, list[Body]]
         msg = f"waiting for the previous worker set's pods to terminate on {', '.join(held_up)}"
         if status.get("message") != msg:
             plan.patch["message"] = msg
-    if all_running and not waiting and status.get("phase") != phases.RUNNING:
+    _mirror_progress(plan)
+    started = workers_started(mine.values()) if all_running else None
+    if all_running and not waiting and status.get("phase") != phases.RUNNING and (
+            plan.patch or started is None or plan.now - started >= QUIET_SECONDS):
         msg = f"{len(mine)} workers running on {_describe(current)}"
         plan.patch.update(phase=phases.RUNNING, message=msg)
         if not status.get("startedAt"):
-            plan.patch["startedAt"] = rfc3339(plan.now)
+            plan.patch["startedAt"] = rfc3339(min(started or plan.now, plan.now))
         plan.condition(names.COND_READY, "True", names.Reason.WORKERS_RUNNING, msg)
-    _mirror_progress(plan)
     outlook = _outlook(plan.body, state, sum(current.values()), plan.now)
     # The outlook moves with every progress report: refresh it with a patch made anyway, or when it flips.
     if plan.patch or outlook.get("deadlineMet") != status.get("deadlineMet"):
@@ -717,10 +745,16 @@ def _keep_running(plan: _Plan, state: JobState, by_gen: Mapping[int, list[Body]]
     return plan.done()
 
 
+def workers_started(pods: Iterable[Body]) -> float | None:
+    """When the last of a worker set's pods started (their status.startTime); None if one has not said."""
+    times = [str((p.get("status") or {}).get("startTime") or "") for p in pods]
+    return max(to_unix(t) for t in times) if times and all(times) else None
+
+
 def _mirror_progress(plan: _Plan) -> None:
     """Copy rank 0's report into status: a new checkpoint at once (restarts resume from it), plain
     progress every PROGRESS_EVERY_SECONDS from the start (planning reads the annotation, status is for people;
-    a job shorter than that gets its progress recorded when it finishes)."""
+    a job shorter than that gets its progress recorded when it finishes), or with a write made anyway."""
     progress, mirrored = progress_of(plan.body), plan.status.get("progress") or {}
     measured = (progress or {}).pop("restoreSeconds", None)
     if measured is not None and measured != (plan.status.get("checkpoint") or {}).get("restoreSeconds"):
@@ -731,7 +765,7 @@ def _mirror_progress(plan: _Plan) -> None:
         (plan.status.get("checkpoint") or {}).get("step", 0))
     since = mirrored.get("updatedAt") or plan.status.get("startedAt")
     age = to_unix(progress["updatedAt"]) - (to_unix(since) if since else 0.0)
-    if not checkpointed and age < PROGRESS_EVERY_SECONDS:
+    if not checkpointed and age < PROGRESS_EVERY_SECONDS and not plan.patch:
         return
     plan.patch["progress"] = progress
     if checkpointed:

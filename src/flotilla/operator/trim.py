@@ -24,7 +24,7 @@ def metadata(meta: Body) -> dict[str, Any]:
 
 
 def pod(body: Body) -> dict[str, Any]:
-    """Labels, node (bound, or pinned by nodeSelector while pending), GPU limits and phase: what
+    """Labels, node (bound, or pinned by nodeSelector while pending), GPU limits, phase and start time: what
     placement and the pods' planning read."""
     spec, status = body.get("spec") or {}, body.get("status") or {}
     return {
@@ -33,7 +33,7 @@ def pod(body: Body) -> dict[str, Any]:
                  **({"nodeSelector": spec["nodeSelector"]} if spec.get("nodeSelector") else {}),
                  "containers": [{"resources": {"limits": (c.get("resources") or {}).get("limits") or {}}}
                                 for c in spec.get("containers") or []]},
-        "status": {"phase": status["phase"]} if status.get("phase") else {},
+        "status": {k: status[k] for k in ("phase", "startTime") if status.get(k)},
     }
 
 

@@ -69,7 +69,8 @@ class SimulatedWorkers:
         for job in self._jobs():
             meta, spec, status = job["metadata"], job["spec"], job.get("status") or {}
             key = meta["uid"]  # a new job of an old name starts from nothing
-            if status.get("phase") not in ("Running", "Resharding") or not status.get("placement"):
+            # Admitted too: the operator records Running a while after the pods run (or with their first report).
+            if status.get("phase") not in ("Admitted", "Running", "Resharding") or not status.get("placement"):
                 continue
             seen.add(key)
             generation = int(status.get("reshards", 0))

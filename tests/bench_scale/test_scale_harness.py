@@ -1,0 +1,51 @@
+"""bench/scale.py's own measurements: the watch-based latency of a job and who wrote pods' status."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+BENCH = Path(__file__).resolve().parents[2] / "bench"
+sys.path.insert(0, str(BENCH))
+
+import scale  # noqa: E402
+
+
+def _pod(job: str, generation: int, first: float, running: float | None) -> scale.Seen:
+    return scale.Seen(first, job, generation, running)
+
+
+def test_a_job_runs_when_the_last_pod_of_its_last_worker_set_is_seen_started():
+    seen = {"a-w0": _pod("a", 0, 10.0, 10.4), "a-w1": _pod("a", 0, 10.1, 10.9),
+            "b-g0": _pod("b", 0, 11.0, 11.5), "b-g1": _pod("b", 1, 20.0, 21.25),  # b was moved: its new set counts
+            "c-w0": _pod("c", 0, 12.0, None)}  # not started: no latency for c
+    assert sorted(scale.watch_latency(seen)) == [0.9000000000000004, 1.25]  # direct: from the job's first pod
+    assert sorted(scale.watch_latency(seen, {"a": 9.5, "b": 10.0, "c": 12.0})) == [1.4000000000000004, 11.25]
+
+
+def test_the_watch_records_first_seen_and_first_started_receive_times():
+    log = scale.WatchLog(api=None, path="/api/v1/namespaces/x/pods")
+    pod = {"kind": "Pod", "metadata": {"name": "a-w0", "labels": {"flotilla.dev/job": "a",
+                                                                 "flotilla.dev/generation": "1"}},
+           "status": {"phase": "Pending"}}
+    log._record(pod, 5.0)
+    log._record({**pod, "status": {"phase": "Running", "containerStatuses": [{"state": {"running": {}}}]}}, 6.5)
+    log._record({**pod, "status": {"phase": "Succeeded", "containerStatuses": [{"state": {"terminated": {}}}]}}, 9.0)
+    assert log.seen["a-w0"] == scale.Seen(5.0, "a", 1, 6.5, "Succeeded")
+
+
+def test_pod_status_writes_are_counted_per_pod_by_writer(tmp_path):
+    logs = tmp_path / "logs"
+    logs.mkdir()
+
+    def event(verb, name, subresource=None, agent="kwok/v0.7.0 (linux/amd64)", ns="ns1"):
+        ref = {"resource": "pods", "namespace": ns, "name": name, **({"subresource": subresource} if subresource else {})}
+        return json.dumps({"verb": verb, "objectRef": ref, "userAgent": agent}, separators=(",", ":"))  # as the API server
+
+    sched = "kube-scheduler/v0.0.0 (linux/amd64) kubernetes/$Format/scheduler"
+    lines = [event("create", "p0"), event("create", "p1"), event("patch", "p0", "status"),
+             event("patch", "p0", "status"), event("patch", "p1", "status"), event("patch", "p1", "status"),
+             event("patch", "p1", "status", sched), event("patch", "p9", "status", ns="other")]
+    (logs / "audit.log").write_text("\n".join(lines) + "\n")
+    assert scale.pod_status_writers(tmp_path, "ns1") == {"kube-scheduler/scheduler": 0.5, "kwok": 2.0}
