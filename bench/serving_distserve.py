@@ -175,7 +175,7 @@ def bisect(unit: np.ndarray, prompts: np.ndarray, outputs: np.ndarray, workload:
 
 
 def at_capacity(unit: np.ndarray, prompts: np.ndarray, outputs: np.ndarray, workload: Workload,
-                duration_s: float, slos: dict[str, SLO]) -> None:
+                duration_s: float, slos: dict[str, SLO], roles: tuple[str, ...] = ("prefill", "decode")) -> None:
     """Per configuration, the miss fraction of its phase at the predicted capacity C, on the same requests:
     the engine double, and DistServe's simulator in each variant. Where DistServe with our fits and without
     its overhead and cap misses exactly what the double misses, the two simulators agree and the rest of
@@ -185,7 +185,7 @@ def at_capacity(unit: np.ndarray, prompts: np.ndarray, outputs: np.ndarray, work
               f"{(1 - slo.attainment) / 2:.3f}" for slo in slos.values()) + ")")
     rows = []
     for slo_name, slo in slos.items():
-        for role in ("prefill", "decode"):
+        for role in roles:
             for gpus in DEGREES:
                 rate = predicted(role, gpus, workload, slo)
                 phase = 0 if role == "prefill" else 1
@@ -209,6 +209,7 @@ def main() -> None:
                         help="find DistServe's capacity per configuration and report the prediction error")
     parser.add_argument("--resolution", type=float, default=0.02, help="bisection: stop when high/low < 1 + this")
     parser.add_argument("--slo", choices=sorted(SLOS), help="only this SLO (default: both)")
+    parser.add_argument("--role", choices=("prefill", "decode"), help="with --at-capacity: only this role")
     parser.add_argument("--at-capacity", action="store_true",
                         help="miss fractions at the predicted capacity: the double and each DistServe variant")
     parser.add_argument("--variants", default=",".join(VARIANTS),
@@ -221,7 +222,8 @@ def main() -> None:
     workload = Workload.from_means(1.0, float(prompts.mean()), float(outputs.mean()),
                                    float(np.percentile(prompts, 90)), float(np.percentile(outputs, 90)))
     if args.at_capacity:
-        at_capacity(unit, prompts, outputs, workload, args.duration, {args.slo: SLOS[args.slo]} if args.slo else SLOS)
+        at_capacity(unit, prompts, outputs, workload, args.duration, {args.slo: SLOS[args.slo]} if args.slo else SLOS,
+                    (args.role,) if args.role else ("prefill", "decode"))
         return
     if args.bisect:
         bisect(unit, prompts, outputs, workload, args.duration, args.resolution,
