@@ -57,7 +57,7 @@ class ServingReplanner:
         self._lock = threading.Lock()
         self._windows: dict[str, ObservedWindow] = {}
         self._evaluated: dict[str, float] = {}
-        self._evaluated_window: dict[str, float] = {}  # the time of the last window evaluated, by key
+        self._checked_window: dict[str, float] = {}  # the time of the last window looked at, by key
         self._replanners: dict[str, Replanner] = {}
         self._inputs: dict[str, str] = {}  # the spec each Replanner was made from
         self._applied: dict[str, dict[str, Any]] = {}  # the spec.plan last applied, by key
@@ -89,7 +89,12 @@ class ServingReplanner:
             return
         with self._lock:
             window = self._windows.get(key)
-        if window is None:
+        forced = _replan_pending(meta, spec)
+        due = now - self._evaluated.get(key, float("-inf")) >= float(planner.get("intervalSeconds", 30))
+        # A window newer than the last one evaluated that calls for a scale-up goes in at once, not at the
+        # next interval: waiting for the pass added up to an interval to every re-plan after a load change.
+        fresh = window is not None and window.time > self._checked_window.get(key, float("-inf"))
+        if window is None or not (due or forced or fresh):
             return
         inputs = _planning_inputs(spec)
         replanner = self._replanners.get(key)
@@ -98,15 +103,10 @@ class ServingReplanner:
             # again from what is deployed, with the new request
             replanner = self._replanners[key] = Replanner(plan_request(spec), current, self.policy)
             self._inputs[key] = inputs
-        forced = _replan_pending(meta, spec)
-        due = now - self._evaluated.get(key, float("-inf")) >= float(planner.get("intervalSeconds", 30))
-        # A window newer than the last one evaluated that calls for a scale-up goes in at once, not at the
-        # next interval: waiting for the pass added up to an interval to every re-plan after a load change.
-        fresh = window.time > self._evaluated_window.get(key, float("-inf"))
-        if not (due or forced or (fresh and replanner.short_of_capacity(window))):
+        self._checked_window[key] = window.time
+        if not (due or forced or replanner.short_of_capacity(window)):
             return
         self._evaluated[key] = now
-        self._evaluated_window[key] = window.time
         decision = replanner.observe(window)
         plan = self._applied.get(key) or spec.get("plan")
         if decision.plan is not None:
