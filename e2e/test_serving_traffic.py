@@ -15,6 +15,7 @@ import json
 import os
 import subprocess
 import time
+from datetime import datetime
 from pathlib import Path
 
 import httpx
@@ -38,9 +39,6 @@ from flotilla.testing.services import free_port, stop_process
 OPERATOR_ARGS = ("--pool-policy", str(Path(__file__).with_name("pool-policy.yaml")))
 INTERVAL = 5  # the planner's interval
 SCRAPE = 2  # the controller's scrape interval
-# A rate counts requests as they finish: a request at the new rate is counted TTFT + 127 tokens x TPOT (~4 s
-# here) after it was sent.
-REQUEST_S = 5
 RATE = 5.0  # requests/s, then three times as many
 PROMPT, OUTPUT = 512, 128
 PHASE_S = 45  # seconds of load at each rate
@@ -100,7 +98,7 @@ class Load:
         self.log.close()
 
 
-PROMPT_TOKENS, SUCCESS = "vllm:prompt_tokens_total", "vllm:request_success_total"
+PROMPT_TOKENS = "vllm:prompt_tokens_total"
 
 
 def engine_counter(kubelet: ServingKubelet, role: str, name: str) -> float:
@@ -209,10 +207,7 @@ def test_traffic_through_the_endpoint_drives_the_plan_and_borrows_from_training(
         wait_for("guidellm's second benchmark", lambda: load.started(3 * RATE), timeout=PHASE_S + 60, interval=0.2)
         # When the tripled load arrives: the prefill engines' prompt tokens (one prefill per request, as it
         # arrives) over 1 s first exceed 1.8 times the base rate's; the load changed at the start of that second.
-        # When the engines' metrics show it: their finished requests (vLLM counts a request when it ends, TTFT +
-        # 127 tokens later) do the same. The re-planner sees the second.
         arrivals: list[tuple[float, float]] = []
-        finished: list[tuple[float, float]] = []
 
         def changed(samples: list[tuple[float, float]], value: float, per_request: float) -> float | None:
             samples.append((time.monotonic(), value))
@@ -224,21 +219,16 @@ def test_traffic_through_the_endpoint_drives_the_plan_and_borrows_from_training(
         tripled_at = wait_for("the tripled load's requests",
                               lambda: changed(arrivals, engine_counter(kubelet, "prefill", PROMPT_TOKENS), PROMPT),
                               timeout=60, interval=0.2)
-        seen_at = wait_for("the tripled load in the engines' metrics",
-                           lambda: changed(finished, engine_counter(kubelet, "decode", SUCCESS), 1),
-                           timeout=30, interval=0.2)
+        tripled_wall = time.time() - (time.monotonic() - tripled_at)
         up = wait_for("a bigger plan", lambda: (p := spec_plan()).get("prefillReplicas", 0)
-                      + p.get("decodeReplicas", 0) > 2 and p, timeout=4 * INTERVAL + 10)
-        now = time.monotonic()
-        replan_s, after_metrics_s = now - tripled_at, now - seen_at
-        print(f"re-plan {replan_s:.1f} s after the load tripled, {after_metrics_s:.1f} s after the engines' "
-              f"metrics showed it: {up['reason']}")
-        # Measured here (a 2-core machine under load): 6-16 s after the metrics, 13-27 s after the arrivals; the
-        # issue asks for two intervals (10 s). What the rest is: the scraped rate climbs over a few windows
-        # (requests started at the old rate still finish, the busier engines finish the new ones more slowly)
-        # to the scale-up threshold, then the re-planner's next due pass (up to one interval).
-        assert after_metrics_s <= 4 * INTERVAL, f"re-planned {after_metrics_s:.1f} s after the metrics changed"
-        assert replan_s <= 4 * INTERVAL + REQUEST_S + 5, f"re-planned {replan_s:.1f} s after the load changed"
+                      + p.get("decodeReplicas", 0) > 2 and p, timeout=2 * INTERVAL + 10, interval=0.2)
+        # spec.plan.time is the controller's clock when it decided (this machine's).
+        replan_s = datetime.fromisoformat(up["time"].replace("Z", "+00:00")).timestamp() - tripled_wall
+        print(f"re-plan {replan_s:.1f} s after the load tripled: {up['reason']}")
+        # The path: a request is in a decode engine one TTFT after it arrives; the next scrape (every SCRAPE s)
+        # counts it as an arrival (finished + the change in running and waiting); a window that calls for more
+        # capacity is evaluated at once, not at the planner's next interval.
+        assert replan_s <= 2 * INTERVAL, f"re-planned {replan_s:.1f} s after the load changed"
         decisions = controller.get("/v1/decisions", params={"kind": "plan", "object": f"{namespace}/chat"}).json()
         made = [d for d in decisions["items"] if d["actor"] == "controller"]
         assert made and made[0]["inputs"]["observed"]["requests_per_second"] > 1.4 * RATE

@@ -175,6 +175,22 @@ def test_not_due_before_the_interval_and_nothing_in_fixed_mode(setup, clock):
     assert len(applies(actions)) == 1
 
 
+def test_a_window_short_of_capacity_is_evaluated_at_once_not_at_the_next_interval(setup, clock):
+    replanner, actions, first = setup
+    step(replanner, clock, 6.0, 0)
+    land(actions)
+    step(replanner, clock, 6.5, 1)  # within the plan's headroom: waits for the interval
+    assert len(applies(actions)) == 1
+    step(replanner, clock, 18.0, 1)  # 2 s after the last evaluation, 3 s before the next one is due
+    assert len(applies(actions)) == 2
+    new = land(actions)["spec"]["plan"]
+    assert new["prefillReplicas"] + new["decodeReplicas"] > first.prefill_replicas + first.decode_replicas
+    assert new["time"] == iso(clock.now)
+    clock.now += 1
+    replanner.step()  # the same window again: not evaluated twice
+    assert len(applies(actions)) == 2
+
+
 def test_the_stats_route_feeds_the_replanner(client, controller, store, setup, clock):
     replanner, _, _ = setup
     controller.serving_stats = replanner.observe

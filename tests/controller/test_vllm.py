@@ -5,9 +5,13 @@ import pytest
 from flotilla.controller import vllm
 
 
-def exposition(requests, prompt_sum, output_sum, ttft_buckets, n=None):
+def exposition(requests, prompt_sum, output_sum, ttft_buckets, n=None, running=None, waiting=None):
     n = requests if n is None else n
-    lines = ["# TYPE vllm:request_success counter",
+    lines = [] if running is None else ["# TYPE vllm:num_requests_running gauge",
+                                        f'vllm:num_requests_running{{model_name="m"}} {running}',
+                                        "# TYPE vllm:num_requests_waiting gauge",
+                                        f'vllm:num_requests_waiting{{model_name="m"}} {waiting}']
+    lines += ["# TYPE vllm:request_success counter",
              f'vllm:request_success_total{{finished_reason="stop",model_name="m"}} {requests * 0.75}',
              f'vllm:request_success_total{{finished_reason="length",model_name="m"}} {requests * 0.25}',
              "# TYPE vllm:request_prompt_tokens histogram",
@@ -34,6 +38,22 @@ def test_two_scrapes_give_rate_lengths_and_percentiles():
     # p90 of TTFT: the 36th of 40 lies 16/20 of the way through the (0.1, 0.5] bucket -> 0.42 s.
     assert w.ttft_p90_ms == pytest.approx(420.0)
     assert w.tpot_p90_ms is None and w.attainment is None
+
+
+def test_the_rate_is_of_arrivals_finished_plus_those_the_engines_took_in():
+    # 10 s: 40 requests finished, and the engines hold 30 more than before (12 -> 30 running, 0 -> 12
+    # waiting): 70 arrived. When the load triples the finish rate lags by a request's life; this does not.
+    first = vllm.parse(exposition(100, 50_000, 20_000, [(0.1, 100), ("+Inf", 100)], running=12, waiting=0), 0.0)
+    second = vllm.parse(exposition(140, 66_000, 26_000, [(0.1, 140), ("+Inf", 140)], running=30, waiting=12), 10.0)
+    assert vllm.window(first, second).requests_per_second == pytest.approx(7.0)
+    # draining: fewer held than before, but never a negative arrival count
+    drained = vllm.parse(exposition(145, 68_000, 26_750, [(0.1, 145), ("+Inf", 145)], running=0, waiting=0), 11.0)
+    assert vllm.window(second, drained).requests_per_second == 0.0
+    # several engines' gauges add up
+    total = vllm.Scrape(0.0)
+    vllm.add(total, first)
+    vllm.add(total, second)
+    assert total.in_engine == 12 + 42
 
 
 def test_no_window_without_finished_requests_or_from_garbage():

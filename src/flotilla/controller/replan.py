@@ -58,6 +58,7 @@ class ServingReplanner:
         self._lock = threading.Lock()
         self._windows: dict[str, ObservedWindow] = {}
         self._evaluated: dict[str, float] = {}
+        self._checked_window: dict[str, float] = {}  # the time of the last window looked at, by key
         self._replanners: dict[str, Replanner] = {}
         self._inputs: dict[str, str] = {}  # the spec each Replanner was made from
         self._applied: dict[str, dict[str, Any]] = {}  # the spec.plan last applied, by key
@@ -91,9 +92,11 @@ class ServingReplanner:
             window = self._windows.get(key)
         forced = _replan_pending(meta, spec)
         due = now - self._evaluated.get(key, float("-inf")) >= float(planner.get("intervalSeconds", 30))
-        if window is None or not (due or forced):
+        # A window newer than the last one evaluated that calls for a scale-up goes in at once, not at the
+        # next interval: waiting for the pass added up to an interval to every re-plan after a load change.
+        fresh = window is not None and window.time > self._checked_window.get(key, float("-inf"))
+        if window is None or not (due or forced or fresh):
             return
-        self._evaluated[key] = now
         inputs = _planning_inputs(spec)
         replanner = self._replanners.get(key)
         if replanner is None or self._inputs.get(key) != inputs:
@@ -101,6 +104,10 @@ class ServingReplanner:
             # again from what is deployed, with the new request
             replanner = self._replanners[key] = Replanner(plan_request(spec), current, self.policy)
             self._inputs[key] = inputs
+        self._checked_window[key] = window.time
+        if not (due or forced or replanner.short_of_capacity(window)):
+            return
+        self._evaluated[key] = now
         decision = replanner.observe(window)
         plan = self._applied.get(key) or spec.get("plan")
         if decision.plan is not None:

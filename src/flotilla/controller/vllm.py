@@ -7,11 +7,20 @@ Series with different labels (pods, models) are summed. Used, by vLLM name:
 
 | metric | gives |
 |---|---|
-| `vllm:request_success_total` | finished requests -> request rate |
+| `vllm:request_success_total` | finished requests |
+| `vllm:num_requests_running`, `vllm:num_requests_waiting` (gauges) | requests in the engine -> with the finished ones, the arrival rate |
 | `vllm:request_prompt_tokens` (histogram) | mean and p90 prompt length |
 | `vllm:request_generation_tokens` (histogram) | mean and p90 output length |
 | `vllm:time_to_first_token_seconds` (histogram) | TTFT p90 |
 | `vllm:time_per_output_token_seconds` (histogram) | TPOT p90 |
+
+The rate is of arrivals, not completions: the requests finished in the window plus the change in the
+requests the engines hold (running or waiting). vLLM counts a request when it ends, TTFT + every output
+token after it arrived, so a finish rate lags a load change by a request's whole life, and on engines the
+new load overwhelms it climbs only as fast as they finish (it is capped by their throughput); requests
+that arrived and are still in the engine show at once. (A request still being prefilled elsewhere, in
+P/D, is not in the decode engine yet: the lag left is one TTFT.) An engine without the gauges gives the
+finish rate.
 
 Joint TTFT-and-TPOT attainment cannot be read from two separate histograms, so it is left
 unknown (the re-planner then judges by rate and lengths).
@@ -28,6 +37,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from flotilla.serving.replan import ObservedWindow
 
 SUCCESS = "vllm:request_success"
+IN_ENGINE = ("vllm:num_requests_running", "vllm:num_requests_waiting")
 HISTOGRAMS = ("vllm:request_prompt_tokens", "vllm:request_generation_tokens", "vllm:time_to_first_token_seconds",
               "vllm:time_per_output_token_seconds")
 
@@ -36,6 +46,7 @@ HISTOGRAMS = ("vllm:request_prompt_tokens", "vllm:request_generation_tokens", "v
 class Scrape:
     time: float
     requests: float = 0.0
+    in_engine: float = 0.0  # requests running or waiting at the scrape
     # histogram -> {"sum": x, "count": n, "buckets": {le: cumulative count}}
     histograms: dict[str, dict] = field(default_factory=dict)
 
@@ -48,6 +59,8 @@ def parse(text: str, now: float) -> Scrape:
         for s in family.samples:
             if s.name == f"{SUCCESS}_total" or (s.name == SUCCESS and family.type == "counter"):
                 scrape.requests += s.value
+            elif s.name in IN_ENGINE:
+                scrape.in_engine += s.value
             for h in HISTOGRAMS:
                 if s.name == f"{h}_sum":
                     hist[h]["sum"] += s.value
@@ -62,6 +75,7 @@ def parse(text: str, now: float) -> Scrape:
 def add(total: Scrape, one: Scrape) -> None:
     """Adds one engine's scrape into `total` (several engines' counters, summed)."""
     total.requests += one.requests
+    total.in_engine += one.in_engine
     for h, values in one.histograms.items():
         into = total.histograms.setdefault(h, {"sum": 0.0, "count": 0.0, "buckets": defaultdict(float)})
         into["sum"] += values["sum"]
@@ -94,7 +108,7 @@ def quantile(buckets: dict[float, float], q: float) -> float | None:
 
 
 def window(old: Scrape, new: Scrape) -> ObservedWindow | None:
-    """The window between two scrapes; None if no request finished in it (nothing to learn)."""
+    """The window between two scrapes; None if no request finished in it (nothing to learn of lengths)."""
     seconds = new.time - old.time
     done = new.requests - old.requests
     if seconds <= 0 or done <= 0:
@@ -110,8 +124,9 @@ def window(old: Scrape, new: Scrape) -> ObservedWindow | None:
         value = quantile(d[h]["buckets"], 0.9)
         return None if value is None else value * scale
 
+    arrived = max(done + new.in_engine - old.in_engine, 0.0)
     return ObservedWindow(
-        time=new.time, requests_per_second=done / seconds,
+        time=new.time, requests_per_second=arrived / seconds,
         mean_prompt_tokens=max(1.0, prompt["sum"] / prompt["count"]),
         mean_output_tokens=max(1.0, output["sum"] / output["count"]),
         p90_prompt_tokens=p90("vllm:request_prompt_tokens"), p90_output_tokens=p90("vllm:request_generation_tokens"),

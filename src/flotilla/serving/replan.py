@@ -23,6 +23,7 @@ Every planner interval the controller hands the Replanner one `ObservedWindow`. 
 from __future__ import annotations
 
 from collections import deque
+from collections.abc import Sequence
 from dataclasses import dataclass, replace
 
 from flotilla.serving.planner import (InstanceCapacities, Plan, PlanRequest, instance_capacities, plan,
@@ -87,9 +88,7 @@ class Replanner:
             self._windows.popleft()
         if self._since is None:
             self._since = window.time
-        caps = instance_capacities(self._lengths(), self.template.slo, self.template.profile,
-                                   self.template.allow_colocated, self.template.prefill_gpus,
-                                   self.template.decode_gpus, self.template.allow_disaggregated)
+        caps = self._capacities(self._windows)
         capacity = plan_capacity(self.current, caps)
         rate = window.requests_per_second
         missed = (window.attainment is not None and window.requests >= policy.min_requests_for_attainment
@@ -118,10 +117,21 @@ class Replanner:
         return ReplanDecision(None, f"keep: {self.current.describe()} serves {capacity:.2f} req/s, "
                                     f"observed {rate:.2f}")
 
-    def _lengths(self) -> Workload:
+    def short_of_capacity(self, window: ObservedWindow) -> bool:
+        """Whether `window` calls for a scale-up by rate (observe's first rule), without observing it: a
+        caller that observes at an interval can observe such a window at once instead of at its next pass."""
+        caps = self._capacities([*self._windows, window])
+        return window.requests_per_second * (1 + self.policy.headroom / 2) > plan_capacity(self.current, caps)
+
+    def _capacities(self, windows: Sequence[ObservedWindow]) -> InstanceCapacities:
+        t = self.template
+        return instance_capacities(self._lengths(windows), t.slo, t.profile, t.allow_colocated, t.prefill_gpus,
+                                   t.decode_gpus, t.allow_disaggregated)
+
+    def _lengths(self, recent: Sequence[ObservedWindow]) -> Workload:
         """Lengths averaged over the windows of the last scale_down_delay_s, weighted by their rates."""
-        latest = self._windows[-1].time
-        windows = [w for w in self._windows if w.time >= latest - self.policy.scale_down_delay_s]
+        latest = recent[-1].time
+        windows = [w for w in recent if w.time >= latest - self.policy.scale_down_delay_s]
         weights = [max(w.requests_per_second, 1e-9) for w in windows]
 
         def average(values: list[float | None]) -> float | None:

@@ -3,7 +3,9 @@
 Provenance: the coefficients are the fits published in DistServe's simulator
 (github.com/LLMServe/DistServe, `simdistserve/estimators/profile_data/profiler-a100-80g.distserve.json`
 and `max_num_tokens.csv`, Apache-2.0), measured by its authors with the DistServe engine on A100-80GB
-GPUs. We use their prefill fit as is (same functional form). Their decode fit is piecewise in the
+GPUs. We use their prefill fit as first published (same functional form): their commit 4c68ed9
+("Realign the curve", May 2024) multiplied it by 1.1, the overhead factor their estimator had applied.
+Their decode fit is piecewise in the
 batch size (split at 95 requests); we ship the small-batch piece, which is the regime an SLO-bound
 decode instance runs in, and note that it over-estimates step time by a few percent at batches of 95
 and above. `kvCacheTokens` is their `max_num_tokens` for pipeline degree 1. `maxBatchTokens` and
@@ -16,7 +18,8 @@ from __future__ import annotations
 from flotilla.serving.profile import DecodeFit, PrefillFit, Profile
 
 _SOURCE = ("DistServe simulator A100-80GB fits (LLMServe/DistServe simdistserve/estimators/profile_data/"
-           "profiler-a100-80g.distserve.json, small-batch decode piece; KV capacity from max_num_tokens.csv)")
+           "profiler-a100-80g.distserve.json before commit 4c68ed9's 1.1 prefill factor, small-batch decode piece; "
+           "KV capacity from max_num_tokens.csv)")
 
 OPT_13B_A100 = Profile(
     name="opt-13b-a100",
