@@ -89,9 +89,10 @@ class CapacityProfile:
     def _plan(self, job: JobState, x: int, until: float, current: int = 0) -> tuple[np.ndarray, float] | None:
         """Shares per segment and the finish time at cap x, or None if not done by `until`.
 
-        Every change of the job's size along the plan costs it `restoreSeconds` (and so does the first
-        segment, when it differs from the `current` GPUs of a job that has started): the finish moves
-        out by that much.
+        Every change of the job's size to a non-zero share along the plan costs it `restoreSeconds` (and
+        so does the first segment, when it differs from the `current` GPUs of a job that has started; a
+        job's first start costs nothing): it trains nothing for that long at the start of the segment,
+        and holds its GPUs meanwhile.
         """
         sizes0, rates0 = _tables(*job_sizes(job))
         bounds = self.bounds
@@ -100,22 +101,38 @@ class CapacityProfile:
         starts = bounds[:k]
         lens = np.minimum(bounds[1 : k + 1], until) - starts
         r = rates0[idx]
+        if job.restore_seconds > 0 and k:
+            # A restore is paid on entering a new non-zero share, at the start of that segment: a job
+            # stopped trains nothing anyway while its restore runs down, and a job's first start
+            # restores nothing.
+            shares = sizes0[idx]
+            restores = np.empty(k, dtype=bool)
+            restores[1:] = (shares[1:] != shares[:-1]) & (shares[1:] > 0)
+            if current or job.done_steps:
+                restores[0] = shares[0] != current and shares[0] > 0
+            else:
+                restores[0] = False
+                first = int(np.argmax(shares > 0))
+                restores[first] = False
+            lost = np.where(restores, job.restore_seconds, 0.0)
+            if np.any(lost > lens):  # a restore longer than its segment runs on into the next ones
+                lost = lost.copy()
+                for i in range(k - 1):
+                    if lost[i] > lens[i] and not restores[i + 1]:
+                        lost[i + 1] += lost[i] - lens[i]
+        else:
+            lost = np.zeros(k)
         # An unused segment that never ends must add 0, not 0 * inf.
-        work = np.cumsum(r * np.where(r > 0, lens, 0.0))
+        work = np.cumsum(r * np.where(r > 0, np.maximum(lens - lost, 0.0), 0.0))
         remaining = job.remaining_steps
         if not len(work) or work[-1] < remaining - 1e-9:
             return None
         j = int(np.searchsorted(work, remaining - 1e-9))
         before = work[j - 1] if j else 0.0
-        finish = float(starts[j] + (remaining - before) / r[j])
+        finish = float(starts[j] + lost[j] + (remaining - before) / r[j])
+        if finish > until:
+            return None
         shares = sizes0[idx[: j + 1]]
-        if job.restore_seconds > 0:
-            changes = int(np.count_nonzero(shares[1:] != shares[:-1]))
-            if shares[0] != current and (current or job.done_steps):
-                changes += 1
-            finish += changes * job.restore_seconds
-            if finish > until:
-                return None
         return shares, finish
 
     def reserve(self, job: JobState, deadline: float, at_least: int = 0, current: int = 0) -> Reservation | None:
@@ -164,6 +181,13 @@ class CapacityProfile:
                 lo = mid + 1
             else:
                 hi, best = mid, plan
+        # Feasibility is monotone in the share except at the size the job holds now: any other share pays a
+        # restore at once, so a share the search stepped over may work there when the next ones up do not.
+        held = bisect_left(sizes, current) if current else len(sizes)
+        if first <= held < hi and sizes[held] == current:
+            plan = works(held)
+            if plan is not None:
+                hi, best = held, plan
         shares, finish = best
         self._take(shares, finish)
         return Reservation(sizes[hi], int(shares[0]))
