@@ -109,7 +109,17 @@ def job_state(body: Body) -> JobState:
         verdict=verdict,
         checkpoint_interval_steps=int((spec.get("checkpoint") or {}).get("intervalSteps", 0)),
         last_checkpoint_step=int((status.get("checkpoint") or {}).get("step", 0)),
+        resumes_at=_resumes_at(status, progress, placement, restore_seconds(body)),
     )
+
+
+def _resumes_at(status: Mapping[str, Any], progress: Mapping[str, Any], placement: Mapping[str, int],
+                restore: float) -> float:
+    """When a resized job trains again: its restore runs from the switch (`_switch` resets the progress to
+    0 steps/s then) until rank 0 of the new worker set reports a rate; 0 when it trains now."""
+    if placement and int(status.get("reshards", 0)) and not progress.get("stepsPerSecond") and progress.get("updatedAt"):
+        return to_unix(progress["updatedAt"]) + restore
+    return 0.0
 
 
 def restore_seconds(body: Body) -> float:
