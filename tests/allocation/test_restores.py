@@ -5,10 +5,11 @@ Curves are linear (1 step/s per GPU) unless said otherwise.
 """
 
 import numpy as np
-from builders import job
+from builders import job, nodes, snapshot
 
-from flotilla.allocation import ScalingCurve
+from flotilla.allocation import ScalingCurve, Verdict
 from flotilla.allocation.admission import CapacityProfile
+from flotilla.allocation.elastic import DeadlineElastic
 
 RESNET50 = ScalingCurve.of({1: 10.0, 2: 19.6078, 4: 37.7358, 8: 70.1754, 16: 123.0769, 32: 197.5309})
 
@@ -52,3 +53,17 @@ def test_a_first_start_after_waiting_costs_no_restore():
     profile = CapacityProfile(0.0, 4, claimed=((0.0, 4), (100.0, 0)))
     r = profile.reserve(j, j.deadline)
     assert (r.size, r.now_gpus) == (4, 0)
+
+
+def test_a_restore_under_way_holds_the_gpus_and_later_jobs_do_not_count_on_them():
+    # a holds 4 of 8 GPUs and restores until t=50, then needs 50 s (by t=110: any other size restores
+    # again and is too late): it frees them at t=100, not t=50.
+    # c (no restore) needs 1,000 steps by t=160: 4 GPUs until 100 and 8 after give it 880: rejected.
+    # (Planning a's restore as a deadline 50 s earlier frees its GPUs at t=50 on paper: 1,080, admitted,
+    # and a promise broken.)
+    a = job("a", 400, 110.0, done=200, max_gpus=4, placement={"n0": 4}, restore=50.0,
+            verdict=Verdict.ADMITTED, resumes_at=50.0)
+    c = job("c", 1000, 160.0, max_gpus=8, submit=0.0)
+    d = DeadlineElastic().decide(snapshot(nodes(8), a, c)).jobs
+    assert d["a"].guaranteed_gpus == 4
+    assert d["c"].verdict is Verdict.REJECTED, d["c"].reason

@@ -86,13 +86,15 @@ class CapacityProfile:
         other._bounds, other._free, other._segments = self._bounds.copy(), self._free.copy(), self._segments
         return other
 
-    def _plan(self, job: JobState, x: int, until: float, current: int = 0) -> tuple[np.ndarray, float] | None:
+    def _plan(self, job: JobState, x: int, until: float, current: int = 0,
+              pause: float = 0.0) -> tuple[np.ndarray, float] | None:
         """Shares per segment and the finish time at cap x, or None if not done by `until`.
 
         Every change of the job's size to a non-zero share along the plan costs it `restoreSeconds` (and
         so does the first segment, when it differs from the `current` GPUs of a job that has started; a
         job's first start costs nothing): it trains nothing for that long at the start of the segment,
-        and holds its GPUs meanwhile.
+        and holds its GPUs meanwhile. `pause`: seconds left of a restore under way (it counts only while
+        the job keeps its `current` GPUs; a new size starts a new restore).
         """
         sizes0, rates0 = _tables(*job_sizes(job))
         bounds = self.bounds
@@ -101,27 +103,26 @@ class CapacityProfile:
         starts = bounds[:k]
         lens = np.minimum(bounds[1 : k + 1], until) - starts
         r = rates0[idx]
+        shares = sizes0[idx]
+        lost = np.zeros(k)
+        restores = np.zeros(k, dtype=bool)
         if job.restore_seconds > 0 and k:
             # A restore is paid on entering a new non-zero share, at the start of that segment: a job
             # stopped trains nothing anyway while its restore runs down, and a job's first start
             # restores nothing.
-            shares = sizes0[idx]
-            restores = np.empty(k, dtype=bool)
             restores[1:] = (shares[1:] != shares[:-1]) & (shares[1:] > 0)
             if current or job.done_steps:
                 restores[0] = shares[0] != current and shares[0] > 0
             else:
-                restores[0] = False
                 first = int(np.argmax(shares > 0))
                 restores[first] = False
-            lost = np.where(restores, job.restore_seconds, 0.0)
-            if np.any(lost > lens):  # a restore longer than its segment runs on into the next ones
-                lost = lost.copy()
-                for i in range(k - 1):
-                    if lost[i] > lens[i] and not restores[i + 1]:
-                        lost[i + 1] += lost[i] - lens[i]
-        else:
-            lost = np.zeros(k)
+            lost[restores] = job.restore_seconds
+        if pause > 0 and k and shares[0] > 0 and not restores[0]:
+            lost[0] = pause  # the restore under way, on the GPUs it keeps
+        if np.any(lost > lens):  # a restore longer than its segment runs on into the next ones
+            for i in range(k - 1):
+                if lost[i] > lens[i] and not restores[i + 1]:
+                    lost[i + 1] += lost[i] - lens[i]
         # An unused segment that never ends must add 0, not 0 * inf.
         work = np.cumsum(r * np.where(r > 0, np.maximum(lens - lost, 0.0), 0.0))
         remaining = job.remaining_steps
@@ -135,12 +136,14 @@ class CapacityProfile:
         shares = sizes0[idx[: j + 1]]
         return shares, finish
 
-    def reserve(self, job: JobState, deadline: float, at_least: int = 0, current: int = 0) -> Reservation | None:
+    def reserve(self, job: JobState, deadline: float, at_least: int = 0, current: int = 0,
+                pause: float = 0.0) -> Reservation | None:
         """Reserve the job's minimum satisfactory share to finish by `deadline`; None if it cannot.
 
         With `at_least`, the share is no smaller than that (a re-plan that
         needs the job to finish sooner, so that a later job still fits).
-        `current`: the GPUs it holds now (each resize along the plan costs a restore).
+        `current`: the GPUs it holds now (each resize along the plan costs a restore); `pause`: seconds
+        left of a restore under way.
         """
         sizes, rates = job_sizes(job)
         if not sizes or job.remaining_steps <= 0:
@@ -158,7 +161,7 @@ class CapacityProfile:
             return None
 
         def works(i: int):
-            return self._plan(job, sizes[i], deadline, current)
+            return self._plan(job, sizes[i], deadline, current, pause)
 
         # A larger cap never gives a segment fewer GPUs, so feasibility is monotone in the share. The answer
         # is most often at or just above `first`: gallop up from it, then halve.
