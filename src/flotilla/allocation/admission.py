@@ -51,9 +51,11 @@ class Shortfall:
 
 
 @lru_cache(maxsize=4096)
-def _tables(sizes: tuple[int, ...], rates: tuple[float, ...]) -> tuple[np.ndarray, np.ndarray]:
-    """Sizes and rates with a leading 0 (no GPUs, no progress), as arrays."""
-    return np.array((0,) + sizes), np.array((0.0,) + rates)
+def _tables(sizes: tuple[int, ...], rates: tuple[float, ...]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Sizes and rates with a leading 0 (no GPUs, no progress), as arrays, and for each GPU count up to the
+    largest size the index of the largest size not above it."""
+    sizes0 = np.array((0,) + sizes)
+    return sizes0, np.array((0.0,) + rates), np.searchsorted(sizes0, np.arange(sizes0[-1] + 1), side="right") - 1
 
 
 class CapacityProfile:
@@ -68,7 +70,7 @@ class CapacityProfile:
         # Segment k covers [bounds[k], bounds[k+1]); arrays have spare room at the end.
         room = max(64, 2 * len(later) + 8)
         self._bounds = np.full(room, np.inf)
-        self._free = np.zeros(room)
+        self._free = np.zeros(room, dtype=np.int64)
         self._bounds[0] = now
         self._free[0] = capacity - next((g for t, g in reversed(steps) if t <= now), 0)
         for k, (t, g) in enumerate(later, start=1):
@@ -96,10 +98,10 @@ class CapacityProfile:
         and holds its GPUs meanwhile. `pause`: seconds left of a restore under way (it counts only while
         the job keeps its `current` GPUs; a new size starts a new restore).
         """
-        sizes0, rates0 = _tables(*job_sizes(job))
+        sizes0, rates0, index = _tables(*job_sizes(job))
         bounds = self.bounds
         k = int(np.searchsorted(bounds, until, side="left"))
-        idx = np.searchsorted(sizes0, np.minimum(self._free[:k], x), side="right") - 1
+        idx = index[np.minimum(self._free[:k], x)]
         starts = bounds[:k]
         lens = np.minimum(bounds[1 : k + 1], until) - starts
         r = rates0[idx]
@@ -216,7 +218,7 @@ class CapacityProfile:
             # Split the last segment the job uses at its finish time.
             if self._segments + 2 > len(self._bounds):
                 self._bounds = np.concatenate([self._bounds, np.full(len(self._bounds), np.inf)])
-                self._free = np.concatenate([self._free, np.zeros(len(self._free))])
+                self._free = np.concatenate([self._free, np.zeros(len(self._free), dtype=np.int64)])
             end = self._segments
             self._bounds[n + 1 : end + 2] = self._bounds[n : end + 1].copy()
             self._bounds[n] = finish
