@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import os
 import random
 
 import pytest
@@ -81,7 +82,11 @@ def _advance(jobs: dict[str, Running], now: float, until: float) -> float:
     return end
 
 
-@pytest.mark.parametrize("seed", range(int(__import__("os").environ.get("INVARIANT_SEEDS", "12"))))
+# Seed 31 broke a guarantee before restores were counted where they happen (tests/allocation/test_restores.py).
+SEEDS = sorted(set(range(int(os.environ.get("INVARIANT_SEEDS", "12")))) | {31})
+
+
+@pytest.mark.parametrize("seed", SEEDS)
 def test_only_a_node_loss_breaks_a_guarantee(seed):
     rng = random.Random(seed)
     node_list = list(nodes(*([8] * rng.choice((2, 3, 4)))))

@@ -51,9 +51,11 @@ class Shortfall:
 
 
 @lru_cache(maxsize=4096)
-def _tables(sizes: tuple[int, ...], rates: tuple[float, ...]) -> tuple[np.ndarray, np.ndarray]:
-    """Sizes and rates with a leading 0 (no GPUs, no progress), as arrays."""
-    return np.array((0,) + sizes), np.array((0.0,) + rates)
+def _tables(sizes: tuple[int, ...], rates: tuple[float, ...]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Sizes and rates with a leading 0 (no GPUs, no progress), as arrays, and for each GPU count up to the
+    largest size the index of the largest size not above it."""
+    sizes0 = np.array((0,) + sizes)
+    return sizes0, np.array((0.0,) + rates), np.searchsorted(sizes0, np.arange(sizes0[-1] + 1), side="right") - 1
 
 
 class CapacityProfile:
@@ -68,7 +70,7 @@ class CapacityProfile:
         # Segment k covers [bounds[k], bounds[k+1]); arrays have spare room at the end.
         room = max(64, 2 * len(later) + 8)
         self._bounds = np.full(room, np.inf)
-        self._free = np.zeros(room)
+        self._free = np.zeros(room, dtype=np.int64)
         self._bounds[0] = now
         self._free[0] = capacity - next((g for t, g in reversed(steps) if t <= now), 0)
         for k, (t, g) in enumerate(later, start=1):
@@ -86,44 +88,64 @@ class CapacityProfile:
         other._bounds, other._free, other._segments = self._bounds.copy(), self._free.copy(), self._segments
         return other
 
-    def _plan(self, job: JobState, x: int, until: float, current: int = 0) -> tuple[np.ndarray, float] | None:
+    def _plan(self, job: JobState, x: int, until: float, current: int = 0,
+              pause: float = 0.0) -> tuple[np.ndarray, float] | None:
         """Shares per segment and the finish time at cap x, or None if not done by `until`.
 
-        Every change of the job's size along the plan costs it `restoreSeconds` (and so does the first
-        segment, when it differs from the `current` GPUs of a job that has started): the finish moves
-        out by that much.
+        Every change of the job's size to a non-zero share along the plan costs it `restoreSeconds` (and
+        so does the first segment, when it differs from the `current` GPUs of a job that has started; a
+        job's first start costs nothing): it trains nothing for that long at the start of the segment,
+        and holds its GPUs meanwhile. `pause`: seconds left of a restore under way (it counts only while
+        the job keeps its `current` GPUs; a new size starts a new restore).
         """
-        sizes0, rates0 = _tables(*job_sizes(job))
+        sizes0, rates0, index = _tables(*job_sizes(job))
         bounds = self.bounds
         k = int(np.searchsorted(bounds, until, side="left"))
-        idx = np.searchsorted(sizes0, np.minimum(self._free[:k], x), side="right") - 1
+        idx = index[np.minimum(self._free[:k], x)]
         starts = bounds[:k]
         lens = np.minimum(bounds[1 : k + 1], until) - starts
         r = rates0[idx]
+        shares = sizes0[idx]
+        lost = np.zeros(k)
+        restores = np.zeros(k, dtype=bool)
+        if job.restore_seconds > 0 and k:
+            # A restore is paid on entering a new non-zero share, at the start of that segment: a job
+            # stopped trains nothing anyway while its restore runs down, and a job's first start
+            # restores nothing.
+            restores[1:] = (shares[1:] != shares[:-1]) & (shares[1:] > 0)
+            if current or job.done_steps:
+                restores[0] = shares[0] != current and shares[0] > 0
+            else:
+                first = int(np.argmax(shares > 0))
+                restores[first] = False
+            lost[restores] = job.restore_seconds
+        if pause > 0 and k and shares[0] > 0 and not restores[0]:
+            lost[0] = pause  # the restore under way, on the GPUs it keeps
+        if np.any(lost > lens):  # a restore longer than its segment runs on into the next ones
+            for i in range(k - 1):
+                if lost[i] > lens[i] and not restores[i + 1]:
+                    lost[i + 1] += lost[i] - lens[i]
         # An unused segment that never ends must add 0, not 0 * inf.
-        work = np.cumsum(r * np.where(r > 0, lens, 0.0))
+        work = np.cumsum(r * np.where(r > 0, np.maximum(lens - lost, 0.0), 0.0))
         remaining = job.remaining_steps
         if not len(work) or work[-1] < remaining - 1e-9:
             return None
         j = int(np.searchsorted(work, remaining - 1e-9))
         before = work[j - 1] if j else 0.0
-        finish = float(starts[j] + (remaining - before) / r[j])
+        finish = float(starts[j] + lost[j] + (remaining - before) / r[j])
+        if finish > until:
+            return None
         shares = sizes0[idx[: j + 1]]
-        if job.restore_seconds > 0:
-            changes = int(np.count_nonzero(shares[1:] != shares[:-1]))
-            if shares[0] != current and (current or job.done_steps):
-                changes += 1
-            finish += changes * job.restore_seconds
-            if finish > until:
-                return None
         return shares, finish
 
-    def reserve(self, job: JobState, deadline: float, at_least: int = 0, current: int = 0) -> Reservation | None:
+    def reserve(self, job: JobState, deadline: float, at_least: int = 0, current: int = 0,
+                pause: float = 0.0) -> Reservation | None:
         """Reserve the job's minimum satisfactory share to finish by `deadline`; None if it cannot.
 
         With `at_least`, the share is no smaller than that (a re-plan that
         needs the job to finish sooner, so that a later job still fits).
-        `current`: the GPUs it holds now (each resize along the plan costs a restore).
+        `current`: the GPUs it holds now (each resize along the plan costs a restore); `pause`: seconds
+        left of a restore under way.
         """
         sizes, rates = job_sizes(job)
         if not sizes or job.remaining_steps <= 0:
@@ -141,7 +163,7 @@ class CapacityProfile:
             return None
 
         def works(i: int) -> tuple[np.ndarray, float] | None:
-            return self._plan(job, sizes[i], deadline, current)
+            return self._plan(job, sizes[i], deadline, current, pause)
 
         # A larger cap never gives a segment fewer GPUs, so feasibility is monotone in the share. The answer
         # is most often at or just above `first`: gallop up from it, then halve.
@@ -164,6 +186,13 @@ class CapacityProfile:
                 lo = mid + 1
             else:
                 hi, best = mid, plan
+        # Feasibility is monotone in the share except at the size the job holds now: any other share pays a
+        # restore at once, so a share the search stepped over may work there when the next ones up do not.
+        held = bisect_left(sizes, current) if current else len(sizes)
+        if first <= held < hi and sizes[held] == current:
+            plan = works(held)
+            if plan is not None:
+                hi, best = held, plan
         shares, finish = best
         self._take(shares, finish)
         return Reservation(sizes[hi], int(shares[0]))
@@ -189,7 +218,7 @@ class CapacityProfile:
             # Split the last segment the job uses at its finish time.
             if self._segments + 2 > len(self._bounds):
                 self._bounds = np.concatenate([self._bounds, np.full(len(self._bounds), np.inf)])
-                self._free = np.concatenate([self._free, np.zeros(len(self._free))])
+                self._free = np.concatenate([self._free, np.zeros(len(self._free), dtype=np.int64)])
             end = self._segments
             self._bounds[n + 1 : end + 2] = self._bounds[n : end + 1].copy()
             self._bounds[n] = finish

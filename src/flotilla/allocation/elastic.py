@@ -42,8 +42,8 @@ def _pause(job: JobState, now: float) -> float:
 
 
 def _plan_deadline(job: JobState, now: float) -> float:
-    # The restores its plan needs are counted in the plan (admission.CapacityProfile._plan), those of a
-    # resize now included; only a restore already under way is taken off here.
+    # For what a job that does not fit would need (Shortfall): its deadline less a restore under way.
+    # Reservations count that restore on the GPUs the job holds (admission.CapacityProfile._plan).
     return job.deadline - _pause(job, now)
 
 
@@ -354,11 +354,12 @@ class _Ledger:
 
     def _reserve(self, profile: CapacityProfile, job: JobState) -> Reservation | None:
         at_least, held = self.floor.get(job.key, 0), self.held.get(job.key, 0)
-        r = profile.reserve(job, _plan_deadline(job, self.now), at_least=at_least, current=held)
+        pause = _pause(job, self.now)
+        r = profile.reserve(job, job.deadline, at_least=at_least, current=held, pause=pause)
         if r is None and held > at_least:
             # Each resize costs a restore, so a share that is not enough at the smallest size that works
             # without them may be enough at the size it holds now (no resize): try from there.
-            r = profile.reserve(job, _plan_deadline(job, self.now), at_least=held, current=held)
+            r = profile.reserve(job, job.deadline, at_least=held, current=held, pause=pause)
         return r
 
     def _run(self, start: int, profile: CapacityProfile) -> None:

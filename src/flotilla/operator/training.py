@@ -113,7 +113,16 @@ def job_state(body: Body) -> JobState:
         verdict=verdict,
         checkpoint_interval_steps=job.checkpoint_interval_steps,
         last_checkpoint_step=job.checkpoint_step,
+        resumes_at=_resumes_at(job.reshards, progress, placement, job.restore_seconds),
     )
+
+
+def _resumes_at(reshards: int, progress: Mapping[str, Any], placement: Mapping[str, int], restore: float) -> float:
+    """When a resized job trains again: its restore runs from the switch (`_switch` resets the progress to
+    0 steps/s then) until rank 0 of the new worker set reports a rate; 0 when it trains now."""
+    if placement and reshards and not progress.get("stepsPerSecond") and progress.get("updatedAt"):
+        return to_unix(progress["updatedAt"]) + restore
+    return 0.0
 
 
 def node_state(body: Body) -> NodeState:
