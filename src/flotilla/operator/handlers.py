@@ -1,15 +1,14 @@
-"""kopf wiring: watches keep an in-memory view; one loop reconciles the whole view.
+"""The operator's process: kopf runs it; watches of its own keep an in-memory view; one loop reconciles it.
 
-Watch events only update the view and wake the loop (kopf handlers stay short). A pass is planned in
+Watch events (flotilla.operator.watch) only update the view and wake the loop. A pass is planned in
 a thread on a copy of the view, then hands each object's writes to a task of their own and does not
 wait for them: the next pass plans while they are on their way (the view shows their patches) and
 leaves alone an object whose writes are.
-The handlers are coroutines on purpose: kopf runs plain functions in a thread
-pool, and the view must only change on the event loop (planning works on copies).
-The loop is level-based: it reconciles everything it sees, on every wake-up and
-at least every `resync` seconds, so a missed event or a restart converges. The view is reconciled with
-full lists (flotilla.operator.relist) before the first pass, after kopf re-lists a kind and every
-`relist_seconds`, so that objects deleted during a watch gap do not stay in it.
+The view only changes on the event loop (the watches' threads hand their events to it; planning works on
+copies). The loop is level-based: it reconciles what it sees on every wake-up and everything at least
+every `resync` seconds, so a missed event or a restart converges. The view is reconciled with full lists
+before the first pass, whenever a watch cannot resume where it was, and every `relist_seconds`, so that
+objects deleted during a watch gap do not stay in it.
 Every API call has a timeout (`api_timeout`); with leader election, every write is fenced by the Lease.
 """
 
@@ -30,7 +29,7 @@ from flotilla.allocation import Allocator
 from flotilla.operator.actions import Action, ApplyObject, CreatePod, PatchAnnotations, PatchStatus
 from flotilla.operator.kube import Kube, RateLimiter, inference_pools_served
 from flotilla.operator.reconcile import plan
-from flotilla.operator import relist
+from flotilla.operator import relist, watch
 from flotilla.operator.relist import Lister, Relister
 from flotilla.operator.view import View, key_of
 from flotilla.pool import PoolPolicy
@@ -74,7 +73,6 @@ SELECTOR = ",".join(f"{k}={v}" for k, v in MANAGED.items())
 
 
 USER_AGENT = "flotilla-operator"
-WATCH_SECONDS = 300  # the API server ends each watch after this long; kopf resumes it
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -103,14 +101,7 @@ async def startup(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) ->
     # A timeout on every request of kopf's too: a hung connection must not stall a watch for good.
     settings.networking.request_timeout = ours.api_timeout
     settings.networking.connect_timeout = ours.api_timeout
-    settings.watching.connect_timeout = ours.api_timeout
-    settings.watching.server_timeout = WATCH_SECONDS
-    settings.watching.client_timeout = WATCH_SECONDS + ours.api_timeout
-    settings.watching.chunk_size = relist.PAGE  # each page of a big list fits in one request's timeout
     settings.persistence.finalizer = f"{GROUP}/operator"
-    # Only the pods and Deployments Flotilla made: filtered by the API server, not after the fact.
-    settings.watching.label_selectors["", "v1", "pods"] = SELECTOR
-    settings.watching.label_selectors["apps", "v1", "deployments"] = SELECTOR
     memo.loop_task = asyncio.get_running_loop().create_task(_loop())
 
 
@@ -119,31 +110,6 @@ async def cleanup(memo: kopf.Memo, **_: Any) -> None:
     task = getattr(memo, "loop_task", None)
     if task:
         task.cancel()
-
-
-@kopf.on.event(GROUP, VERSION, "trainingjobs")
-async def on_job(event: dict, **_: Any) -> None:
-    view.record("jobs", event)
-
-
-@kopf.on.event(GROUP, VERSION, "servingdeployments")
-async def on_serving(event: dict, **_: Any) -> None:
-    view.record("servings", event)
-
-
-@kopf.on.event("", "v1", "nodes")
-async def on_node(event: dict, **_: Any) -> None:
-    view.record("nodes", event)
-
-
-@kopf.on.event("", "v1", "pods", labels=MANAGED)
-async def on_pod(event: dict, **_: Any) -> None:
-    view.record("pods", event)
-
-
-@kopf.on.event("apps", "v1", "deployments", labels=MANAGED)
-async def on_deployment(event: dict, **_: Any) -> None:
-    view.record("deployments", event)
 
 
 def _settings() -> Settings:
@@ -162,9 +128,14 @@ async def _loop() -> None:
     s = _settings()
     kube = Kube(_api_client(s, s.concurrency, s.fence), concurrency=s.concurrency,
                 limiter=RateLimiter(s.qps, s.burst), timeout=s.api_timeout)
+    # Only the pods and Deployments Flotilla made: filtered by the API server, not after the fact.
+    watches = watch.informers(view, Lister(_api_client(s, len(relist.KINDS) * max(1, len(s.namespaces)), None),
+                                           s.namespaces, SELECTOR), asyncio.get_running_loop(), s.api_timeout)
+    for w in watches:
+        w.start()
     relister = Relister(view, Lister(_api_client(s, 2, None), s.namespaces, SELECTOR), s.relist_seconds)
     # The first decision waits for a full list of every kind: a new leader starts from what is, not a cache.
-    await relister.sync()
+    await asyncio.gather(*(w.synced.wait() for w in watches))
     relisting = asyncio.get_running_loop().create_task(relister.run())
     discovering = asyncio.get_running_loop().create_task(_discover_inference_pools(_api_client(s, 1, None)))
     log.info("reconcile loop started as %s: policy=%s resync=%ss relist=%ss api-timeout=%ss concurrency=%d qps=%s "
@@ -175,6 +146,8 @@ async def _loop() -> None:
     finally:
         relisting.cancel()
         discovering.cancel()
+        for w in watches:
+            w.stop()
 
 
 async def _discover_inference_pools(api: kubeapi.ApiClient) -> None:
