@@ -28,7 +28,7 @@ from flotilla import GROUP, VERSION, kubeapi
 from flotilla.allocation import Allocator
 from flotilla.operator.actions import Action, ApplyObject, CreatePod, PatchAnnotations, PatchStatus
 from flotilla.operator.kube import Kube, RateLimiter, inference_pools_served
-from flotilla.operator.reconcile import plan
+from flotilla.operator.reconcile import Planner
 from flotilla.operator import relist, watch
 from flotilla.operator.relist import Lister, Relister
 from flotilla.operator.view import View, key_of
@@ -61,12 +61,14 @@ view = View()
 inference_pools = False  # the InferencePool CRD is installed (flotilla.operator.endpoint)
 in_flight: dict[tuple[str, str], asyncio.Task] = {}  # (view kind, key) -> the task writing that object's actions
 _planner = ThreadPoolExecutor(max_workers=1, thread_name_prefix="plan")
+planner = Planner()
 settings: Settings | None = None
 
 
 def configure(s: Settings) -> None:
-    global settings
+    global settings, planner
     settings = s
+    planner = Planner(full_every=s.resync_seconds)
 
 
 SELECTOR = ",".join(f"{k}={v}" for k, v in MANAGED.items())
@@ -176,7 +178,7 @@ async def _reconcile_forever(kube: Kube) -> None:
             await asyncio.wait_for(view.wake.wait(), timeout=settings.resync_seconds)
         except asyncio.TimeoutError:
             pass
-        # Every watch event wakes the loop and a pass re-plans everything: when planning is slow (many jobs,
+        # Every watch event that changes what planning reads wakes the loop: when planning is slow (many jobs,
         # a busy machine), wait as long as it took, so that it takes at most half of the operator's CPU.
         await asyncio.sleep(max(settings.debounce_seconds, plan_seconds))
         view.wake.clear()
@@ -196,8 +198,9 @@ async def _reconcile_once(kube: Kube) -> float:
     # Planned in a thread of its own on copies of the view (the objects are replaced, never changed in place),
     # so that the event loop goes on taking watch events and sending writes while a big pass is planned.
     copies = [dict(d) for d in (view.jobs, view.nodes, view.pods, view.servings, view.deployments)]
+    full_passes = planner.full_passes
     plans = await asyncio.get_running_loop().run_in_executor(
-        _planner, plan, time.time(), settings.allocator, *copies, settings.max_restarts, settings.pool,
+        _planner, planner.plan, time.time(), settings.allocator, *copies, settings.max_restarts, settings.pool,
         inference_pools, settings.agent_port)
     planned = time.perf_counter()
     actions = dispatched = deferred = 0
@@ -223,8 +226,9 @@ async def _reconcile_once(kube: Kube) -> float:
     # One line per pass (INFO when it acted), parsed by bench/scale.py: re-plan time and API requests so far.
     log.log(logging.INFO if actions else logging.DEBUG,
             "reconcile pass: jobs=%d plan_ms=%.1f actions=%d objects=%d deferred=%d in_flight=%d api_requests=%d "
-            "throttled_s=%.1f", len(view.jobs), (planned - started) * 1e3, actions, dispatched, deferred,
-            len(in_flight), kube.requests, kube.throttled_seconds)
+            "throttled_s=%.1f planned=%d full=%d", len(view.jobs), (planned - started) * 1e3, actions, dispatched,
+            deferred, len(in_flight), kube.requests, kube.throttled_seconds, len(plans),
+            planner.full_passes - full_passes)
     return planned - started
 
 
