@@ -128,18 +128,24 @@ def _api_client(s: Settings, connections: int, fence: kubeapi.Fence | None) -> k
 
 async def _loop() -> None:
     s = _settings()
-    kube = Kube(_api_client(s, s.concurrency, s.fence), concurrency=s.concurrency,
-                limiter=RateLimiter(s.qps, s.burst), timeout=s.api_timeout)
+    # The clients are made off the event loop (each reads the kubeconfig and builds a TLS context, which
+    # takes seconds on a busy machine): the Lease is renewed on the loop. One client reads for the watches,
+    # a connection each, and the re-lists.
+    readers = len(relist.KINDS) * max(1, len(s.namespaces)) + 2
+    writer, reader, discovery = await asyncio.gather(*(asyncio.to_thread(_api_client, s, n, fence)
+                                                       for n, fence in ((s.concurrency, s.fence), (readers, None),
+                                                                        (1, None))))
+    kube = Kube(writer, concurrency=s.concurrency, limiter=RateLimiter(s.qps, s.burst), timeout=s.api_timeout)
     # Only the pods and Deployments Flotilla made: filtered by the API server, not after the fact.
-    watches = watch.informers(view, Lister(_api_client(s, len(relist.KINDS) * max(1, len(s.namespaces)), None),
-                                           s.namespaces, SELECTOR), asyncio.get_running_loop(), s.api_timeout)
+    lister = Lister(reader, s.namespaces, SELECTOR)
+    watches = watch.informers(view, lister, asyncio.get_running_loop(), s.api_timeout)
     for w in watches:
         w.start()
-    relister = Relister(view, Lister(_api_client(s, 2, None), s.namespaces, SELECTOR), s.relist_seconds)
+    relister = Relister(view, lister, s.relist_seconds)
     # The first decision waits for a full list of every kind: a new leader starts from what is, not a cache.
     await asyncio.gather(*(w.synced.wait() for w in watches))
     relisting = asyncio.get_running_loop().create_task(relister.run())
-    discovering = asyncio.get_running_loop().create_task(_discover_inference_pools(_api_client(s, 1, None)))
+    discovering = asyncio.get_running_loop().create_task(_discover_inference_pools(discovery))
     log.info("reconcile loop started as %s: policy=%s resync=%ss relist=%ss api-timeout=%ss concurrency=%d qps=%s "
              "burst=%d unified pool: %s fenced by the lease: %s", s.identity, s.allocator.name, s.resync_seconds,
              s.relist_seconds, s.api_timeout, s.concurrency, s.qps, s.burst, s.pool or "off", s.fence is not None)
