@@ -16,9 +16,9 @@ from __future__ import annotations
 
 from collections import defaultdict
 from dataclasses import dataclass, replace
-from typing import Any, Mapping
+from typing import Any, Callable, Mapping
 
-from flotilla.allocation import JobDecision, NodeState
+from flotilla.allocation import JobDecision, JobState, NodeState
 from flotilla.operator import serving, training
 from flotilla.operator.pods import holds_gpus, pod_gpus, serving_key, worker_job_uid
 from flotilla.operator.serving import ServingGrant
@@ -66,8 +66,10 @@ def _serving_state(body: Body, placement: Mapping[str, int], now: float,
 
 
 def arbitrate(now: float, policy: PoolPolicy, jobs: Mapping[str, Body], nodes: Mapping[str, Body],
-              pods: Mapping[str, Body], servings: Mapping[str, Body]) -> PoolPlan:
-    base = training.snapshot(now, jobs.values(), nodes.values(), pods.values())
+              pods: Mapping[str, Body], servings: Mapping[str, Body],
+              state_of: Callable[[Body], JobState] | None = None) -> PoolPlan:
+    """`state_of`: `training.job_state`, or a cache of it."""
+    base = training.snapshot(now, jobs.values(), nodes.values(), pods.values(), state_of=state_of)
     serving_live: dict[str, dict[str, int]] = defaultdict(lambda: defaultdict(int))  # sd -> node -> GPUs
     serving_bound: dict[str, int] = defaultdict(int)  # sd -> GPUs on nodes, terminating pods included
     serving_pending: dict[str, int] = defaultdict(int)  # sd -> GPUs of pods not bound yet

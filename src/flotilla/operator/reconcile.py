@@ -143,7 +143,7 @@ class Planner:
         if full or inputs != self._inputs:
             self.allocator_runs += 1
             if pool is not None and servings:
-                shared = arbitrate(now, pool, jobs, nodes, pods, servings)
+                shared = arbitrate(now, pool, jobs, nodes, pods, servings, state_of=self._state_of)
                 self._decided = (shared.jobs, shared.lending, shared.serving)
             else:
                 self._decided = (allocator.decide(snap).jobs, {}, {})
