@@ -63,7 +63,10 @@ def test_incremental_passes_act_as_a_full_re_plan(pooled):
     allocator = policies.get("elastic-deadline")
     kw = {"pool": PoolPolicy()} if pooled else {}
     world = World(seed=7, nodes=40)
+    if pooled:  # the pool's arbiter decides for training and serving
+        world.add_serving("chat")
     world.grow(allocator, NOW, 400, finished=0.3, batch=100, **kw)
+    assert not pooled or len(world.deployments) == 2
     planner, found = run_steps(world, allocator, 12, **kw)
     assert not found, found[:3]
     assert planner.full_passes == 1 and planner.passes == 13  # none of it was global

@@ -13,7 +13,7 @@ from typing import Any
 
 from flotilla.operator import trim
 from flotilla.resources import checkpoint
-from flotilla.operator.actions import CreatePod, DeletePod, PatchAnnotations, PatchStatus
+from flotilla.operator.actions import ApplyDeployment, CreatePod, DeletePod, PatchAnnotations, PatchStatus
 from flotilla.operator.reconcile import plan
 from flotilla.operator.view import key_of, with_patches
 from tests.operator_plan.builders import node, trainingjob
@@ -78,6 +78,30 @@ class World:
                     self.pods[key_of(pod)] = pod
                 elif isinstance(a, DeletePod):
                     self.pods.pop(f"{a.namespace}/{a.name}", None)
+                elif isinstance(a, ApplyDeployment):
+                    self.deploy(a.manifest)
+
+    def add_serving(self, name: str) -> None:
+        """A fixed ServingDeployment: one 1-GPU prefill and one 1-GPU decode instance."""
+        pool = {"gpusPerInstance": 1, "template": {"spec": {"containers": [{"name": "s", "image": "vllm"}]}}}
+        self.servings[f"ns/{name}"] = {
+            "apiVersion": "flotilla.dev/v1alpha1", "kind": "ServingDeployment",
+            "metadata": {"name": name, "namespace": "ns", "uid": f"uid-{name}", "generation": 1},
+            "spec": {"slo": {"ttftMs": 400, "tpotMs": 100}, "maxGPUs": 4, "prefill": pool, "decode": pool,
+                     "planner": {"mode": "fixed", "prefillReplicas": 1, "decodeReplicas": 1}},
+            "status": {}}
+
+    def deploy(self, manifest: dict[str, Any]) -> None:
+        """A Deployment applied: ready at once, its pods bound to the last node (as the scheduler might)."""
+        meta, replicas = manifest["metadata"], manifest["spec"]["replicas"]
+        self.deployments[key_of(manifest)] = {**manifest, "status": {"readyReplicas": replicas, "replicas": replicas}}
+        labels = manifest["spec"]["template"]["metadata"]["labels"]
+        for i in range(replicas):
+            pod = trim.pod({**manifest["spec"]["template"], "metadata": {
+                "name": f"{meta['name']}-{i}", "namespace": meta["namespace"], "labels": labels}})
+            pod["spec"]["nodeName"] = f"n{len(self.nodes) - 1}"
+            pod["status"] = {"phase": "Running"}
+            self.pods[key_of(pod)] = pod
 
     def settle(self, allocator, now: float, rounds: int = 4, **kw: Any) -> None:
         """Full passes, their actions applied, until nothing is left to do or `rounds` ran."""

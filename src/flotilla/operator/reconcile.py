@@ -97,12 +97,12 @@ class Planner:
 
     A pass is *full* (every job planned, the allocator run) on the first call, every `full_every` seconds
     (what only time changes: a deadline's outlook, a timeout, progress mirrored into status) and whenever
-    something global changed: a node (added, lost, cordoned, its capacity or labels), a ServingDeployment or
-    its Deployments, a job's spec (deadline, curve, elasticity: its generation), the InferencePool API.
-    Otherwise a pass runs the allocator (or the pool's arbiter) only when what it reads changed (a job's
-    state, a GPU-holding pod), else keeps its last decisions; and it plans only the jobs whose object, pods,
-    decision or loans changed, or that had actions the last time (they may not have been sent yet).
-    ServingDeployments (a handful) are planned every pass. Objects are told changed by identity: the view
+    something global changed: a node (added, lost, cordoned, its capacity or labels), a job's spec
+    (deadline, curve, elasticity: its generation), the InferencePool API. Otherwise a pass runs the
+    allocator (or the pool's arbiter) only when what it reads changed (a job's state or loans, a
+    GPU-holding pod, a ServingDeployment), else keeps its last decisions; and it plans only the jobs whose
+    object, pods, decision or loans changed, or that had actions the last time (they may not have been sent
+    yet). ServingDeployments (a handful) are planned every pass, with their Deployments. Objects are told changed by identity: the view
     replaces an object that changed and keeps one that did not (flotilla.operator.view)."""
 
     full_every: float = 10.0
@@ -113,7 +113,7 @@ class Planner:
     _jobs: dict[str, Body] = field(default_factory=dict)
     _pods_of: dict[str, tuple[int, ...]] = field(default_factory=dict)  # job UID -> ids of its pods
     _nodes: dict[str, Body] = field(default_factory=dict)
-    _others: tuple = ()  # servings, deployments, inference_pools
+    _inference_pools: bool | None = None
     _states: dict[str, tuple[Body, JobState]] = field(default_factory=dict)  # key -> (body, its job_state)
     _pod_prints: dict[str, tuple[Body, tuple]] = field(default_factory=dict)
     _inputs: tuple | None = None  # what the allocator read last
@@ -127,9 +127,7 @@ class Planner:
              max_restarts: int = 3, pool: PoolPolicy | None = None, inference_pools: bool = False,
              agent_port: int = names.DEFAULT_AGENT_PORT) -> list[tuple[str, str, list[Action]]]:
         """As `plan`, but only the objects that may have new actions (see the class)."""
-        others = (tuple(map(id, servings.values())), tuple(servings), tuple(map(id, deployments.values())),
-                  tuple(deployments), inference_pools)
-        full = (now - self._last_full >= self.full_every or others != self._others
+        full = (now - self._last_full >= self.full_every or inference_pools != self._inference_pools
                 or not _same_objects(nodes, self._nodes)
                 or any(_generation(body) != _generation(self._jobs[key]) for key, body in jobs.items()
                        if key in self._jobs and body is not self._jobs[key]))
@@ -139,7 +137,7 @@ class Planner:
         self._pod_prints = {k: self._pod_prints[k] if k in self._pod_prints and self._pod_prints[k][0] is p
                             else (p, _pod_print(p)) for k, p in pods.items()}
         inputs = (snap.nodes, snap.jobs, tuple(training.lent_to(jobs[s.key]) for s in snap.jobs),
-                  {k: v[1] for k, v in self._pod_prints.items()})
+                  {k: v[1] for k, v in self._pod_prints.items()}, tuple(servings), tuple(map(id, servings.values())))
         if full or inputs != self._inputs:
             self.allocator_runs += 1
             if pool is not None and servings:
@@ -166,7 +164,8 @@ class Planner:
         if full:
             self.full_passes += 1
             self._last_full = now
-        self._jobs, self._pods_of, self._nodes, self._others, self._acted = dict(jobs), ids, dict(nodes), others, acted
+        self._jobs, self._pods_of, self._nodes, self._acted = dict(jobs), ids, dict(nodes), acted
+        self._inference_pools = inference_pools
         self._last_decisions, self._last_lending = decisions, lending
         return out
 
