@@ -66,7 +66,8 @@ class World:
             for a in actions:
                 store = self.jobs if kind == "jobs" else self.servings
                 if isinstance(a, (PatchStatus, PatchAnnotations)) and key in store:
-                    store[key] = with_patches(store[key], [a])
+                    patched = with_patches(store[key], [a])  # trimmed as the view keeps it (a finished job: its phase)
+                    store[key] = trim.trainingjob(patched) if kind == "jobs" else patched
                 elif isinstance(a, CreatePod):
                     pod = trim.pod(a.manifest)
                     spec = pod["spec"]

@@ -232,9 +232,9 @@ async def _reconcile_once(kube: Kube) -> float:
     # One line per pass (INFO when it acted), parsed by bench/scale.py: re-plan time and API requests so far.
     log.log(logging.INFO if actions else logging.DEBUG,
             "reconcile pass: jobs=%d plan_ms=%.1f actions=%d objects=%d deferred=%d in_flight=%d api_requests=%d "
-            "throttled_s=%.1f planned=%d full=%d", len(view.jobs), (planned - started) * 1e3, actions, dispatched,
+            "throttled_s=%.1f planned=%d full=%d%s", len(view.jobs), (planned - started) * 1e3, actions, dispatched,
             deferred, len(in_flight), kube.requests, kube.throttled_seconds, len(plans),
-            planner.full_passes - full_passes)
+            planner.full_passes - full_passes, f" ({planner.full_reason})" if planner.full_reason else "")
     return planned - started
 
 

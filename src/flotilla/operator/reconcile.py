@@ -107,6 +107,7 @@ class Planner:
 
     full_every: float = 10.0
     full_passes: int = 0
+    full_reason: str | None = None  # why the last pass was full: first/time, nodes, spec, inference-pools
     passes: int = 0
     allocator_runs: int = 0
     _last_full: float = float("-inf")
@@ -127,10 +128,8 @@ class Planner:
              max_restarts: int = 3, pool: PoolPolicy | None = None, inference_pools: bool = False,
              agent_port: int = names.DEFAULT_AGENT_PORT) -> list[tuple[str, str, list[Action]]]:
         """As `plan`, but only the objects that may have new actions (see the class)."""
-        full = (now - self._last_full >= self.full_every or inference_pools != self._inference_pools
-                or not _same_objects(nodes, self._nodes)
-                or any(_generation(body) != _generation(self._jobs[key]) for key, body in jobs.items()
-                       if key in self._jobs and body is not self._jobs[key]))
+        self.full_reason = self._why_full(now, jobs, nodes, inference_pools)
+        full = self.full_reason is not None
         self.passes += 1
         self._states = {k: self._states[k] for k in jobs if k in self._states and self._states[k][0] is jobs[k]}
         snap = training_snapshot(now, jobs, nodes, pods, state_of=self._state_of)
@@ -168,6 +167,22 @@ class Planner:
         self._inference_pools = inference_pools
         self._last_decisions, self._last_lending = decisions, lending
         return out
+
+    def _why_full(self, now: float, jobs: Mapping[str, Body], nodes: Mapping[str, Body],
+                  inference_pools: bool) -> str | None:
+        if not self.passes:
+            return "first"
+        if now - self._last_full >= self.full_every:
+            return "time"
+        if inference_pools != self._inference_pools:
+            return "inference-pools"
+        if not _same_objects(nodes, self._nodes):
+            return "nodes"
+        # A finished job is trimmed to its name and phase (no spec): its end is not a change of spec.
+        if any(_generation(body) != _generation(was) for key, body in jobs.items()
+               if (was := self._jobs.get(key)) is not None and body is not was and "spec" in body and "spec" in was):
+            return "spec"
+        return None
 
     def _changed(self, key: str, body: Body, pod_ids: tuple[int, ...], decisions: Mapping[str, JobDecision],
                  lending: Mapping[str, Any]) -> bool:
