@@ -367,8 +367,9 @@ def watch_gap_deletions(run: Run) -> None:
     sim.stop()
     cluster("kill", "kube-apiserver")
     run.clients_stale = True
-    # The outage: the operator's watches fail and back off. kopf retries after 1, 1, 2, 3, 5, 8, 13 s: 19 s
-    # down (and ~4 s to start) puts the deletions below inside its 13 s wait, not at a retry.
+    # The outage: the operator's watches fail and retry every 5 s; when the API server is back they resume
+    # from their last version, or (its watch cache restarted: 410) list afresh. The deletions below come as
+    # soon as it is back: seen as events by a resumed watch, or as ghosts by a fresh list.
     time.sleep(19)
     cluster("start", "kube-apiserver")
     wait_for("the API server ready", api_ready, timeout=90)

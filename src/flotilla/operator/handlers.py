@@ -1,15 +1,14 @@
-"""kopf wiring: watches keep an in-memory view; one loop reconciles the whole view.
+"""The operator's process: kopf runs it; watches of its own keep an in-memory view; one loop reconciles it.
 
-Watch events only update the view and wake the loop (kopf handlers stay short). A pass is planned in
+Watch events (flotilla.operator.watch) only update the view and wake the loop. A pass is planned in
 a thread on a copy of the view, then hands each object's writes to a task of their own and does not
 wait for them: the next pass plans while they are on their way (the view shows their patches) and
 leaves alone an object whose writes are.
-The handlers are coroutines on purpose: kopf runs plain functions in a thread
-pool, and the view must only change on the event loop (planning works on copies).
-The loop is level-based: it reconciles everything it sees, on every wake-up and
-at least every `resync` seconds, so a missed event or a restart converges. The view is reconciled with
-full lists (flotilla.operator.relist) before the first pass, after kopf re-lists a kind and every
-`relist_seconds`, so that objects deleted during a watch gap do not stay in it.
+The view only changes on the event loop (the watches' threads hand their events to it; planning works on
+copies). The loop is level-based: it reconciles what it sees on every wake-up and everything at least
+every `resync` seconds, so a missed event or a restart converges. The view is reconciled with full lists
+before the first pass, whenever a watch cannot resume where it was, and every `relist_seconds`, so that
+objects deleted during a watch gap do not stay in it.
 Every API call has a timeout (`api_timeout`); with leader election, every write is fenced by the Lease.
 """
 
@@ -29,8 +28,8 @@ from flotilla import GROUP, VERSION, kubeapi
 from flotilla.allocation import Allocator
 from flotilla.operator.actions import Action, ApplyObject, CreatePod, PatchAnnotations, PatchStatus
 from flotilla.operator.kube import Kube, RateLimiter, inference_pools_served
-from flotilla.operator.reconcile import plan
-from flotilla.operator import relist
+from flotilla.operator.reconcile import Planner
+from flotilla.operator import relist, watch
 from flotilla.operator.relist import Lister, Relister
 from flotilla.operator.view import View, key_of
 from flotilla.pool import PoolPolicy
@@ -62,19 +61,20 @@ view = View()
 inference_pools = False  # the InferencePool CRD is installed (flotilla.operator.endpoint)
 in_flight: dict[tuple[str, str], asyncio.Task] = {}  # (view kind, key) -> the task writing that object's actions
 _planner = ThreadPoolExecutor(max_workers=1, thread_name_prefix="plan")
+planner = Planner()
 settings: Settings | None = None
 
 
 def configure(s: Settings) -> None:
-    global settings
+    global settings, planner
     settings = s
+    planner = Planner(full_every=s.resync_seconds)
 
 
 SELECTOR = ",".join(f"{k}={v}" for k, v in MANAGED.items())
 
 
 USER_AGENT = "flotilla-operator"
-WATCH_SECONDS = 300  # the API server ends each watch after this long; kopf resumes it
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -103,14 +103,7 @@ async def startup(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) ->
     # A timeout on every request of kopf's too: a hung connection must not stall a watch for good.
     settings.networking.request_timeout = ours.api_timeout
     settings.networking.connect_timeout = ours.api_timeout
-    settings.watching.connect_timeout = ours.api_timeout
-    settings.watching.server_timeout = WATCH_SECONDS
-    settings.watching.client_timeout = WATCH_SECONDS + ours.api_timeout
-    settings.watching.chunk_size = relist.PAGE  # each page of a big list fits in one request's timeout
     settings.persistence.finalizer = f"{GROUP}/operator"
-    # Only the pods and Deployments Flotilla made: filtered by the API server, not after the fact.
-    settings.watching.label_selectors["", "v1", "pods"] = SELECTOR
-    settings.watching.label_selectors["apps", "v1", "deployments"] = SELECTOR
     memo.loop_task = asyncio.get_running_loop().create_task(_loop())
 
 
@@ -119,31 +112,6 @@ async def cleanup(memo: kopf.Memo, **_: Any) -> None:
     task = getattr(memo, "loop_task", None)
     if task:
         task.cancel()
-
-
-@kopf.on.event(GROUP, VERSION, "trainingjobs")
-async def on_job(event: kopf.RawEvent, **_: Any) -> None:
-    view.record("jobs", event)
-
-
-@kopf.on.event(GROUP, VERSION, "servingdeployments")
-async def on_serving(event: kopf.RawEvent, **_: Any) -> None:
-    view.record("servings", event)
-
-
-@kopf.on.event("", "v1", "nodes")
-async def on_node(event: kopf.RawEvent, **_: Any) -> None:
-    view.record("nodes", event)
-
-
-@kopf.on.event("", "v1", "pods", labels=MANAGED)
-async def on_pod(event: kopf.RawEvent, **_: Any) -> None:
-    view.record("pods", event)
-
-
-@kopf.on.event("apps", "v1", "deployments", labels=MANAGED)
-async def on_deployment(event: kopf.RawEvent, **_: Any) -> None:
-    view.record("deployments", event)
 
 
 def _settings() -> Settings:
@@ -160,13 +128,24 @@ def _api_client(s: Settings, connections: int, fence: kubeapi.Fence | None) -> k
 
 async def _loop() -> None:
     s = _settings()
-    kube = Kube(_api_client(s, s.concurrency, s.fence), concurrency=s.concurrency,
-                limiter=RateLimiter(s.qps, s.burst), timeout=s.api_timeout)
-    relister = Relister(view, Lister(_api_client(s, 2, None), s.namespaces, SELECTOR), s.relist_seconds)
+    # The clients are made off the event loop (each reads the kubeconfig and builds a TLS context, which
+    # takes seconds on a busy machine): the Lease is renewed on the loop. One client reads for the watches,
+    # a connection each, and the re-lists.
+    readers = len(relist.KINDS) * max(1, len(s.namespaces)) + 2
+    writer, reader, discovery = await asyncio.gather(*(asyncio.to_thread(_api_client, s, n, fence)
+                                                       for n, fence in ((s.concurrency, s.fence), (readers, None),
+                                                                        (1, None))))
+    kube = Kube(writer, concurrency=s.concurrency, limiter=RateLimiter(s.qps, s.burst), timeout=s.api_timeout)
+    # Only the pods and Deployments Flotilla made: filtered by the API server, not after the fact.
+    lister = Lister(reader, s.namespaces, SELECTOR)
+    watches = watch.informers(view, lister, asyncio.get_running_loop(), s.api_timeout)
+    for w in watches:
+        w.start()
+    relister = Relister(view, lister, s.relist_seconds)
     # The first decision waits for a full list of every kind: a new leader starts from what is, not a cache.
-    await relister.sync()
+    await asyncio.gather(*(w.synced.wait() for w in watches))
     relisting = asyncio.get_running_loop().create_task(relister.run())
-    discovering = asyncio.get_running_loop().create_task(_discover_inference_pools(_api_client(s, 1, None)))
+    discovering = asyncio.get_running_loop().create_task(_discover_inference_pools(discovery))
     log.info("reconcile loop started as %s: policy=%s resync=%ss relist=%ss api-timeout=%ss concurrency=%d qps=%s "
              "burst=%d unified pool: %s fenced by the lease: %s", s.identity, s.allocator.name, s.resync_seconds,
              s.relist_seconds, s.api_timeout, s.concurrency, s.qps, s.burst, s.pool or "off", s.fence is not None)
@@ -175,6 +154,8 @@ async def _loop() -> None:
     finally:
         relisting.cancel()
         discovering.cancel()
+        for w in watches:
+            w.stop()
 
 
 async def _discover_inference_pools(api: kubeapi.ApiClient) -> None:
@@ -203,7 +184,7 @@ async def _reconcile_forever(kube: Kube) -> None:
             await asyncio.wait_for(view.wake.wait(), timeout=settings.resync_seconds)
         except asyncio.TimeoutError:
             pass
-        # Every watch event wakes the loop and a pass re-plans everything: when planning is slow (many jobs,
+        # Every watch event that changes what planning reads wakes the loop: when planning is slow (many jobs,
         # a busy machine), wait as long as it took, so that it takes at most half of the operator's CPU.
         await asyncio.sleep(max(settings.debounce_seconds, plan_seconds))
         view.wake.clear()
@@ -224,8 +205,9 @@ async def _reconcile_once(kube: Kube) -> float:
     # so that the event loop goes on taking watch events and sending writes while a big pass is planned.
     jobs, nodes, pods, servings, deployments = (
         dict(d) for d in (view.jobs, view.nodes, view.pods, view.servings, view.deployments))
+    full_passes = planner.full_passes
     plans = await asyncio.get_running_loop().run_in_executor(
-        _planner, plan, time.time(), settings.allocator, jobs, nodes, pods, servings, deployments,
+        _planner, planner.plan, time.time(), settings.allocator, jobs, nodes, pods, servings, deployments,
         settings.max_restarts, settings.pool, inference_pools, settings.agent_port)
     planned = time.perf_counter()
     actions = dispatched = deferred = 0
@@ -251,8 +233,9 @@ async def _reconcile_once(kube: Kube) -> float:
     # One line per pass (INFO when it acted), parsed by bench/scale.py: re-plan time and API requests so far.
     log.log(logging.INFO if actions else logging.DEBUG,
             "reconcile pass: jobs=%d plan_ms=%.1f actions=%d objects=%d deferred=%d in_flight=%d api_requests=%d "
-            "throttled_s=%.1f", len(view.jobs), (planned - started) * 1e3, actions, dispatched, deferred,
-            len(in_flight), kube.requests, kube.throttled_seconds)
+            "throttled_s=%.1f planned=%d full=%d%s", len(view.jobs), (planned - started) * 1e3, actions, dispatched,
+            deferred, len(in_flight), kube.requests, kube.throttled_seconds, len(plans),
+            planner.full_passes - full_passes, f" ({planner.full_reason})" if planner.full_reason else "")
     return planned - started
 
 

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from collections import defaultdict
 from dataclasses import dataclass, field, replace
-from typing import Any, Mapping
+from typing import Any, Callable, Mapping
 
 from flotilla.allocation import JobDecision, JobState, NodeState
 from flotilla.operator import serving, training
@@ -80,8 +80,10 @@ class _PodUsage:
 
 
 def arbitrate(now: float, policy: PoolPolicy, jobs: Mapping[str, Body], nodes: Mapping[str, Body],
-              pods: Mapping[str, Body], servings: Mapping[str, Body]) -> PoolPlan:
-    base = training.snapshot(now, jobs.values(), nodes.values(), pods.values())
+              pods: Mapping[str, Body], servings: Mapping[str, Body],
+              state_of: Callable[[Body], JobState] | None = None) -> PoolPlan:
+    """`state_of`: `training.job_state`, or a cache of it."""
+    base = training.snapshot(now, jobs.values(), nodes.values(), pods.values(), state_of=state_of)
     usage = _pod_usage(pods, servings, training.live_by_uid(jobs.values()),
                        {n.name for n in base.nodes if n.schedulable})
     states, peaks = _serving_states(servings, usage, now, policy)

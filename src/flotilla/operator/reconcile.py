@@ -3,13 +3,13 @@
 from __future__ import annotations
 
 from collections import defaultdict
-from dataclasses import replace
-from typing import Any, Mapping
+from dataclasses import dataclass, field, replace
+from typing import Any, Callable, Mapping
 
-from flotilla.allocation import Allocator, ClusterSnapshot
+from flotilla.allocation import Allocator, ClusterSnapshot, JobDecision, JobState
 from flotilla.operator import serving, training
 from flotilla.operator.actions import Action
-from flotilla.operator.pods import holds_gpus, pod_gpus, worker_job_uid
+from flotilla.operator.pods import holds_gpus, pod_gpus, serving_key, worker_job_uid
 from flotilla.operator.pool import arbitrate
 from flotilla.pool import PoolPolicy
 from flotilla.resources import names
@@ -18,12 +18,12 @@ Body = Mapping[str, Any]
 
 
 def training_snapshot(now: float, jobs: Mapping[str, Body], nodes: Mapping[str, Body],
-                      pods: Mapping[str, Body]) -> ClusterSnapshot:
+                      pods: Mapping[str, Body], state_of: Callable[[Body], JobState] | None = None) -> ClusterSnapshot:
     """The allocator's view: GPUs held by Flotilla pods that no live job accounts for (serving
     instances, workers of a job that is gone or finished, still terminating, orphans of a deleted job
     whose name a new one took, a live job's old worker set terminating where it no longer runs) are not
     its to give."""
-    snap = training.snapshot(now, jobs.values(), nodes.values(), pods.values())
+    snap = training.snapshot(now, jobs.values(), nodes.values(), pods.values(), state_of=state_of)
     live = training.live_by_uid(jobs.values())
     foreign: dict[str, int] = defaultdict(int, training.held_beyond_placement(jobs.values(), pods.values()))
     for pod in pods.values():
@@ -61,19 +61,159 @@ def plan(now: float, allocator: Allocator, jobs: Mapping[str, Body], nodes: Mapp
     else:
         job_decisions = allocator.decide(training_snapshot(now, jobs, nodes, pods)).jobs
         lending, grants = {}, {}
-    pods_of: dict[str, list[Body]] = defaultdict(list)  # job UID -> the worker pods it controls
-    for pod in pods.values():
-        if (uid := worker_job_uid(pod)) is not None:
-            pods_of[uid].append(pod)
+    pods_of = _pods_by_job(pods)
     out: list[tuple[str, str, list[Action]]] = []
     for key, body in jobs.items():
         mine = pods_of.get(body["metadata"].get("uid"), [])
         out.append(("jobs", key, training.plan_job(body, mine, job_decisions.get(key), now,
                                                    allocator.name, max_restarts=max_restarts,
                                                    lending=lending.get(key), agent_port=agent_port)))
+    return out + _plan_servings(now, servings, deployments, grants, inference_pools)
+
+
+def _pods_by_job(pods: Mapping[str, Body]) -> dict[str, list[Body]]:
+    """job UID -> the worker pods it controls."""
+    out: dict[str, list[Body]] = defaultdict(list)
+    for pod in pods.values():
+        if (uid := worker_job_uid(pod)) is not None:
+            out[uid].append(pod)
+    return out
+
+
+def _plan_servings(now: float, servings: Mapping[str, Body], deployments: Mapping[str, Body],
+                   grants: Mapping[str, Any], inference_pools: bool) -> list[tuple[str, str, list[Action]]]:
+    out: list[tuple[str, str, list[Action]]] = []
     for key, body in servings.items():
         ns = body["metadata"]["namespace"]
         deps = {role: deployments[d] for role in serving.ROLES
                 if (d := f"{ns}/{serving.deployment_name(body['metadata']['name'], role)}") in deployments}
         out.append(("servings", key, serving.plan_serving(body, deps, now, grants.get(key), inference_pools)))
     return out
+
+
+@dataclass
+class Planner:
+    """`plan` that re-plans only what changed since its last pass.
+
+    A pass is *full* (every job planned, the allocator run) on the first call, every `full_every` seconds
+    (what only time changes: a deadline's outlook, a timeout, progress mirrored into status) and whenever
+    something global changed: a node (added, lost, cordoned, its capacity or labels), a job's spec
+    (deadline, curve, elasticity: its generation), the InferencePool API. Otherwise a pass runs the
+    allocator (or the pool's arbiter) only when what it reads changed (a job's state or loans, a
+    GPU-holding pod, a ServingDeployment), else keeps its last decisions; and it plans only the jobs whose
+    object, pods, decision or loans changed, or that had actions the last time (they may not have been sent
+    yet). ServingDeployments (a handful) are planned every pass, with their Deployments. Objects are told changed by identity: the view
+    replaces an object that changed and keeps one that did not (flotilla.operator.view)."""
+
+    full_every: float = 10.0
+    full_passes: int = 0
+    full_reason: str | None = None  # why the last pass was full: first/time, nodes, spec, inference-pools
+    passes: int = 0
+    allocator_runs: int = 0
+    _last_full: float = float("-inf")
+    _jobs: dict[str, Body] = field(default_factory=dict)
+    _pods_of: dict[str, tuple[int, ...]] = field(default_factory=dict)  # job UID -> ids of its pods
+    _nodes: dict[str, Body] = field(default_factory=dict)
+    _inference_pools: bool | None = None
+    _states: dict[str, tuple[Body, JobState]] = field(default_factory=dict)  # key -> (body, its job_state)
+    _pod_prints: dict[str, tuple[Body, tuple]] = field(default_factory=dict)
+    _inputs: tuple | None = None  # what the allocator read last
+    _decided: tuple[Mapping[str, JobDecision], Mapping[str, Any], Mapping[str, Any]] = ({}, {}, {})
+    _last_decisions: Mapping[str, JobDecision] = field(default_factory=dict)
+    _last_lending: Mapping[str, Any] = field(default_factory=dict)
+    _acted: set[str] = field(default_factory=set)  # job keys with actions in the last pass
+
+    def plan(self, now: float, allocator: Allocator, jobs: Mapping[str, Body], nodes: Mapping[str, Body],
+             pods: Mapping[str, Body], servings: Mapping[str, Body], deployments: Mapping[str, Body],
+             max_restarts: int = 3, pool: PoolPolicy | None = None, inference_pools: bool = False,
+             agent_port: int = names.DEFAULT_AGENT_PORT) -> list[tuple[str, str, list[Action]]]:
+        """As `plan`, but only the objects that may have new actions (see the class)."""
+        self.full_reason = self._why_full(now, jobs, nodes, inference_pools)
+        full = self.full_reason is not None
+        self.passes += 1
+        self._states = {k: self._states[k] for k in jobs if k in self._states and self._states[k][0] is jobs[k]}
+        snap = training_snapshot(now, jobs, nodes, pods, state_of=self._state_of)
+        self._pod_prints = {k: self._pod_prints[k] if k in self._pod_prints and self._pod_prints[k][0] is p
+                            else (p, _pod_print(p)) for k, p in pods.items()}
+        inputs = (snap.nodes, snap.jobs, tuple(training.lent_to(jobs[s.key]) for s in snap.jobs),
+                  {k: v[1] for k, v in self._pod_prints.items()}, tuple(servings), tuple(map(id, servings.values())))
+        if full or inputs != self._inputs:
+            self.allocator_runs += 1
+            if pool is not None and servings:
+                shared = arbitrate(now, pool, jobs, nodes, pods, servings, state_of=self._state_of)
+                self._decided = (shared.jobs, shared.lending, shared.serving)
+            else:
+                self._decided = (allocator.decide(snap).jobs, {}, {})
+            self._inputs = inputs
+        decisions, lending, grants = self._decided
+        pods_of = _pods_by_job(pods)
+        ids = {uid: tuple(map(id, mine)) for uid, mine in pods_of.items()}
+        out: list[tuple[str, str, list[Action]]] = []
+        acted = set()
+        for key, body in jobs.items():
+            uid = body["metadata"].get("uid")
+            if not (full or self._changed(key, body, ids.get(uid, ()), decisions, lending)):
+                continue
+            actions = training.plan_job(body, pods_of.get(uid, []), decisions.get(key), now, allocator.name,
+                                        max_restarts=max_restarts, lending=lending.get(key), agent_port=agent_port)
+            if actions:
+                acted.add(key)
+            out.append(("jobs", key, actions))
+        out.extend(_plan_servings(now, servings, deployments, grants, inference_pools))
+        if full:
+            self.full_passes += 1
+            self._last_full = now
+        self._jobs, self._pods_of, self._nodes, self._acted = dict(jobs), ids, dict(nodes), acted
+        self._inference_pools = inference_pools
+        self._last_decisions, self._last_lending = decisions, lending
+        return out
+
+    def _why_full(self, now: float, jobs: Mapping[str, Body], nodes: Mapping[str, Body],
+                  inference_pools: bool) -> str | None:
+        if not self.passes:
+            return "first"
+        if now - self._last_full >= self.full_every:
+            return "time"
+        if inference_pools != self._inference_pools:
+            return "inference-pools"
+        if not _same_objects(nodes, self._nodes):
+            return "nodes"
+        # A finished job is trimmed to its name and phase (no spec): its end is not a change of spec.
+        if any(_generation(body) != _generation(was) for key, body in jobs.items()
+               if (was := self._jobs.get(key)) is not None and body is not was and "spec" in body and "spec" in was):
+            return "spec"
+        return None
+
+    def _changed(self, key: str, body: Body, pod_ids: tuple[int, ...], decisions: Mapping[str, JobDecision],
+                 lending: Mapping[str, Any]) -> bool:
+        """The job may have new actions: it had some the last time, or what `plan_job` reads changed."""
+        uid = body["metadata"].get("uid")
+        return (key in self._acted or body is not self._jobs.get(key) or pod_ids != self._pods_of.get(uid, ())
+                or decisions.get(key) != self._last_decisions.get(key)
+                or lending.get(key) != self._last_lending.get(key))
+
+    def _state_of(self, body: Body) -> JobState:
+        key = training.key_of(body)
+        cached = self._states.get(key)
+        if cached is not None and cached[0] is body:
+            return cached[1]
+        state = training.job_state(body)
+        self._states[key] = (body, state)
+        return state
+
+
+def _same_objects(now: Mapping[str, Body], before: Mapping[str, Body]) -> bool:
+    return now.keys() == before.keys() and all(body is before[key] for key, body in now.items())
+
+
+def _generation(body: Body) -> Any:
+    return body["metadata"].get("generation")
+
+
+def _pod_print(pod: Body) -> tuple:
+    """What the allocator and the arbiter read of a pod: where it is, its GPUs, whether it is finished or
+    terminating, whose it is (not whether it is Pending or Running)."""
+    meta, spec = pod["metadata"], pod.get("spec") or {}
+    return (spec.get("nodeName"), tuple(sorted((spec.get("nodeSelector") or {}).items())), pod_gpus(pod),
+            (pod.get("status") or {}).get("phase") in ("Succeeded", "Failed"), meta.get("deletionTimestamp"),
+            tuple(sorted((meta.get("labels") or {}).items())), worker_job_uid(pod), serving_key(pod))

@@ -1,10 +1,10 @@
-"""Full lists of what the operator watches, to reconcile its view with (client-go's informer re-list).
+"""Full lists of what the operator watches, to reconcile its view with.
 
-kopf re-lists after a watch restart (410 Gone after an API server restart, a failed list) but only
-reports what it lists: an object deleted while the watch was not looking stays in the view for good
-(a ghost: a pod that is never recreated, a node that receives placements). So the operator lists each
-kind itself: before its first pass (a new leader starts from fresh lists, not a cache), soon after
-kopf re-lists a kind, and every `--relist-seconds`, and `View.relisted` drops what the list lacks.
+An object deleted while no watch was looking would stay in the view for good (a ghost: a pod that is never
+recreated, a node that receives placements). The watches (flotilla.operator.watch) list each kind before
+the first pass (a new leader starts from fresh lists, not a cache) and again whenever a watch cannot resume
+where it was; on top of that every kind is listed every `--relist-seconds`, and `View.relisted` drops what
+a list lacks.
 """
 
 from __future__ import annotations
@@ -23,12 +23,11 @@ from flotilla.operator.view import View
 log = logging.getLogger("flotilla.operator.relist")
 KINDS = ("nodes", "jobs", "servings", "deployments", "pods")
 PAGE = 500
-# kopf re-lists in a burst of events: the operator's own list starts once the burst has been quiet this long.
-SETTLE_SECONDS = 1.0
 RETRY_SECONDS = 5.0
 
 
-ListCalls = list[Callable[..., Any]]  # one list call per namespace (a method below is named `list`)
+# (namespace, its list call) per namespace watched (the alias: a method below is named `list`)
+Sources = list[tuple[str | None, Callable[..., Any]]]
 
 
 class Lister:
@@ -40,15 +39,18 @@ class Lister:
         self.namespaces, self.selector = list(namespaces), selector
 
     def list(self, kind: str) -> list[dict[str, Any]]:
-        if kind == "nodes":
-            return _pages(self.core.list_node)
-        return [item for call in self._calls(kind) for item in _pages(call)]
+        return [item for _, call in self.sources(kind) for item in list_pages(call)[0]]
 
-    def _calls(self, kind: str) -> ListCalls:
-        def per_namespace(namespaced: Callable[..., Any], everywhere: Callable[..., Any], **kw: Any) -> ListCalls:
+    def sources(self, kind: str) -> Sources:
+        """(namespace, the list call) for each namespace watched (None: all, or a cluster-scoped kind); each
+        call takes the list's or the watch's own parameters."""
+        if kind == "nodes":
+            return [(None, self.core.list_node)]
+
+        def per_namespace(namespaced: Callable[..., Any], everywhere: Callable[..., Any], **kw: Any) -> Sources:
             if not self.namespaces:
-                return [lambda **more: everywhere(**kw, **more)]
-            return [lambda ns=ns, **more: namespaced(ns, **kw, **more) for ns in self.namespaces]
+                return [(None, lambda **more: everywhere(**kw, **more))]
+            return [(ns, lambda ns=ns, **more: namespaced(ns, **kw, **more)) for ns in self.namespaces]
 
         if kind in ("jobs", "servings"):
             plural = {"jobs": "trainingjobs", "servings": "servingdeployments"}[kind]
@@ -64,7 +66,9 @@ class Lister:
         raise ValueError(f"unknown kind {kind!r}")
 
 
-def _pages(call: Callable[..., Any]) -> list[dict[str, Any]]:
+def list_pages(call: Callable[..., Any]) -> tuple[list[dict[str, Any]], str]:
+    """All pages of a list, as plain dicts (with apiVersion and kind, as watch events have them), and the
+    list's resourceVersion (every page of a list is of the same version)."""
     items: list[dict[str, Any]] = []
     token = None
     while True:
@@ -75,9 +79,10 @@ def _pages(call: Callable[..., Any]) -> list[dict[str, Any]]:
             item.setdefault("apiVersion", body.get("apiVersion"))
             item.setdefault("kind", kind)
             items.append(item)
-        token = (body.get("metadata") or {}).get("continue")
+        meta = body.get("metadata") or {}
+        token = meta.get("continue")
         if not token:
-            return items
+            return items, str(meta.get("resourceVersion") or "")
 
 
 class Relister:
@@ -104,14 +109,9 @@ class Relister:
                     f" ({', '.join(dropped[:5])}{', ...' if len(dropped) > 5 else ''})" if dropped else "")
         return failed
 
-    async def sync(self) -> None:
-        """The first full list of every kind; retried until it succeeds."""
-        kinds: tuple[str, ...] = KINDS
-        while kinds := tuple(await self.relist(kinds)):
-            await asyncio.sleep(RETRY_SECONDS)
-
     async def run(self) -> None:
-        """Re-list every `every_s`, soon after kopf re-listed a kind, and every RETRY_SECONDS while a list fails."""
+        """Re-list every `every_s` (at once when `view.relist_wake` is set), and every RETRY_SECONDS while a
+        list fails."""
         view, failed = self.view, set[str]()
         while True:
             wait = RETRY_SECONDS if failed else self.every_s
@@ -120,14 +120,7 @@ class Relister:
             except asyncio.TimeoutError:
                 pass
             view.relist_wake.clear()
-            while (quiet := view.clock() - view.listing_seen_at) < SETTLE_SECONDS:
-                await asyncio.sleep(SETTLE_SECONDS - quiet)
-            if view.relist_wanted or failed:
-                kinds = tuple(k for k in KINDS if k in view.relist_wanted or k in failed)
-                log.info("re-listing %s: the watch re-listed or a list failed", ", ".join(kinds))
-            else:
-                kinds = KINDS
-            view.relist_wanted.clear()
+            kinds = tuple(k for k in KINDS if k in failed) or KINDS
             failed = set(await self.relist(kinds))
 
 

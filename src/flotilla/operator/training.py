@@ -18,7 +18,7 @@ from __future__ import annotations
 import copy
 import hashlib
 from dataclasses import replace
-from typing import Any, Iterable, Mapping
+from typing import Any, Callable, Iterable, Mapping
 
 from flotilla import API_VERSION
 from flotilla.allocation import ClusterSnapshot, JobDecision, JobState, NodeState, ScalingCurve, Verdict, throughput
@@ -141,14 +141,16 @@ def live_by_uid(jobs: Iterable[Body]) -> dict[str, str]:
             if body["metadata"].get("uid") and not is_final(body)}
 
 
-def snapshot(now: float, jobs: Iterable[Body], nodes: Iterable[Body], pods: Iterable[Body] = ()) -> ClusterSnapshot:
-    """The allocator's view. A job in `displaced(...)` is shown holding nothing, so that it is placed afresh."""
+def snapshot(now: float, jobs: Iterable[Body], nodes: Iterable[Body], pods: Iterable[Body] = (),
+             state_of: Callable[[Body], JobState] | None = None) -> ClusterSnapshot:
+    """The allocator's view. A job in `displaced(...)` is shown holding nothing, so that it is placed afresh.
+    `state_of`: `job_state`, or a cache of it."""
     gpu_nodes = tuple(node_state(n) for n in nodes
                       if "kwok.x-k8s.io/node" in (n["metadata"].get("annotations") or {})
                       or names.GPU_RESOURCE in ((n.get("status") or {}).get("allocatable") or {}))
     live = [j for j in jobs if not is_final(j)]
     moved = displaced(live, {n.name: n.total_gpus for n in gpu_nodes}, pods)
-    states = (job_state(j) for j in live)
+    states = ((state_of or job_state)(j) for j in live)
     return ClusterSnapshot(now=now, nodes=gpu_nodes,
                            jobs=tuple(replace(s, placement={}) if s.key in moved else s for s in states))
 

@@ -49,3 +49,17 @@ def trainingjob(body: Body) -> dict[str, Any]:
 
 def other(body: Body) -> dict[str, Any]:
     return {**body, "metadata": metadata(body["metadata"])}
+
+
+def node(body: Body) -> dict[str, Any]:
+    """Labels and annotations, cordon and taints, allocatable, and each condition's type and status: a
+    heartbeat (a condition's times, the images, the kubelet's addresses) changes nothing planning reads."""
+    spec, status = body.get("spec") or {}, body.get("status") or {}
+    return {
+        "apiVersion": body.get("apiVersion"), "kind": body.get("kind"),
+        "metadata": metadata(body["metadata"]),
+        "spec": {k: spec[k] for k in ("unschedulable", "taints") if k in spec},
+        "status": {"allocatable": status.get("allocatable") or {},
+                   "conditions": [{"type": c.get("type"), "status": c.get("status")}
+                                  for c in status.get("conditions") or []]},
+    }

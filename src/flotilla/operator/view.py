@@ -18,7 +18,7 @@ from flotilla.operator import training, trim
 from flotilla.operator.actions import PatchAnnotations, PatchStatus
 from flotilla.operator.pods import holds_gpus, worker_job_uid
 
-_TRIM = {"jobs": trim.trainingjob, "pods": trim.pod}
+_TRIM = {"jobs": trim.trainingjob, "pods": trim.pod, "nodes": trim.node}
 # A pod this operator created is not created again for this long while its watch event is late.
 CREATED_TTL_SECONDS = 120.0
 
@@ -81,39 +81,41 @@ class View:
     _arrived: dict[tuple[str, str], float] = field(default_factory=dict)
     _created: dict[str, float] = field(default_factory=dict)  # pod key -> when this operator created it
     _applied: dict[str, tuple[str, float]] = field(default_factory=dict)  # endpoint object -> (manifest, when)
-    # Kinds whose watch listed again (kopf re-lists after a watch restart but reports no deletions).
-    relist_wanted: set[str] = field(default_factory=set)
-    relist_wake: asyncio.Event = field(default_factory=asyncio.Event)
-    listing_seen_at: float = float("-inf")
+    relist_wake: asyncio.Event = field(default_factory=asyncio.Event)  # set: list every kind now
 
-    def record(self, kind: str, event: Mapping[str, Any]) -> None:
+    def record(self, kind: str, event: dict[str, Any]) -> bool:
+        """A watch event; wakes the reconcile loop when it changed what planning reads (a heartbeat, a
+        status field planning does not read, changes nothing). Returns whether it did."""
         key = key_of(event["object"])
-        now = self.clock()
-        self._arrived[(kind, key)] = now
+        self._arrived[(kind, key)] = self.clock()
         if event.get("type") == "DELETED":
-            self._drop(kind, key)
+            changed = self._drop(kind, key)
         else:
-            self.put(kind, event["object"])
-        if event.get("type") is None:  # an object from a (re-)list of the watch: deletions meanwhile are not told
-            self.relist_wanted.add(kind)
-            self.listing_seen_at = now
-            self.relist_wake.set()
-        self.wake.set()
+            changed = self.put(kind, event["object"])
+        if changed:
+            self.wake.set()
+        return changed
 
-    def _drop(self, kind: str, key: str) -> None:
-        getattr(self, kind).pop(key, None)
+    def _drop(self, kind: str, key: str) -> bool:
+        gone = getattr(self, kind).pop(key, None) is not None
         self._seen.pop((kind, key), None)
         self._written.pop((kind, key), None)
         if kind == "pods":
             self._created.pop(key, None)
+        return gone
 
-    def put(self, kind: str, obj: dict[str, Any]) -> None:
-        """The object as the API server has it now (a watch event or a list), taken as it comes."""
+    def put(self, kind: str, obj: dict[str, Any]) -> bool:
+        """The object as the API server has it now (a watch event or a list), taken as it comes. Returns
+        whether what planning reads changed. An object that did not change is kept as it was (the same
+        dict: the planner tells changed objects by identity, flotilla.operator.reconcile.Planner)."""
         key = key_of(obj)
         if kind == "pods":
             self._created.pop(key, None)
         seen = _TRIM.get(kind, trim.other)(obj)
         written = self._written.get((kind, key))
+        store = getattr(self, kind)
+        if not written and (kind, key) not in self._seen and _same(store.get(key), seen):
+            return False
         if written:
             version = obj["metadata"].get("resourceVersion")
             shown = [i for i, w in enumerate(written)
@@ -121,7 +123,9 @@ class View:
             if shown:  # the watch has caught up with that write, and with the ones before it
                 del written[:shown[-1] + 1]
         self._seen[(kind, key)] = seen
+        before = store.get(key)
         self._show(kind, key)
+        return bool(store[key] != before)
 
     def _show(self, kind: str, key: str) -> None:
         store, k = getattr(self, kind), (kind, key)
@@ -163,15 +167,17 @@ class View:
         if k in self._seen:
             self._show(kind, key)
 
-    def relisted(self, kind: str, objects: Iterable[dict[str, Any]], requested_at: float) -> list[str]:
-        """Reconcile one kind with a full list requested at `requested_at` (this view's clock): objects
-        missing from it are dropped (deleted while the watch was not looking), listed ones are taken as
-        listed. Objects with news that arrived after the list was requested are left as they are: that news
-        is at least as new. Returns the keys dropped."""
+    def relisted(self, kind: str, objects: Iterable[dict[str, Any]], requested_at: float,
+                 namespace: str | None = None) -> list[str]:
+        """Reconcile one kind with a full list requested at `requested_at` (this view's clock), of one
+        `namespace` (None: of all): objects missing from it are dropped (deleted while the watch was not
+        looking), listed ones are taken as listed. Objects with news that arrived after the list was
+        requested are left as they are: that news is at least as new. Returns the keys dropped."""
         store = getattr(self, kind)
         listed = {key_of(o): o for o in objects}
         dropped, changed = [], False
-        for key in set(store) | set(listed):
+        inside = (lambda key: True) if namespace is None else (lambda key: key.startswith(namespace + "/"))
+        for key in {k for k in store if inside(k)} | set(listed):
             k = (kind, key)
             if self._arrived.get(k, float("-inf")) >= requested_at:
                 continue
@@ -183,15 +189,13 @@ class View:
             written = self._written.get(k)
             if written:  # the list is newer than the answers that came before it was requested
                 written[:] = [w for w in written if w.answered_at is None or w.answered_at >= requested_at]
-            before = store.get(key)
-            self.put(kind, listed[key])
-            changed = changed or store[key] != before
+            changed = self.put(kind, listed[key]) or changed
         if kind == "pods":  # created before the list was requested and not in it: gone since
             for key, at in list(self._created.items()):
-                if at < requested_at and key not in listed:
+                if at < requested_at and key not in listed and inside(key):
                     del self._created[key]
         for k, at in list(self._arrived.items()):  # forget deletions the list has confirmed
-            if k[0] == kind and at < requested_at and k[1] not in store:
+            if k[0] == kind and at < requested_at and k[1] not in store and inside(k[1]):
                 del self._arrived[k]
         if dropped or changed:  # a change the watch missed
             self.wake.set()
@@ -233,6 +237,16 @@ class View:
 def _object_key(manifest: dict[str, Any]) -> str:
     meta = manifest["metadata"]
     return f"{manifest['kind']}/{meta.get('namespace')}/{meta['name']}"
+
+
+def _same(was: dict[str, Any] | None, now: dict[str, Any]) -> bool:
+    """The same object but for its resourceVersion."""
+    if was is None or was.keys() != now.keys():
+        return False
+    if any(was[k] != now[k] for k in was if k != "metadata"):
+        return False
+    a, b = was["metadata"], now["metadata"]
+    return a.keys() == b.keys() and all(a[k] == b[k] for k in a if k != "resourceVersion")
 
 
 def _shows(obj: dict[str, Any], patches: list[PatchStatus | PatchAnnotations]) -> bool:
