@@ -389,8 +389,12 @@ class HealthMonitor:
         flagged = {n for n, _ in self.decisions}
         healthy = np.array([n not in flagged for n in frame.nodes], dtype=bool)
         own = state.history.score(frame.values)
-        if healthy.sum() >= 3:   # what the whole job does together (a load shift, a checkpoint) is nobody's fault
-            common = own[healthy]
+        # What the whole job does together (a load shift, a checkpoint) is nobody's fault. Its healthy machines
+        # say what that is; where fewer than three are healthy (faults found on the others), all its machines
+        # do: a median of three or more is not moved by one faulty machine.
+        basis = healthy if healthy.sum() >= 3 else np.ones(len(frame.nodes), dtype=bool)
+        if basis.sum() >= 3:
+            common = own[basis]
             shared = np.isfinite(common).sum(axis=0) >= 3
             shift = np.where(shared, np.nan_to_num(nanmedian0(common)), 0.0)
             # While the whole job is far from its usual level (a checkpoint, a slow data loader), own histories
@@ -399,6 +403,7 @@ class HealthMonitor:
             own = np.where(excursion, np.nan, own - shift)
         else:
             excursion = np.zeros(own.shape[1], dtype=bool)
+        own = _less_role_change(own, state.groups, healthy)
         state.history.learn(frame.values, ~(own > cfg.threshold) & healthy[:, None] & ~excursion)
         for g, idx in enumerate(state.groups):
             detector, peers = state.peers[g], healthy[idx]
@@ -443,6 +448,25 @@ class HealthMonitor:
                 calm = state.peers[g].calm(member, COMPARED_INDEX[self.decisions[key].evidence["metric"]])
             out.append(self._settle(now, key, calm))
         return [d for d in out if d is not None]
+
+
+def _less_role_change(own: np.ndarray, groups: Sequence[np.ndarray], healthy: np.ndarray) -> np.ndarray:
+    """Own-history scores less what a role group of two healthy machines does together.
+
+    A change of one role only (a slow data loader feeding the first stage raises its CPU) does not move the
+    job's median; in a group of two it shows on both machines. Their common part is the smaller of the two
+    scores where both point the same way: a role-wide change leaves about nothing, a fault of one machine
+    keeps all but its partner's noise."""
+    out = own.copy()
+    for idx in groups:
+        pair = idx[healthy[idx]]
+        if len(pair) != 2:
+            continue
+        a, b = own[pair[0]], own[pair[1]]
+        common = np.where(np.sign(a) == np.sign(b), np.sign(a) * np.minimum(np.abs(a), np.abs(b)), 0.0)
+        common = np.nan_to_num(common)
+        out[pair] = own[pair] - common
+    return out
 
 
 def _weight(d: HealthDecision) -> tuple[bool, bool, float]:
