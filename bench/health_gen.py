@@ -156,10 +156,10 @@ class Fleet:
         running = t >= job_start
         age = t - job_start
         warm = np.where(running, 1.0 + 0.5 * np.exp(-np.maximum(age, 0) / 15.0), 1.0)  # warm-up: slow first steps
-        ckpt = np.array([any(c <= t < c + 8 + (_h(f'{self.jobs[j].name}{c}') % 8) for c in self.jobs[j].checkpoints)
-                         for j in self.job_of])
-        loader = np.array([self.jobs[j].loader is not None and self.jobs[j].loader[0] <= t < self.jobs[j].loader[1]
-                           for j in self.job_of])
+        ckpt = np.array([any(c <= t < c + 8 + (_h(f'{job.name}{c}') % 8) for c in job.checkpoints)
+                         for job in self.jobs])[self.job_of]
+        loader = np.array([job.loader is not None and job.loader[0] <= t < job.loader[1]
+                           for job in self.jobs])[self.job_of]
         load = np.where(running, np.where(ckpt, 0.05, np.where(loader, 0.8, 1.0) / np.minimum(warm, 1.2)), 0.0)
         g = (n, GPUS)
         util = np.clip(95 * load[:, None] + np.where(self.last, 2.0, 0.0)[:, None] + rng.normal(0, 1.5, g), 0, 100)

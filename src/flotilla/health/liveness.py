@@ -143,7 +143,8 @@ class Liveness:
             if self._shared(len(silent), len(members), is_cluster):
                 held.update(members)
                 if current is None:
-                    reason = "no-delivery" if is_cluster and len(silent) == len(members) else "shared-silence"
+                    # nothing has arrived from any node for more than a beat: no delivery at all
+                    reason = "no-delivery" if is_cluster and len(quiet) == len(members) else "shared-silence"
                     started = now - min(silence[n] for n in silent)
                     self.open[scope] = f = PipelineFinding(now, scope, reason, tuple(silent), len(members), started)
                     findings.append(f)

@@ -131,6 +131,7 @@ class HealthMonitor:
         self._calm: dict[tuple[str, str], int] = {}
         self._jobs: dict[str, _Job] = {}
         self._last_eval = -np.inf
+        self._last_liveness = -np.inf   # liveness is judged every half interval (the detectors every interval)
         self._node_job: dict[str, str | None] = {}
         self._gpu_role: dict[str, dict[int | None, str]] = {}
         self._latest: dict[str, dict[tuple[int, int | None], tuple[float, float]]] = {}
@@ -159,6 +160,8 @@ class HealthMonitor:
         out = self._ingest(samples, now)
         if now - self._last_eval >= self.config.interval:
             out += self._evaluate(now, self._frames(now))
+        elif now - self._last_liveness >= self.config.interval / 2:
+            out += [d for d in self._judge_liveness(now, settle=False) if d is not None]
         return out
 
     def observe_frames(self, frames: Sequence[JobFrame], samples: Iterable[Sample], now: float) -> list[HealthDecision]:
@@ -216,35 +219,45 @@ class HealthMonitor:
             self._node_seen[node] = now
         stale_after = self.config.stale_after
         out: list[HealthDecision] = []
+        node_job, gpu_role, gpu_seen, latest = self._node_job, self._gpu_role, self._gpu_seen, self._latest
+        fresh: dict[tuple[str, float], bool] = {}   # (node, ts) -> usable for comparing peers now
         for s in samples:
-            if s.metric == "gpu_source_up" and s.value == 0:
+            node, name = s.node, s.metric
+            if name == "gpu_source_up" and s.value == 0:
                 # The agent cannot read its GPUs (the DCGM exporter is down): their silence is the agent's
                 # outage, not lost GPUs. Series that come back are watched again; a GPU that does not is seen
                 # through gpu_count.
-                self._gpu_seen.pop(s.node, None)
+                gpu_seen.pop(node, None)
                 continue
-            metric = BY_NAME.get(s.metric)
+            metric = BY_NAME.get(name)
             if metric is None:
                 continue
-            if self._node_job.get(s.node) != s.job:
-                self._node_job[s.node] = s.job
-                self._gpu_role.pop(s.node, None)
-            if s.role is not None and s.metric not in EVENTS:
-                self._gpu_role.setdefault(s.node, {})[s.gpu] = s.role
-            if s.gpu is not None and s.metric not in EVENTS:
-                self._gpu_seen.setdefault(s.node, {})[s.gpu] = now
-            if metric.kind == "hard":
+            if node_job.get(node) != s.job:
+                node_job[node] = s.job
+                gpu_role.pop(node, None)
+            if name not in EVENTS:
+                if s.role is not None:
+                    gpu_role.setdefault(node, {})[s.gpu] = s.role
+                if s.gpu is not None:
+                    gpu_seen.setdefault(node, {})[s.gpu] = now
+            kind = metric.kind
+            if kind == "hard":
                 decision = self._hard(s, now)
                 if decision is not None:
                     out.append(decision)
-            elif self._clocks.age(s.node, now, s.ts) > stale_after:
+                continue
+            key = (node, s.ts)
+            ok = fresh.get(key)
+            if ok is None:
+                ok = fresh[key] = self._clocks.age(node, now, s.ts) <= stale_after
+            if not ok:
                 continue   # replayed: evidence about the past, not for comparing peers now
-            elif metric.kind == "compared":
-                self._latest.setdefault(s.node, {})[(COMPARED_INDEX[s.metric], s.gpu)] = (now, s.value)
-            elif metric.kind == "step":
+            if kind == "compared":
+                latest.setdefault(node, {})[(COMPARED_INDEX[name], s.gpu)] = (now, s.value)
+            elif kind == "step":
                 if s.job is not None:
-                    self._new_steps[(s.node, s.gpu)] = s.value
-                    self._ranks.setdefault(s.job, {})[(s.node, s.gpu)] = (s.role, s.rank)
+                    self._new_steps[(node, s.gpu)] = s.value
+                    self._ranks.setdefault(s.job, {})[(node, s.gpu)] = (s.role, s.rank)
         return out
 
     def _hard(self, s: Sample, now: float) -> HealthDecision | None:
@@ -345,12 +358,15 @@ class HealthMonitor:
         out += self._judge_gpu_silence(now)
         return [d for d in out if d is not None]
 
-    def _judge_liveness(self, now: float) -> list[HealthDecision | None]:
+    def _judge_liveness(self, now: float, settle: bool = True) -> list[HealthDecision | None]:
+        """Lost heartbeats and pipeline faults; `settle`: also count an evaluation towards clearing lost
+        heartbeats (once per interval)."""
+        self._last_liveness = now
         timeout = self.config.heartbeat_timeout
         lost, findings = self.liveness.evaluate(now, self.domains)
         self._pipeline += findings
         out: list[HealthDecision | None] = []
-        for key in [k for k in self.decisions if k[1] == "heartbeat-lost"]:
+        for key in [k for k in self.decisions if k[1] == "heartbeat-lost"] if settle else ():
             if self.liveness.watched(key[0]):
                 out.append(self._settle(now, key, self.liveness.silence(key[0], now) <= timeout))
         for node in lost:
