@@ -16,8 +16,9 @@ calls longer than the heartbeat timeout) restarts every silence clock the same w
 Nodes report once per `interval`, at phases spread over the interval, so when the
 pipeline stops the first node's silence crosses the timeout up to one interval before
 the last one's. A node's silence is therefore confirmed only at the second
-evaluation past the timeout, while its scopes show no shared *quiet* (more than 1.5
-intervals without a heartbeat, i.e. one beat missed).
+evaluation past the timeout (the monitor evaluates every half interval), while its
+scopes show no shared *quiet* (more than 1.5 intervals without a heartbeat, i.e. one
+beat missed).
 """
 
 from __future__ import annotations

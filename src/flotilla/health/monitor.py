@@ -3,10 +3,10 @@
 The controller calls `HealthMonitor.observe(samples, now)` with every batch it
 ingests, `now` being when the batch arrived, and at least once per interval with no
 samples, so that silence is noticed. Hard signals (a hardware XID, an uncorrectable
-ECC error, a GPU gone) are confirmed at once; once per `interval` of `now` the
+ECC error, a GPU gone) are confirmed at once; every half `interval` of `now` the
 monitor judges liveness (`flotilla.health.liveness`: by arrival, with silences that
 many nodes share reported as pipeline faults in `take_pipeline_findings()`, never as
-node faults), notices GPUs whose series stopped while their node's go on (a lost
+node faults), and once per `interval` it notices GPUs whose series stopped while their node's go on (a lost
 GPU), builds one frame per training job from the latest values and runs the
 peer-group outlier detector and the straggler detector on it.
 
