@@ -34,6 +34,7 @@ import argparse
 import itertools
 import json
 import math
+import multiprocessing
 import sys
 import time
 from dataclasses import replace
@@ -279,8 +280,16 @@ def _confounder(fleet: Fleet, job, node: str, ts: float) -> str:
     return "none"
 
 
+JOBS = 1   # seeds run in parallel processes (--jobs)
+
+
 def evaluate(seeds, nodes, seconds, per_kind, config, naive, healthy_share=0.35) -> tuple[dict, dict, float]:
-    runs = [run_seed(s, nodes, seconds, per_kind, config, naive, healthy_share) for s in seeds]
+    args = [(s, nodes, seconds, per_kind, config, naive, healthy_share) for s in seeds]
+    if JOBS > 1:
+        with multiprocessing.get_context("fork").Pool(min(JOBS, len(seeds))) as pool:
+            runs = pool.starmap(run_seed, args)
+    else:
+        runs = [run_seed(*a) for a in args]
     return score(runs, "ours"), score(runs, "naive") if naive else {}, sum(r["cpu_s"] for r in runs)
 
 
@@ -392,10 +401,13 @@ def main() -> int:
     parser.add_argument("--healthy", action="store_true",
                         help="false positives per 1,000 node-hours on a fleet without faults (long, held-out seeds)")
     parser.add_argument("--on-tuning-seeds", action="store_true", help="report on the tuning seeds (development)")
+    parser.add_argument("--jobs", type=int, default=1, help="run the seeds in this many processes")
     parser.add_argument("--nodes", type=int)
     parser.add_argument("--seconds", type=int)
     parser.add_argument("--per-type", type=int, help="faults injected per fault kind and seed")
     args = parser.parse_args()
+    global JOBS
+    JOBS = args.jobs
     nodes = args.nodes or (64 if args.quick or args.tune else 128)
     seconds = args.seconds or (600 if args.quick or args.tune else 1800)
     per_kind = args.per_type or (3 if args.quick or args.tune else 6)
