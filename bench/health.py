@@ -155,7 +155,7 @@ def typed(batch: list[dict], validate: bool = False) -> list[Sample]:
     """The generator's sample dicts as the detectors' typed samples. `Sample.from_dict` checks every field, as
     the controller's ingest and `flotilla detect` must for input they do not trust; here it checks one second
     in 60 (and tests/health/test_bench_generator.py the format), and the rest go through `Sample`'s own
-    constructor: the same samples at a fifth of the cost."""
+    constructor: the same samples, 1.6 us instead of 2.4 us each."""
     if validate:
         return [Sample.from_dict(d) for d in batch]
     return [Sample(**d) for d in batch]
