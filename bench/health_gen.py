@@ -189,9 +189,13 @@ class Fleet:
         ecc = np.zeros(g)
         xids: list[tuple[int, int, int]] = []
         for f in self.faults:
-            if not f.start <= t < f.end:
+            i = self.row[f.node]
+            # A dead node or a lost GPU sends nothing stamped after its fault began (its batch of second t goes
+            # out at t + its phase); the other faults change the values of the seconds from their start on.
+            at = t + self.phase[i] if f.kind in ("node_down", "gpu_lost") else t
+            if not f.start <= at < f.end:
                 continue
-            i, k, a = self.row[f.node], f.gpu, t - f.start
+            k, a = f.gpu, t - f.start
             if f.kind == "xid" and a < 1:
                 xids.append((i, k, self._xid_code[f]))
             elif f.kind == "ecc":
