@@ -257,7 +257,8 @@ def score(runs: list[dict], which: str) -> dict:
         "false_positives_healthy_pipeline": fp_healthy_pipeline,
         "decisions": decisions, "false_positives": fp, "per_kind": per_kind, "fp_by_confounder": confounder_fp,
         "fp_by_reason": fp_reasons,
-        "stragglers": sorted((round(s, 3), None if lat is None else round(lat, 1)) for s, lat in straggler_lat),
+        "stragglers": sorted(((round(s, 3), None if lat is None else round(lat, 1)) for s, lat in straggler_lat),
+                             key=lambda x: (x[0], x[1] is None, x[1] or 0.0)),
     }
 
 
