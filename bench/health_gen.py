@@ -156,10 +156,10 @@ class Fleet:
         running = t >= job_start
         age = t - job_start
         warm = np.where(running, 1.0 + 0.5 * np.exp(-np.maximum(age, 0) / 15.0), 1.0)  # warm-up: slow first steps
-        ckpt = np.array([any(c <= t < c + 8 + (_h(f'{self.jobs[j].name}{c}') % 8) for c in self.jobs[j].checkpoints)
-                         for j in self.job_of])
-        loader = np.array([self.jobs[j].loader is not None and self.jobs[j].loader[0] <= t < self.jobs[j].loader[1]
-                           for j in self.job_of])
+        ckpt = np.array([any(c <= t < c + 8 + (_h(f'{job.name}{c}') % 8) for c in job.checkpoints)
+                         for job in self.jobs])[self.job_of]
+        loader = np.array([job.loader is not None and job.loader[0] <= t < job.loader[1]
+                           for job in self.jobs])[self.job_of]
         load = np.where(running, np.where(ckpt, 0.05, np.where(loader, 0.8, 1.0) / np.minimum(warm, 1.2)), 0.0)
         g = (n, GPUS)
         util = np.clip(95 * load[:, None] + np.where(self.last, 2.0, 0.0)[:, None] + rng.normal(0, 1.5, g), 0, 100)
@@ -189,9 +189,13 @@ class Fleet:
         ecc = np.zeros(g)
         xids: list[tuple[int, int, int]] = []
         for f in self.faults:
-            if not f.start <= t < f.end:
+            i = self.row[f.node]
+            # A dead node or a lost GPU sends nothing stamped after its fault began (its batch of second t goes
+            # out at t + its phase); the other faults change the values of the seconds from their start on.
+            at = t + self.phase[i] if f.kind in ("node_down", "gpu_lost") else t
+            if not f.start <= at < f.end:
                 continue
-            i, k, a = self.row[f.node], f.gpu, t - f.start
+            k, a = f.gpu, t - f.start
             if f.kind == "xid" and a < 1:
                 xids.append((i, k, self._xid_code[f]))
             elif f.kind == "ecc":

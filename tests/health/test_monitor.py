@@ -202,3 +202,73 @@ def test_gpus_silent_because_the_agents_gpu_source_is_down_are_not_lost():
         out += m.observe(batch + [Sample(float(t), "p2", "gpu_source_up", 0.0)], float(t))
     out += [d for t in range(20, 30) for d in m.observe(pipeline_tick(float(t), True), float(t))]
     assert [(d.node, d.reason) for d in out if d.state == "confirmed"] == []
+
+
+def small_pipeline_tick(t: float, nvlink: dict | None = None, cpu: dict | None = None, stages: int = 2) -> list[Sample]:
+    """A pipeline of `stages` stages x 2 replicas (node s<i> is stage i % stages): role groups of two, judged
+    against own history. `nvlink` / `cpu`: node -> factor on its NVLink throughput / CPU."""
+    out = []
+    for i in range(2 * stages):
+        n, role = f"s{i}", f"pp{i % stages}/{stages}"
+        wobble = ((i * 7 + int(t) * 5) % 11 - 5) / 5
+        out += [Sample(t, n, "heartbeat", 1.0, "small"),
+                Sample(t, n, "cpu_util", (48.0 if i % 2 == 0 else 30.0) * (cpu or {}).get(n, 1.0) + wobble, "small",
+                       None, role)]
+        out += [Sample(t, n, "nvlink_tx", 30000.0 * (nvlink or {}).get(n, 1.0) + 300 * wobble, "small", g, role)
+                for g in (0, 1)]
+    return out
+
+
+def test_a_job_wide_change_is_nobodys_fault_while_most_of_a_small_job_carries_findings():
+    m = HealthMonitor(MonitorConfig(history_warmup=10))
+    out = [d for t in range(40) for d in m.observe(small_pipeline_tick(float(t)), float(t))]
+    out += m.observe([Sample(40.0, "s0", "ecc_uncorrected", 1.0, "small", 0),
+                      Sample(40.0, "s1", "xid", 79.0, "small", 1)], 40.0)
+    assert [(d.node, d.reason) for d in out] == [("s0", "ecc-uncorrectable"), ("s1", "xid-79")]
+    # a slow data loader: every machine's NVLink traffic falls by a quarter; two of four still healthy
+    slow = dict.fromkeys(["s0", "s1", "s2", "s3"], 0.75)
+    assert [d for t in range(41, 90) for d in m.observe(small_pipeline_tick(float(t), nvlink=slow), float(t))] == []
+    # the loader recovers; one machine's own fall is found (during the job-wide excursion nothing is judged)
+    solo = {"s2": 0.3}
+    found = [d for t in range(90, 120) for d in m.observe(small_pipeline_tick(float(t), nvlink=solo), float(t))]
+    assert [(d.node, d.reason, d.evidence["basis"]) for d in found] == [("s2", "outlier:nvlink_tx", "own-history")]
+
+
+def test_a_change_of_one_role_is_no_fault_of_its_two_machines_but_one_machines_change_is():
+    m = HealthMonitor(MonitorConfig(history_warmup=10))
+    assert [d for t in range(40) for d in m.observe(small_pipeline_tick(float(t), stages=3), float(t))] == []
+    # the first stage (s0, s3) feeds from a slow data loader: its CPU rises by 40 %, the other stages' does not
+    first = {"s0": 1.4, "s3": 1.4}
+    assert [d for t in range(40, 90) for d in m.observe(small_pipeline_tick(float(t), cpu=first, stages=3),
+                                                        float(t))] == []
+    found = [d for t in range(90, 120)
+             for d in m.observe(small_pipeline_tick(float(t), cpu={**first, "s4": 2.0}, stages=3), float(t))]
+    assert [(d.node, d.reason, d.evidence["basis"]) for d in found] == [("s4", "outlier:cpu_util", "own-history")]
+
+
+def test_a_machine_running_a_few_degrees_hotter_than_its_role_peers_is_no_fault_a_heating_gpu_is():
+    m = HealthMonitor()
+    def temps(t: float, heat: float = 0.0) -> list[Sample]:
+        out = []
+        for i in range(5):
+            base = 70.0 + (8.0 if i == 0 else 0.0) + (heat if i == 3 else 0.0)   # n0: 8 C hotter, always
+            out += [Sample(t, f"h{i}", "heartbeat", 1.0, "hot")]
+            out += [Sample(t, f"h{i}", "temperature", base + ((i + g + int(t)) % 3 - 1) * 0.5, "hot", g, "pp0/1")
+                    for g in (0, 1)]
+        return out
+    assert [d for t in range(120) for d in m.observe(temps(float(t)), float(t))] == []
+    found = [d for t in range(120, 160) for d in m.observe(temps(float(t), heat=20.0), float(t))]
+    assert [(d.node, d.reason) for d in found] == [("h3", "outlier:temperature")]
+
+
+def test_a_dead_node_at_spread_phases_is_confirmed_within_three_and_a_half_seconds_of_its_last_beat():
+    nodes = [f"d{i}" for i in range(10)]
+    m = HealthMonitor()
+    out = []
+    for k in range(0, 300):   # node i reports at +i/10 s; the controller is called with each arrival
+        t = k / 10
+        due = [n for i, n in enumerate(nodes) if (k - i) % 10 == 0 and not (n == "d4" and t > 20.5)]
+        out += m.observe([Sample(t, n, "heartbeat", 1.0, "j") for n in due], t)
+    [d] = out
+    # last beat at 20.4: past the 2.5 s timeout at one liveness evaluation (every half second) and the next
+    assert (d.node, d.reason) == ("d4", "heartbeat-lost") and 20.4 + 2.5 < d.ts <= 20.4 + 3.5

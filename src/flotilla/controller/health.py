@@ -1,7 +1,7 @@
 """The controller's health responder: ingested samples -> detectors -> actions on the cluster.
 
 A sink of the ingest pipeline. Every batch goes through one `HealthMonitor`
-(and a tick every second notices silence: lost heartbeats). For each decision:
+(and a tick every half second notices silence: lost heartbeats). For each decision:
 
 * confirmed fault: the Node's `FlotillaGPUHealthy` condition goes False and it is
   tainted `flotilla.dev/unhealthy` (NoExecute for a hardware fault, NoSchedule for a
@@ -102,7 +102,8 @@ class HealthResponder:
         """The controller's own conditions, for `GET /v1/cluster`."""
         return [dict(self.ingest_condition)]
 
-    def run(self, interval: float = 1.0) -> None:
+    def run(self, interval: float = 0.5) -> None:
+        """Tick every `interval` s: the monitor judges liveness every half of its own interval (1 s)."""
         while not self._stop.wait(interval):
             try:
                 self.tick()

@@ -16,8 +16,9 @@ calls longer than the heartbeat timeout) restarts every silence clock the same w
 Nodes report once per `interval`, at phases spread over the interval, so when the
 pipeline stops the first node's silence crosses the timeout up to one interval before
 the last one's. A node's silence is therefore confirmed only at the second
-evaluation past the timeout, while its scopes show no shared *quiet* (more than 1.5
-intervals without a heartbeat, i.e. one beat missed).
+evaluation past the timeout (the monitor evaluates every half interval), while its
+scopes show no shared *quiet* (more than 1.5 intervals without a heartbeat, i.e. one
+beat missed).
 """
 
 from __future__ import annotations
@@ -146,7 +147,8 @@ class Liveness:
             if self._shared(len(silent), len(members), is_cluster):
                 held.update(members)
                 if current is None:
-                    reason: PipelineReason = ("no-delivery" if is_cluster and len(silent) == len(members)
+                    # nothing has arrived from any node for more than a beat: no delivery at all
+                    reason: PipelineReason = ("no-delivery" if is_cluster and len(quiet) == len(members)
                                               else "shared-silence")
                     started = now - min(silence[n] for n in silent)
                     self.open[scope] = f = PipelineFinding(now, scope, reason, tuple(silent), len(members), started)

@@ -38,7 +38,7 @@ METRICS: tuple[Metric, ...] = (
     # GPU, from NVML
     Metric("gpu_util", "%", True, "compared", "GPU utilisation", "min", "low", floor=3.0),
     Metric("mem_used", "MiB", True, "info", "GPU memory used"),
-    Metric("temperature", "C", True, "compared", "GPU core temperature", "max", "high", floor=2.0, transient=True),
+    Metric("temperature", "C", True, "compared", "GPU core temperature", "max", "high", floor=5.0, transient=True),
     Metric("power", "W", True, "compared", "GPU board power draw", "min", "low", floor=10.0, rel_floor=0.03),
     Metric("sm_clock", "MHz", True, "compared", "SM clock", "min", "low", floor=20.0, rel_floor=0.01),
     Metric("pcie_tx", "MB/s", True, "compared", "PCIe transmit throughput", "min", "low", floor=20.0, rel_floor=0.05),

@@ -3,10 +3,10 @@
 The controller calls `HealthMonitor.observe(samples, now)` with every batch it
 ingests, `now` being when the batch arrived, and at least once per interval with no
 samples, so that silence is noticed. Hard signals (a hardware XID, an uncorrectable
-ECC error, a GPU gone) are confirmed at once; once per `interval` of `now` the
+ECC error, a GPU gone) are confirmed at once; every half `interval` of `now` the
 monitor judges liveness (`flotilla.health.liveness`: by arrival, with silences that
 many nodes share reported as pipeline faults in `take_pipeline_findings()`, never as
-node faults), notices GPUs whose series stopped while their node's go on (a lost
+node faults), and once per `interval` it notices GPUs whose series stopped while their node's go on (a lost
 GPU), builds one frame per training job from the latest values and runs the
 peer-group outlier detector and the straggler detector on it.
 
@@ -132,6 +132,7 @@ class HealthMonitor:
         self._calm: dict[tuple[str, str], int] = {}
         self._jobs: dict[str, _Job] = {}
         self._last_eval = -np.inf
+        self._last_liveness = -np.inf   # liveness is judged every half interval (the detectors every interval)
         self._node_job: dict[str, str | None] = {}
         self._gpu_role: dict[str, dict[int | None, str]] = {}
         self._latest: dict[str, dict[tuple[int, int | None], tuple[float, float]]] = {}
@@ -160,6 +161,8 @@ class HealthMonitor:
         out = self._ingest(samples, now)
         if now - self._last_eval >= self.config.interval:
             out += self._evaluate(now, self._frames(now))
+        elif now - self._last_liveness >= self.config.interval / 2:
+            out += [d for d in self._judge_liveness(now, settle=False) if d is not None]
         return out
 
     def observe_frames(self, frames: Sequence[JobFrame], samples: Iterable[Sample], now: float) -> list[HealthDecision]:
@@ -217,35 +220,45 @@ class HealthMonitor:
             self._node_seen[node] = now
         stale_after = self.config.stale_after
         out: list[HealthDecision] = []
+        node_job, gpu_role, gpu_seen, latest = self._node_job, self._gpu_role, self._gpu_seen, self._latest
+        fresh: dict[tuple[str, float], bool] = {}   # (node, ts) -> usable for comparing peers now
         for s in samples:
-            if s.metric == "gpu_source_up" and s.value == 0:
+            node, name = s.node, s.metric
+            if name == "gpu_source_up" and s.value == 0:
                 # The agent cannot read its GPUs (the DCGM exporter is down): their silence is the agent's
                 # outage, not lost GPUs. Series that come back are watched again; a GPU that does not is seen
                 # through gpu_count.
-                self._gpu_seen.pop(s.node, None)
+                gpu_seen.pop(node, None)
                 continue
-            metric = BY_NAME.get(s.metric)
+            metric = BY_NAME.get(name)
             if metric is None:
                 continue
-            if self._node_job.get(s.node) != s.job:
-                self._node_job[s.node] = s.job
-                self._gpu_role.pop(s.node, None)
-            if s.role is not None and s.metric not in EVENTS:
-                self._gpu_role.setdefault(s.node, {})[s.gpu] = s.role
-            if s.gpu is not None and s.metric not in EVENTS:
-                self._gpu_seen.setdefault(s.node, {})[s.gpu] = now
-            if metric.kind == "hard":
+            if node_job.get(node) != s.job:
+                node_job[node] = s.job
+                gpu_role.pop(node, None)
+            if name not in EVENTS:
+                if s.role is not None:
+                    gpu_role.setdefault(node, {})[s.gpu] = s.role
+                if s.gpu is not None:
+                    gpu_seen.setdefault(node, {})[s.gpu] = now
+            kind = metric.kind
+            if kind == "hard":
                 decision = self._hard(s, now)
                 if decision is not None:
                     out.append(decision)
-            elif self._clocks.age(s.node, now, s.ts) > stale_after:
+                continue
+            key = (node, s.ts)
+            ok = fresh.get(key)
+            if ok is None:
+                ok = fresh[key] = self._clocks.age(node, now, s.ts) <= stale_after
+            if not ok:
                 continue   # replayed: evidence about the past, not for comparing peers now
-            elif metric.kind == "compared":
-                self._latest.setdefault(s.node, {})[(COMPARED_INDEX[s.metric], s.gpu)] = (now, s.value)
-            elif metric.kind == "step":
+            if kind == "compared":
+                latest.setdefault(node, {})[(COMPARED_INDEX[name], s.gpu)] = (now, s.value)
+            elif kind == "step":
                 if s.job is not None:
-                    self._new_steps[(s.node, s.gpu)] = s.value
-                    self._ranks.setdefault(s.job, {})[(s.node, s.gpu)] = (s.role, s.rank)
+                    self._new_steps[(node, s.gpu)] = s.value
+                    self._ranks.setdefault(s.job, {})[(node, s.gpu)] = (s.role, s.rank)
         return out
 
     def _hard(self, s: Sample, now: float) -> HealthDecision | None:
@@ -346,12 +359,15 @@ class HealthMonitor:
         out += self._judge_gpu_silence(now)
         return [d for d in out if d is not None]
 
-    def _judge_liveness(self, now: float) -> list[HealthDecision | None]:
+    def _judge_liveness(self, now: float, settle: bool = True) -> list[HealthDecision | None]:
+        """Lost heartbeats and pipeline faults; `settle`: also count an evaluation towards clearing lost
+        heartbeats (once per interval)."""
+        self._last_liveness = now
         timeout = self.config.heartbeat_timeout
         lost, findings = self.liveness.evaluate(now, self.domains)
         self._pipeline += findings
         out: list[HealthDecision | None] = []
-        for key in [k for k in self.decisions if k[1] == "heartbeat-lost"]:
+        for key in [k for k in self.decisions if k[1] == "heartbeat-lost"] if settle else ():
             if self.liveness.watched(key[0]):
                 out.append(self._settle(now, key, self.liveness.silence(key[0], now) <= timeout))
         for node in lost:
@@ -390,8 +406,12 @@ class HealthMonitor:
         flagged = {n for n, _ in self.decisions}
         healthy = np.array([n not in flagged for n in frame.nodes], dtype=bool)
         own = state.history.score(frame.values)
-        if healthy.sum() >= 3:   # what the whole job does together (a load shift, a checkpoint) is nobody's fault
-            common = own[healthy]
+        # What the whole job does together (a load shift, a checkpoint) is nobody's fault. Its healthy machines
+        # say what that is; where fewer than three are healthy (faults found on the others), all its machines
+        # do: a median of three or more is not moved by one faulty machine.
+        sayers = healthy if healthy.sum() >= 3 else np.ones(len(frame.nodes), dtype=bool)
+        if sayers.sum() >= 3:
+            common = own[sayers]
             shared = np.isfinite(common).sum(axis=0) >= 3
             shift = np.where(shared, np.nan_to_num(nanmedian0(common)), 0.0)
             # While the whole job is far from its usual level (a checkpoint, a slow data loader), own histories
@@ -400,6 +420,7 @@ class HealthMonitor:
             own = np.where(excursion, np.nan, own - shift)
         else:
             excursion = np.zeros(own.shape[1], dtype=bool)
+        own = _less_role_change(own, state.groups, healthy)
         state.history.learn(frame.values, ~(own > cfg.threshold) & healthy[:, None] & ~excursion)
         for g, idx in enumerate(state.groups):
             detector, peers = state.peers[g], healthy[idx]
@@ -444,6 +465,25 @@ class HealthMonitor:
                 calm = state.peers[g].calm(member, COMPARED_INDEX[self.decisions[key].evidence["metric"]])
             out.append(self._settle(now, key, calm))
         return [d for d in out if d is not None]
+
+
+def _less_role_change(own: np.ndarray, groups: Sequence[np.ndarray], healthy: np.ndarray) -> np.ndarray:
+    """Own-history scores less what a role group of two healthy machines does together.
+
+    A change of one role only (a slow data loader feeding the first stage raises its CPU) does not move the
+    job's median; in a group of two it shows on both machines. Their common part is the smaller of the two
+    scores where both point the same way: a role-wide change leaves about nothing, a fault of one machine
+    keeps all but its partner's noise."""
+    out = own.copy()
+    for idx in groups:
+        pair = idx[healthy[idx]]
+        if len(pair) != 2:
+            continue
+        a, b = own[pair[0]], own[pair[1]]
+        common = np.where(np.sign(a) == np.sign(b), np.sign(a) * np.minimum(np.abs(a), np.abs(b)), 0.0)
+        common = np.nan_to_num(common)
+        out[pair] = own[pair] - common
+    return out
 
 
 def _weight(d: HealthDecision) -> tuple[bool, bool, float]:
