@@ -40,7 +40,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, replace
 from datetime import datetime
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Iterable, Protocol, TypeVar
 from urllib.parse import urlencode
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -403,17 +403,31 @@ def phase_counts(watch: WatchLog) -> dict[str, int]:
     return counts
 
 
-def watch_latency(seen: dict[str, Seen], submitted: dict[str, float] | None = None) -> list[float]:
-    """Submission to all of a job's workers running, by the bench's receive times: from the job's first pod
-    seen (direct path) or the TrainingJob seen (`submitted`, Flotilla) to the last start seen among the pods
-    of its last worker set."""
-    last: dict[str, list[Seen]] = {}
-    for p in seen.values():
+class _WorkerPod(Protocol):
+    job: str
+    generation: int
+
+
+P = TypeVar("P", bound=_WorkerPod)
+
+
+def last_worker_sets(pods: Iterable[P]) -> dict[str, list[P]]:
+    """job -> its pods of the highest worker-set generation seen."""
+    last: dict[str, list[P]] = {}
+    for p in pods:
         mine = last.setdefault(p.job, [])
         if mine and p.generation > mine[0].generation:
             mine.clear()
         if not mine or p.generation == mine[0].generation:
             mine.append(p)
+    return last
+
+
+def watch_latency(seen: dict[str, Seen], submitted: dict[str, float] | None = None) -> list[float]:
+    """Submission to all of a job's workers running, by the bench's receive times: from the job's first pod
+    seen (direct path) or the TrainingJob seen (`submitted`, Flotilla) to the last start seen among the pods
+    of its last worker set."""
+    last = last_worker_sets(seen.values())
     out = []
     for job, pods in last.items():
         if all(p.running is not None for p in pods):
@@ -520,13 +534,7 @@ def job_latency_flotilla(items: list[dict[str, Any]], pods: list[PodTimes]) -> l
     """Submission to all of a job's workers running: the TrainingJob's creation to the last start among the
     pods of its last worker set (KWOK's timestamps, as on the direct path; the operator records Running in
     status.startedAt only at its next pass, and a short job may have ended before)."""
-    last: dict[str, list[PodTimes]] = {}
-    for p in pods:
-        mine = last.setdefault(p.job, [])
-        if mine and p.generation > mine[0].generation:
-            mine.clear()
-        if not mine or p.generation == mine[0].generation:
-            mine.append(p)
+    last = last_worker_sets(pods)
     out = []
     for j in items:
         ps = last.get(j["metadata"]["name"])
