@@ -102,8 +102,9 @@ class Planner:
     allocator (or the pool's arbiter) only when what it reads changed (a job's state or loans, a
     GPU-holding pod, a ServingDeployment), else keeps its last decisions; and it plans only the jobs whose
     object, pods, decision or loans changed, or that had actions the last time (they may not have been sent
-    yet). ServingDeployments (a handful) are planned every pass, with their Deployments. Objects are told changed by identity: the view
-    replaces an object that changed and keeps one that did not (flotilla.operator.view)."""
+    yet). ServingDeployments (a handful) are planned every pass, with their Deployments. Objects are told
+    changed by identity: the view replaces an object that changed and keeps one that did not
+    (flotilla.operator.view)."""
 
     full_every: float = 10.0
     full_passes: int = 0
