@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from collections import defaultdict
 from dataclasses import dataclass, field, replace
 from typing import Any, Callable, Mapping
@@ -95,23 +96,29 @@ def _plan_servings(now: float, servings: Mapping[str, Body], deployments: Mappin
 class Planner:
     """`plan` that re-plans only what changed since its last pass.
 
-    A pass is *full* (every job planned, the allocator run) on the first call, every `full_every` seconds
-    (what only time changes: a deadline's outlook, a timeout, progress mirrored into status) and whenever
-    something global changed: a node (added, lost, cordoned, its capacity or labels), a job's spec
-    (deadline, curve, elasticity: its generation), the InferencePool API. Otherwise a pass runs the
-    allocator (or the pool's arbiter) only when what it reads changed (a job's state or loans, a
-    GPU-holding pod, a ServingDeployment), else keeps its last decisions; and it plans only the jobs whose
-    object, pods, decision or loans changed, or that had actions the last time (they may not have been sent
-    yet). ServingDeployments (a handful) are planned every pass, with their Deployments. Objects are told
-    changed by identity: the view replaces an object that changed and keeps one that did not
+    A pass is *full* (every job planned, the allocator run) on the first call, whenever something global
+    changed (a node added, lost, cordoned, its capacity or labels; a job's spec: deadline, curve,
+    elasticity, its generation; the InferencePool API) and, for what only time changes (the allocator's
+    view of deadlines, a not-started job's deadline outlook), `full_every` seconds after the end of the
+    last full pass, or longer when full passes are slow: the gap is at least (1 - full_share) / full_share
+    times what the last one took, so that time-driven full passes take at most `full_share` of the
+    planner's time however many jobs there are. Otherwise a pass runs the allocator (or the pool's
+    arbiter) only when what it reads changed (a job's state or loans, a GPU-holding pod, a
+    ServingDeployment), else keeps its last decisions; and it plans only the jobs whose object, pods,
+    decision or loans changed, that had actions the last time (they may not have been sent yet), or whose
+    own timer is due (`training.replan_at`: the end of a job's quiet start, a checkpoint acknowledgement's
+    timeout). ServingDeployments (a handful) are planned every pass, with their Deployments. Objects are
+    told changed by identity: the view replaces an object that changed and keeps one that did not
     (flotilla.operator.view)."""
 
     full_every: float = 10.0
+    full_share: float = 0.25
+    clock: Callable[[], float] = time.perf_counter  # times full passes (`now` is the objects' time)
     full_passes: int = 0
     full_reason: str | None = None  # why the last pass was full: first/time, nodes, spec, inference-pools
     passes: int = 0
     allocator_runs: int = 0
-    _last_full: float = float("-inf")
+    _next_full: float = float("-inf")  # when time alone makes a pass full
     _jobs: dict[str, Body] = field(default_factory=dict)
     _pods_of: dict[str, tuple[int, ...]] = field(default_factory=dict)  # job UID -> ids of its pods
     _nodes: dict[str, Body] = field(default_factory=dict)
@@ -123,12 +130,14 @@ class Planner:
     _last_decisions: Mapping[str, JobDecision] = field(default_factory=dict)
     _last_lending: Mapping[str, Any] = field(default_factory=dict)
     _acted: set[str] = field(default_factory=set)  # job keys with actions in the last pass
+    _timers: dict[str, float] = field(default_factory=dict)  # job key -> when time alone changes its plan
 
     def plan(self, now: float, allocator: Allocator, jobs: Mapping[str, Body], nodes: Mapping[str, Body],
              pods: Mapping[str, Body], servings: Mapping[str, Body], deployments: Mapping[str, Body],
              max_restarts: int = 3, pool: PoolPolicy | None = None, inference_pools: bool = False,
              agent_port: int = names.DEFAULT_AGENT_PORT) -> list[tuple[str, str, list[Action]]]:
         """As `plan`, but only the objects that may have new actions (see the class)."""
+        started = self.clock()
         self.full_reason = self._why_full(now, jobs, nodes, inference_pools)
         full = self.full_reason is not None
         self.passes += 1
@@ -151,19 +160,28 @@ class Planner:
         ids = {uid: tuple(map(id, mine)) for uid, mine in pods_of.items()}
         out: list[tuple[str, str, list[Action]]] = []
         acted = set()
+        timers = {k: t for k, t in self._timers.items() if k in jobs}
         for key, body in jobs.items():
             uid = body["metadata"].get("uid")
-            if not (full or self._changed(key, body, ids.get(uid, ()), decisions, lending)):
+            if not (full or self._changed(key, body, ids.get(uid, ()), decisions, lending)
+                    or timers.get(key, now + 1) <= now):
                 continue
-            actions = training.plan_job(body, pods_of.get(uid, []), decisions.get(key), now, allocator.name,
+            mine = pods_of.get(uid, [])
+            actions = training.plan_job(body, mine, decisions.get(key), now, allocator.name,
                                         max_restarts=max_restarts, lending=lending.get(key), agent_port=agent_port)
             if actions:
                 acted.add(key)
             out.append(("jobs", key, actions))
+            if (when := training.replan_at(body, mine)) is not None:
+                timers[key] = when
+            else:
+                timers.pop(key, None)
         out.extend(_plan_servings(now, servings, deployments, grants, inference_pools))
+        self._timers = timers
         if full:
             self.full_passes += 1
-            self._last_full = now
+            took = self.clock() - started
+            self._next_full = now + took + max(self.full_every, took * (1 - self.full_share) / self.full_share)
         self._jobs, self._pods_of, self._nodes, self._acted = dict(jobs), ids, dict(nodes), acted
         self._inference_pools = inference_pools
         self._last_decisions, self._last_lending = decisions, lending
@@ -173,7 +191,7 @@ class Planner:
                   inference_pools: bool) -> str | None:
         if not self.passes:
             return "first"
-        if now - self._last_full >= self.full_every:
+        if now >= self._next_full:
             return "time"
         if inference_pools != self._inference_pools:
             return "inference-pools"
