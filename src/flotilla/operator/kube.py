@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -90,9 +91,8 @@ class Kube:
 
     def __init__(self, api: client.ApiClient, concurrency: int = 16, limiter: RateLimiter | None = None,
                  timeout: float = DEFAULT_TIMEOUT_SECONDS):
+        self.wire = Wire(api)
         self.core = client.CoreV1Api(api)
-        self.apps = client.AppsV1Api(api)
-        self.custom = client.CustomObjectsApi(api)
         self._limit = asyncio.Semaphore(concurrency)
         self._pool = ThreadPoolExecutor(max_workers=concurrency, thread_name_prefix="kube")
         self._limiter = limiter or RateLimiter(0, 0)
@@ -149,16 +149,18 @@ class Kube:
             return None
 
     def _call(self, a: Action) -> Any:
+        wire = self.wire
         if isinstance(a, PatchStatus):
-            return self.custom.patch_namespaced_custom_object_status(
-                GROUP, VERSION, a.namespace, a.plural, a.name, {"status": a.status})
+            return wire.send("PATCH", f"{_custom(a.plural, a.namespace)}/{a.name}/status", {"status": a.status},
+                             content_type=MERGE_PATCH, answer=True)
         if isinstance(a, PatchAnnotations):
-            return self.custom.patch_namespaced_custom_object(
-                GROUP, VERSION, a.namespace, a.plural, a.name, {"metadata": {"annotations": a.annotations}})
+            return wire.send("PATCH", f"{_custom(a.plural, a.namespace)}/{a.name}",
+                             {"metadata": {"annotations": a.annotations}}, content_type=MERGE_PATCH, answer=True)
         if isinstance(a, CreatePod):
             meta = a.manifest["metadata"]
             try:
-                self.core.create_namespaced_pod(meta["namespace"], as_body(a.manifest), field_manager=FIELD_MANAGER)
+                wire.send("POST", f"/api/v1/namespaces/{meta['namespace']}/pods", a.manifest,
+                          query=[("fieldManager", FIELD_MANAGER)])
                 log.info("created pod %s/%s", meta["namespace"], meta["name"])
             except ApiException as e:
                 if e.status != 409:
@@ -168,9 +170,9 @@ class Kube:
         if isinstance(a, DeletePod):
             # No grace period override: the pod's own terminationGracePeriodSeconds, so that the API server
             # (and the scheduler, which counts its GPUs) keeps it until its containers are gone.
-            options = client.V1DeleteOptions(preconditions=client.V1Preconditions(uid=a.uid)) if a.uid else None
+            options = {"apiVersion": "v1", "kind": "DeleteOptions", "preconditions": {"uid": a.uid}} if a.uid else None
             try:
-                self.core.delete_namespaced_pod(a.name, a.namespace, body=options)
+                wire.send("DELETE", f"/api/v1/namespaces/{a.namespace}/pods/{a.name}", options)
                 log.info("deleted pod %s/%s", a.namespace, a.name)
             except ApiException as e:
                 # 404: gone already; 409: the UID precondition failed, the pod planning saw is gone.
@@ -179,12 +181,10 @@ class Kube:
             return True
         if isinstance(a, ApplyDeployment):
             meta = a.manifest["metadata"]
-            result = self.apps.patch_namespaced_deployment(
-                meta["name"], meta["namespace"], a.manifest, field_manager=FIELD_MANAGER, force=True,
-                _content_type="application/apply-patch+yaml")
+            wire.apply(f"/apis/apps/v1/namespaces/{meta['namespace']}/deployments/{meta['name']}", a.manifest)
             log.info("applied deployment %s/%s replicas=%s", meta["namespace"], meta["name"],
                      a.manifest["spec"]["replicas"])
-            return result
+            return True
         if isinstance(a, ApplyObject):
             return self._apply_object(a.manifest)
         if isinstance(a, PostEvent):
@@ -194,19 +194,16 @@ class Kube:
     def _apply_object(self, manifest: dict[str, Any]) -> Any:
         """Server-side apply of a Service or an InferencePool (an endpoint's objects)."""
         meta = manifest["metadata"]
-        ssa: dict[str, Any] = {"field_manager": FIELD_MANAGER, "force": True,
-                               "_content_type": "application/apply-patch+yaml"}
-        result: Any
         if manifest["kind"] == "Service":
-            result = self.core.patch_namespaced_service(meta["name"], meta["namespace"], manifest, **ssa)
+            path = f"/api/v1/namespaces/{meta['namespace']}/services/{meta['name']}"
         elif manifest["kind"] == "InferencePool":
-            result = self.custom.patch_namespaced_custom_object(
-                names.INFERENCE_POOL_GROUP, names.INFERENCE_POOL_VERSION, meta["namespace"],
-                names.INFERENCE_POOL_PLURAL, meta["name"], manifest, **ssa)
+            path = (f"/apis/{names.INFERENCE_POOL_GROUP}/{names.INFERENCE_POOL_VERSION}/namespaces/{meta['namespace']}"
+                    f"/{names.INFERENCE_POOL_PLURAL}/{meta['name']}")
         else:
             raise TypeError(f"no apply for a {manifest['kind']}")
+        self.wire.apply(path, manifest)
         log.info("applied %s %s/%s", manifest["kind"], meta["namespace"], meta["name"])
-        return result
+        return True
 
     def _existing_pod_is_ours(self, a: CreatePod) -> bool | None:
         """A create answered 409: the pod is there. It counts as created only if the owner we would have
@@ -232,6 +229,47 @@ class Kube:
         return self.events.record(a.involved, a.type, a.reason, a.message)
 
 
+JSON = "application/json"
+MERGE_PATCH = "application/merge-patch+json"  # RFC 7386, as `flotilla.operator.view.merge_patch` shows it
+APPLY_PATCH = "application/apply-patch+yaml"  # server-side apply (a JSON body is YAML)
+
+
+class Wire:
+    """The operator's writes as they go on the wire, through the client's ApiClient (its connection pool,
+    credentials, User-Agent, and flotilla.kubeapi's timeout and Lease fence), without its typed API
+    classes: those validate every argument and build a typed model of every reply (a created pod's reply
+    cost more of the operator's CPU than sending it), which nothing here reads."""
+
+    def __init__(self, api: client.ApiClient):
+        self.api = api
+
+    def send(self, method: str, path: str, body: Any = None, *, query: list[tuple[str, str]] | None = None,
+             content_type: str = JSON, answer: bool = False) -> Any:
+        """One request; `answer`: returns the reply's JSON, else True. A reply other than 2xx raises
+        ApiException (its status, reason and body), as the typed calls do."""
+        # The body is a manifest of plain JSON values: the REST layer serialises it as it is.
+        method, url, headers, _, _ = self.api.param_serialize(
+            method=method, resource_path=path, query_params=query or [], auth_settings=["BearerToken"],
+            header_params={"Content-Type": content_type, "Accept": JSON})
+        response = self.api.call_api(method, url, header_params=headers, body=body)
+        try:
+            data = response.read()
+            if not 200 <= response.status <= 299:
+                raise ApiException(http_resp=response)
+            return json.loads(data) if answer else True
+        finally:
+            response.response.release_conn()
+
+    def apply(self, path: str, manifest: dict[str, Any]) -> Any:
+        """Server-side apply, forced: this operator owns the fields it sets."""
+        return self.send("PATCH", path, manifest, query=[("fieldManager", FIELD_MANAGER), ("force", "true")],
+                         content_type=APPLY_PATCH)
+
+
+def _custom(plural: str, namespace: str) -> str:
+    return f"/apis/{GROUP}/{VERSION}/namespaces/{namespace}/{plural}"
+
+
 def inference_pools_served(api: client.ApiClient, timeout: float) -> bool:
     """The API server serves InferencePools (the Gateway API Inference Extension's CRD is installed):
     API discovery, which every authenticated client may read."""
@@ -255,8 +293,6 @@ def _target(a: Action) -> str:
 
 
 def _api_message(e: ApiException) -> str:
-    import json
-
     try:
         return str(json.loads(e.body or "").get("message", ""))
     except (TypeError, ValueError):

@@ -19,12 +19,13 @@ Body = Mapping[str, Any]
 
 
 def training_snapshot(now: float, jobs: Mapping[str, Body], nodes: Mapping[str, Body],
-                      pods: Mapping[str, Body], state_of: Callable[[Body], JobState] | None = None) -> ClusterSnapshot:
+                      pods: Mapping[str, Body], state_of: Callable[[Body], JobState] | None = None,
+                      base: ClusterSnapshot | None = None) -> ClusterSnapshot:
     """The allocator's view: GPUs held by Flotilla pods that no live job accounts for (serving
     instances, workers of a job that is gone or finished, still terminating, orphans of a deleted job
     whose name a new one took, a live job's old worker set terminating where it no longer runs) are not
-    its to give."""
-    snap = training.snapshot(now, jobs.values(), nodes.values(), pods.values(), state_of=state_of)
+    its to give. `base`: `training.snapshot` of the same objects, when already made."""
+    snap = base or training.snapshot(now, jobs.values(), nodes.values(), pods.values(), state_of=state_of)
     live = training.live_by_uid(jobs.values())
     foreign: dict[str, int] = defaultdict(int, training.held_beyond_placement(jobs.values(), pods.values()))
     for pod in pods.values():
@@ -123,7 +124,8 @@ class Planner:
     _pods_of: dict[str, tuple[int, ...]] = field(default_factory=dict)  # job UID -> ids of its pods
     _nodes: dict[str, Body] = field(default_factory=dict)
     _inference_pools: bool | None = None
-    _states: dict[str, tuple[Body, JobState]] = field(default_factory=dict)  # key -> (body, its job_state)
+    _states: dict[str, tuple[Body, JobState, dict[str, int]]] = field(default_factory=dict)  # key -> (body,
+    # its job_state, its loans)
     _pod_prints: dict[str, tuple[Body, tuple]] = field(default_factory=dict)
     _inputs: tuple | None = None  # what the allocator read last
     _decided: tuple[Mapping[str, JobDecision], Mapping[str, Any], Mapping[str, Any]] = ({}, {}, {})
@@ -138,22 +140,27 @@ class Planner:
              agent_port: int = names.DEFAULT_AGENT_PORT) -> list[tuple[str, str, list[Action]]]:
         """As `plan`, but only the objects that may have new actions (see the class)."""
         started = self.clock()
+        # A finished job has nothing to plan and holds nothing: planning and the allocator see the live ones
+        # (at scale most jobs are finished).
+        jobs = {k: body for k, body in jobs.items() if not training.is_final(body)}
         self.full_reason = self._why_full(now, jobs, nodes, inference_pools)
         full = self.full_reason is not None
         self.passes += 1
         self._states = {k: self._states[k] for k in jobs if k in self._states and self._states[k][0] is jobs[k]}
-        snap = training_snapshot(now, jobs, nodes, pods, state_of=self._state_of)
+        base = training.snapshot(now, jobs.values(), nodes.values(), pods.values(), state_of=self._state_of)
         self._pod_prints = {k: self._pod_prints[k] if k in self._pod_prints and self._pod_prints[k][0] is p
                             else (p, _pod_print(p)) for k, p in pods.items()}
-        inputs = (snap.nodes, snap.jobs, tuple(training.lent_to(jobs[s.key]) for s in snap.jobs),
+        # What the allocator reads: the snapshot's nodes and jobs, the jobs' loans, the pods (what they add to
+        # the snapshot's foreign GPUs derives from them and the jobs), the ServingDeployments.
+        inputs = (base.nodes, base.jobs, tuple(self._states[s.key][2] for s in base.jobs),
                   {k: v[1] for k, v in self._pod_prints.items()}, tuple(servings), tuple(map(id, servings.values())))
         if full or inputs != self._inputs:
             self.allocator_runs += 1
             if pool is not None and servings:
-                shared = arbitrate(now, pool, jobs, nodes, pods, servings, state_of=self._state_of)
+                shared = arbitrate(now, pool, jobs, nodes, pods, servings, state_of=self._state_of, base=base)
                 self._decided = (shared.jobs, shared.lending, shared.serving)
             else:
-                self._decided = (allocator.decide(snap).jobs, {}, {})
+                self._decided = (allocator.decide(training_snapshot(now, jobs, nodes, pods, base=base)).jobs, {}, {})
             self._inputs = inputs
         decisions, lending, grants = self._decided
         pods_of = _pods_by_job(pods)
@@ -217,7 +224,7 @@ class Planner:
         if cached is not None and cached[0] is body:
             return cached[1]
         state = training.job_state(body)
-        self._states[key] = (body, state)
+        self._states[key] = (body, state, training.lent_to(body))
         return state
 
 

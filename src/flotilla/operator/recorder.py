@@ -7,6 +7,7 @@ import threading
 import time
 from typing import Any, Callable, Mapping
 
+import urllib3
 from kubernetes import client
 from kubernetes.client.rest import ApiException
 
@@ -46,8 +47,8 @@ class EventRecorder:
         log.info("event %s %s/%s: %s", reason, decision.namespace, involved.get("name"), message)
         if isinstance(decision, Create):
             try:
-                return self.core.create_namespaced_event(decision.namespace, as_body(decision.body),
-                                                         _request_timeout=self.timeout)
+                return _released(self.core.create_namespaced_event(
+                    decision.namespace, as_body(decision.body), _request_timeout=self.timeout, _preload_content=False))
             except ApiException as e:
                 if e.status != 409:
                     raise
@@ -66,7 +67,19 @@ class EventRecorder:
         body = self.correlator.body(involved, decision.key, decision.name,
                                     decision.patch.get("message", decision.key.message), now,
                                     count=decision.patch["count"])
-        return self.core.create_namespaced_event(decision.namespace, as_body(body), _request_timeout=self.timeout)
+        return _released(self.core.create_namespaced_event(decision.namespace, as_body(body),
+                                                           _request_timeout=self.timeout, _preload_content=False))
 
     def _patch(self, name: str, namespace: str, patch: dict[str, Any]) -> Any:
-        return self.core.patch_namespaced_event(name, namespace, patch, _request_timeout=self.timeout)
+        return _released(self.core.patch_namespaced_event(name, namespace, patch, _request_timeout=self.timeout,
+                                                          _preload_content=False))
+
+
+def _released(response: Any) -> Any:
+    """An answer asked for without its typed model (`_preload_content=False`: nobody reads the Event back,
+    and building the model costs more CPU than the request): read and its connection given back."""
+    if isinstance(response, urllib3.BaseHTTPResponse):
+        response.drain_conn()
+        response.release_conn()
+        return True
+    return response
