@@ -197,3 +197,18 @@ def test_replan_at_a_checkpoint_acknowledgements_timeout():
     assert training.replan_at(body, []) == asked + training.ACK_TIMEOUT_SECONDS
     body["status"]["checkpoint"]["generation"] = 2  # acknowledged: only news moves it on
     assert training.replan_at(body, []) is None
+
+
+def test_a_busy_job_is_planned_in_the_first_pass_after_its_writes():
+    """A job whose writes are on their way is not planned (its actions would wait anyway); the first pass
+    after, it is, though nothing about it changed (a write that failed leaves it as it was)."""
+    allocator = policies.get("elastic-deadline")
+    world = World(seed=3, nodes=2)
+    world.grow(allocator, NOW, 40)
+    planner = Planner(full_every=float("inf"))
+    planner.plan(NOW, allocator, *world.views())
+    key = fresh_job(world, NOW - 60, "new")  # past its quiet start: it has a status to write
+    planned = by_key(planner.plan(NOW, allocator, *world.views(), busy={key}))
+    assert ("jobs", key) not in planned
+    again = by_key(planner.plan(NOW, allocator, *world.views()))  # its writes failed: nothing changed
+    assert again[("jobs", key)] == by_key(plan(NOW, allocator, *world.views()))[("jobs", key)] != []

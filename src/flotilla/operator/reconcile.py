@@ -5,7 +5,7 @@ from __future__ import annotations
 import time
 from collections import defaultdict
 from dataclasses import dataclass, field, replace
-from typing import Any, Callable, Mapping
+from typing import Any, Callable, Collection, Mapping
 
 from flotilla.allocation import Allocator, ClusterSnapshot, JobDecision, JobState
 from flotilla.operator import serving, training
@@ -106,9 +106,10 @@ class Planner:
     planner's time however many jobs there are. Otherwise a pass runs the allocator (or the pool's
     arbiter) only when what it reads changed (a job's state or loans, a GPU-holding pod, a
     ServingDeployment), else keeps its last decisions; and it plans only the jobs whose object, pods,
-    decision or loans changed, that had actions the last time (they may not have been sent yet), or whose
-    own timer is due (`training.replan_at`: the end of a job's quiet start, a checkpoint acknowledgement's
-    timeout). ServingDeployments (a handful) are planned every pass, with their Deployments. Objects are
+    decision or loans changed, that had actions the last time (they may not have been sent yet) or were
+    busy (writes on their way: not planned until they are answered), or whose own timer is due
+    (`training.replan_at`: the end of a job's quiet start, a checkpoint acknowledgement's timeout).
+    ServingDeployments (a handful) are planned every pass, with their Deployments. Objects are
     told changed by identity: the view replaces an object that changed and keeps one that did not
     (flotilla.operator.view)."""
 
@@ -137,8 +138,10 @@ class Planner:
     def plan(self, now: float, allocator: Allocator, jobs: Mapping[str, Body], nodes: Mapping[str, Body],
              pods: Mapping[str, Body], servings: Mapping[str, Body], deployments: Mapping[str, Body],
              max_restarts: int = 3, pool: PoolPolicy | None = None, inference_pools: bool = False,
-             agent_port: int = names.DEFAULT_AGENT_PORT) -> list[tuple[str, str, list[Action]]]:
-        """As `plan`, but only the objects that may have new actions (see the class)."""
+             agent_port: int = names.DEFAULT_AGENT_PORT, busy: Collection[str] = ()) -> list[tuple[str, str, list[Action]]]:
+        """As `plan`, but only the objects that may have new actions (see the class). `busy`: jobs whose
+        writes are still on their way; they are not planned now (what they would do next waits for those
+        writes' answers) and are planned in the first pass after."""
         started = self.clock()
         # A finished job has nothing to plan and holds nothing: planning and the allocator see the live ones
         # (at scale most jobs are finished).
@@ -169,6 +172,9 @@ class Planner:
         acted = set()
         timers = {k: t for k, t in self._timers.items() if k in jobs}
         for key, body in jobs.items():
+            if key in busy:
+                acted.add(key)
+                continue
             uid = body["metadata"].get("uid")
             if not (full or self._changed(key, body, ids.get(uid, ()), decisions, lending)
                     or timers.get(key, now + 1) <= now):
