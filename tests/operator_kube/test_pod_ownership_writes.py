@@ -11,8 +11,8 @@ from tests.operator_plan.builders import trainingjob
 
 
 class FakeCore:
-    """Pods by name; create answers 409 for a name taken, delete honours a UID precondition. The writes come
-    as requests (`send`, what `Kube.wire` sends), the read and the Events through the typed client."""
+    """Pods by name; create answers 409 for a name taken, delete honours a UID precondition. Pod requests come
+    as `Kube.wire` sends them, Events as `EventRecorder` makes them."""
 
     def __init__(self, pods=None):
         self.pods = dict(pods or {})
@@ -22,6 +22,10 @@ class FakeCore:
     def send(self, method, path, body=None, *, query=None, content_type=None, answer=False):
         _, _, _, namespaces, _, kind, *name = path.split("/")  # /api/v1/namespaces/<ns>/pods[/<name>]
         assert (namespaces, kind) == ("namespaces", "pods"), path
+        if method == "GET":
+            if name[0] not in self.pods:
+                raise client.ApiException(status=404, reason="NotFound")
+            return self.pods[name[0]]
         if method == "POST":
             if body["metadata"]["name"] in self.pods:
                 raise client.ApiException(status=409, reason="AlreadyExists")
@@ -37,11 +41,6 @@ class FakeCore:
         del self.pods[name[0]]
         return True
 
-    def read_namespaced_pod(self, name, namespace):
-        if name not in self.pods:
-            raise client.ApiException(status=404, reason="NotFound")
-        return self.pods[name]
-
     def create_namespaced_event(self, namespace, body, **_):
         self.events.append(body)
         return body
@@ -53,7 +52,7 @@ def run(kube, actions):
 
 def kube_with(core):
     kube = Kube(client.ApiClient(), concurrency=2)
-    kube.wire = kube.core = kube.events.core = core
+    kube.wire = kube.events.core = core
     return kube
 
 

@@ -7,13 +7,14 @@ import json
 import logging
 import time
 from concurrent.futures import ThreadPoolExecutor
+from types import SimpleNamespace
 from typing import Any, Callable
 
 from kubernetes import client
 from kubernetes.client.rest import ApiException
 
 from flotilla import GROUP, VERSION
-from flotilla.kubeapi import DEFAULT_TIMEOUT_SECONDS, NotLeader, as_body
+from flotilla.kubeapi import DEFAULT_TIMEOUT_SECONDS, JSON, NotLeader, send
 from flotilla.operator import failpoints
 from flotilla.operator.actions import (
     Action,
@@ -92,12 +93,11 @@ class Kube:
     def __init__(self, api: client.ApiClient, concurrency: int = 16, limiter: RateLimiter | None = None,
                  timeout: float = DEFAULT_TIMEOUT_SECONDS):
         self.wire = Wire(api)
-        self.core = client.CoreV1Api(api)
         self._limit = asyncio.Semaphore(concurrency)
         self._pool = ThreadPoolExecutor(max_workers=concurrency, thread_name_prefix="kube")
         self._limiter = limiter or RateLimiter(0, 0)
         self.timeout = timeout
-        self.events = EventRecorder(self.core, FIELD_MANAGER, request_timeout=timeout)
+        self.events = EventRecorder(EventsApi(self.wire), FIELD_MANAGER, request_timeout=timeout)
         self.requests = 0
         self.throttled_seconds = 0.0
 
@@ -210,8 +210,7 @@ class Kube:
         given it controls it; another's (an orphan, a deleted job's of the same name) is never ours."""
         meta = a.manifest["metadata"]
         owner = controller_ref(a.manifest)
-        existing = self.core.api_client.sanitize_for_serialization(
-            self.core.read_namespaced_pod(meta["name"], meta["namespace"]))
+        existing = self.wire.send("GET", f"/api/v1/namespaces/{meta['namespace']}/pods/{meta['name']}", answer=True)
         found = controller_ref(existing)
         if owner is not None and found is not None and found.get("uid") == owner.get("uid"):
             return True
@@ -229,41 +228,53 @@ class Kube:
         return self.events.record(a.involved, a.type, a.reason, a.message)
 
 
-JSON = "application/json"
 MERGE_PATCH = "application/merge-patch+json"  # RFC 7386, as `flotilla.operator.view.merge_patch` shows it
 APPLY_PATCH = "application/apply-patch+yaml"  # server-side apply (a JSON body is YAML)
 
 
 class Wire:
-    """The operator's writes as they go on the wire, through the client's ApiClient (its connection pool,
-    credentials, User-Agent, and flotilla.kubeapi's timeout and Lease fence), without its typed API
-    classes: those validate every argument and build a typed model of every reply (a created pod's reply
-    cost more of the operator's CPU than sending it), which nothing here reads."""
+    """The operator's writes as requests (`flotilla.kubeapi.send`): a created pod's typed reply model cost
+    more of the operator's CPU than sending it, and nothing here reads it."""
 
     def __init__(self, api: client.ApiClient):
         self.api = api
 
     def send(self, method: str, path: str, body: Any = None, *, query: list[tuple[str, str]] | None = None,
-             content_type: str = JSON, answer: bool = False) -> Any:
-        """One request; `answer`: returns the reply's JSON, else True. A reply other than 2xx raises
-        ApiException (its status, reason and body), as the typed calls do."""
-        # The body is a manifest of plain JSON values: the REST layer serialises it as it is.
-        method, url, headers, _, _ = self.api.param_serialize(
-            method=method, resource_path=path, query_params=query or [], auth_settings=["BearerToken"],
-            header_params={"Content-Type": content_type, "Accept": JSON})
-        response = self.api.call_api(method, url, header_params=headers, body=body)
+             content_type: str = JSON, answer: bool = False, timeout: float | None = None) -> Any:
+        """One request; `answer`: returns the reply's JSON, else True. Raises ApiException for a reply
+        other than 2xx."""
+        response = send(self.api, method, path, body, query=query, content_type=content_type, timeout=timeout)
         try:
-            data = response.read()
-            if not 200 <= response.status <= 299:
-                raise ApiException(http_resp=response)
+            data = response.data
             return json.loads(data) if answer else True
         finally:
-            response.response.release_conn()
+            response.release_conn()
 
     def apply(self, path: str, manifest: dict[str, Any]) -> Any:
         """Server-side apply, forced: this operator owns the fields it sets."""
         return self.send("PATCH", path, manifest, query=[("fieldManager", FIELD_MANAGER), ("force", "true")],
                          content_type=APPLY_PATCH)
+
+
+class EventsApi:
+    """The Event calls `EventRecorder` makes (CoreV1Api's names), as requests through a `Wire`."""
+
+    def __init__(self, wire: Wire):
+        self.wire = wire
+
+    def create_namespaced_event(self, namespace: str, body: dict[str, Any], _request_timeout: float | None = None,
+                                **_: Any) -> Any:
+        return self.wire.send("POST", f"/api/v1/namespaces/{namespace}/events", body, timeout=_request_timeout)
+
+    def read_namespaced_event(self, name: str, namespace: str, _request_timeout: float | None = None) -> Any:
+        event = self.wire.send("GET", f"/api/v1/namespaces/{namespace}/events/{name}", answer=True,
+                               timeout=_request_timeout)
+        return SimpleNamespace(count=event.get("count"))
+
+    def patch_namespaced_event(self, name: str, namespace: str, patch: dict[str, Any],
+                               _request_timeout: float | None = None, **_: Any) -> Any:
+        return self.wire.send("PATCH", f"/api/v1/namespaces/{namespace}/events/{name}", patch,
+                              content_type=MERGE_PATCH, timeout=_request_timeout)
 
 
 def _custom(plural: str, namespace: str) -> str:
@@ -274,13 +285,17 @@ def inference_pools_served(api: client.ApiClient, timeout: float) -> bool:
     """The API server serves InferencePools (the Gateway API Inference Extension's CRD is installed):
     API discovery, which every authenticated client may read."""
     try:
-        found = client.CustomObjectsApi(api).get_api_resources(
-            names.INFERENCE_POOL_GROUP, names.INFERENCE_POOL_VERSION, _request_timeout=timeout)
+        response = send(api, "GET", f"/apis/{names.INFERENCE_POOL_GROUP}/{names.INFERENCE_POOL_VERSION}",
+                        timeout=timeout)
     except ApiException as e:
         if e.status == 404:
             return False
         raise
-    return any(r.name == names.INFERENCE_POOL_PLURAL for r in found.resources or [])
+    try:
+        found = json.loads(response.data)
+    finally:
+        response.release_conn()
+    return any(r.get("name") == names.INFERENCE_POOL_PLURAL for r in found.get("resources") or [])
 
 
 def _target(a: Action) -> str:

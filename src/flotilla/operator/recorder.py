@@ -8,7 +8,6 @@ import time
 from typing import Any, Callable, Mapping
 
 import urllib3
-from kubernetes import client
 from kubernetes.client.rest import ApiException
 
 from flotilla.kubeapi import as_body
@@ -23,9 +22,10 @@ class EventRecorder:
     A create answered 409 finds this component's Event from before a restart (names are deterministic)
     and continues its count; a bump answered 404 (the Event expired) creates it again. Each API call
     has a timeout; a failed one raises to the caller, which logs it (an Event is never worth a retry).
+    `core`: a CoreV1Api, or anything with its three Event calls (the operator's `kube.EventsApi`).
     """
 
-    def __init__(self, core: client.CoreV1Api, component: str, clock: Callable[[], float] = time.time,
+    def __init__(self, core: Any, component: str, clock: Callable[[], float] = time.time,
                  correlator: EventCorrelator | None = None, request_timeout: float = 10.0) -> None:
         self.core, self.clock, self.timeout = core, clock, request_timeout
         self.correlator = correlator or EventCorrelator(component)
