@@ -184,10 +184,9 @@ async def _reconcile_forever(kube: Kube) -> None:
             await asyncio.wait_for(view.wake.wait(), timeout=settings.resync_seconds)
         except asyncio.TimeoutError:
             pass
-        # Every watch event that changes what planning reads wakes the loop: when planning is slow (many jobs),
-        # wait for as long as it computed, so that it takes at most half of the operator's CPU. Its CPU time,
-        # not its wall time: on a busy machine a pass waits for a CPU too, and waiting as long again would
-        # only delay the next pass's admissions.
+        # Every watch event that changes what planning reads wakes the loop: when planning is slow (many jobs,
+        # a busy machine), wait as long as it took, so that it takes at most half of the operator's CPU. (By
+        # the wall clock: on a machine short of CPU, passes then slow down instead of taking more of it.)
         await asyncio.sleep(max(settings.debounce_seconds, plan_seconds))
         view.wake.clear()
         try:
@@ -199,7 +198,7 @@ async def _reconcile_forever(kube: Kube) -> None:
 
 
 async def _reconcile_once(kube: Kube) -> float:
-    """One pass; returns the CPU seconds its planning took."""
+    """One pass; returns the seconds it spent planning."""
     assert settings is not None
     started = time.perf_counter()
     view.prune()
@@ -240,7 +239,7 @@ async def _reconcile_once(kube: Kube) -> float:
             actions, dispatched, deferred, len(in_flight), kube.requests, kube.throttled_seconds, plan_cpu * 1e3,
             len(plans),
             planner.full_passes - full_passes, f" ({planner.full_reason})" if planner.full_reason else "")
-    return plan_cpu
+    return planned - started
 
 
 def _timed(fn: Callable[..., Any], *args: Any) -> tuple[Any, float]:
