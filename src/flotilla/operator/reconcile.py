@@ -138,7 +138,8 @@ class Planner:
     def plan(self, now: float, allocator: Allocator, jobs: Mapping[str, Body], nodes: Mapping[str, Body],
              pods: Mapping[str, Body], servings: Mapping[str, Body], deployments: Mapping[str, Body],
              max_restarts: int = 3, pool: PoolPolicy | None = None, inference_pools: bool = False,
-             agent_port: int = names.DEFAULT_AGENT_PORT, busy: Collection[str] = ()) -> list[tuple[str, str, list[Action]]]:
+             agent_port: int = names.DEFAULT_AGENT_PORT,
+             busy: Collection[str] = ()) -> list[tuple[str, str, list[Action]]]:
         """As `plan`, but only the objects that may have new actions (see the class). `busy`: jobs whose
         writes are still on their way; they are not planned now (what they would do next waits for those
         writes' answers) and are planned in the first pass after."""

@@ -4,13 +4,13 @@ kopf took every watch event through its handler machinery (a per-object memory, 
 for its diff base, progress storage, loggers) although the operator only records the object: at 1,000 jobs
 that was most of the operator's CPU. Here an event costs a JSON parse and `View.record` on the event loop.
 
-Each (kind, namespace) is watched in a thread of its own with the blocking client the lists use. A watch
-the server ends (`WATCH_SECONDS`) or that breaks (a dropped connection, an API server restart) resumes from
-the last resourceVersion it saw, so no event is missed, deletions included. Events reach the loop in batches. When the server no longer has
-that version (410 Gone: compacted, or its watch cache restarted) the kind is listed afresh and the view is
-reconciled with the list (`View.relisted` drops what the list lacks: objects deleted during the gap), then
-watched from the list's version. Every request has a timeout: a list the API timeout, a watch's read the
-server's timeout plus the API timeout.
+Each (kind, namespace) is watched in a thread of its own with the blocking client the lists use; its events
+reach the loop in batches. A watch the server ends (`WATCH_SECONDS`) or that breaks (a dropped connection,
+an API server restart) resumes from the last resourceVersion it saw, so no event is missed, deletions
+included. When the server no longer has that version (410 Gone: compacted, or its watch cache restarted)
+the kind is listed afresh and the view is reconciled with the list (`View.relisted` drops what the list
+lacks: objects deleted during the gap), then watched from the list's version. Every request has a timeout:
+a list the API timeout, a watch's read the server's timeout plus the API timeout.
 """
 
 from __future__ import annotations
