@@ -558,15 +558,16 @@ def gpus_in_use(pods: list[PodTimes], origin: float, end: float) -> list[tuple[f
 
 
 PASS_LINE = re.compile(r"reconcile pass: jobs=(\d+) plan_ms=([\d.]+) actions=(\d+) objects=(\d+) "
-                       r"deferred=(\d+) in_flight=(\d+) api_requests=(\d+)")
+                       r"deferred=(\d+) in_flight=(\d+) api_requests=(\d+)(?:.*? plan_cpu_ms=([\d.]+))?")
 
 
 def operator_passes(log_path: Path) -> list[dict[str, float]]:
     out = []
     for m in PASS_LINE.finditer(log_path.read_text()):
-        jobs, plan_ms, actions, objects, deferred, in_flight, requests = m.groups()
+        jobs, plan_ms, actions, objects, deferred, in_flight, requests, plan_cpu_ms = m.groups()
         out.append({"jobs": int(jobs), "plan_ms": float(plan_ms), "actions": int(actions),
-                    "deferred": int(deferred), "in_flight": int(in_flight), "api_requests": int(requests)})
+                    "deferred": int(deferred), "in_flight": int(in_flight), "api_requests": int(requests),
+                    "plan_cpu_ms": float(plan_cpu_ms or 0.0)})
     return out
 
 
@@ -697,6 +698,8 @@ def run_flotilla(api: Any, namespace: str, jobs: list[Job], cluster: Cluster, ou
         "job_create_to_recorded_running_s": percentiles(job_recorded_running),
         "job_create_to_admitted_s": percentiles(job_admitted),
         "replan_ms": percentiles([p["plan_ms"] for p in passes if p["jobs"]]),
+        # The planning thread's CPU seconds over the run: the share of the operator's CPU that planning took.
+        "planning_cpu_s": round(sum(p["plan_cpu_ms"] for p in passes) / 1e3, 2),
         "replan_ms_max": max((p["plan_ms"] for p in passes), default=None),
         # Objects with writes on their way after each pass that acted (a pass does not wait for them).
         "objects_in_flight": percentiles([p["in_flight"] for p in busy]),
@@ -886,7 +889,8 @@ def main() -> int:
     print(f"flotilla: {flo['phases']}, submit->Admitted {flo['job_create_to_admitted_s']}, "
           f"submit->recorded Running {flo['job_create_to_recorded_running_s']}, "
           f"admitted {flo['admit_per_s']} jobs/s (all in {flo['admission_wall_s']} s), "
-          f"re-plan {flo['replan_ms']} ms (max {flo['replan_ms_max']}), operator {flo['operator']}")
+          f"re-plan {flo['replan_ms']} ms (max {flo['replan_ms_max']}), operator {flo['operator']}, "
+          f"of which planning {flo['planning_cpu_s']} CPU-s in {flo['passes']} passes")
     if report["ramp"]:
         print(f"ramp (direct path, p99 target {args.target_p99} s): {report['ramp']} -> {args.rate:g} jobs/s")
     for phase in ("direct", "flotilla"):

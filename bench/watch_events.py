@@ -10,10 +10,12 @@ same `View.record`:
   with one `@kopf.on.event` handler that records the object, as `handlers.py` had them. kopf's own
   queueing (a task per object, batching) is left out, so its figure is a lower bound.
 * ours (`flotilla.operator.watch`): the line parsed, then `View.record` (the watch thread's hand-off to
-  the event loop, one `call_soon_threadsafe` per event, is left out too).
+  the event loop is left out too, and timed on its own: one `call_soon_threadsafe` per event against the
+  watches' batched hand-off).
 
 Prints CPU microseconds per event for each, and as its last line one JSON object:
-{"events": n, "kopf_us_per_event": a, "ours_us_per_event": b, "ratio": a/b}
+{"events": n, "kopf_us_per_event": a, "ours_us_per_event": b, "ratio": a/b, "handoff_us_per_event": c,
+ "batched_handoff_us_per_event": d}
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ import argparse
 import asyncio
 import json
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -111,6 +114,32 @@ def through_ours(raw: list[bytes]) -> tuple[float, View]:
     return time.process_time() - started, view
 
 
+def handoff(count: int, batched: bool) -> float:
+    """CPU seconds (the whole process: both threads) to hand `count` events from a watch thread to the event
+    loop: one `call_soon_threadsafe` each (the watches until issue 20's second round), or the watches'
+    batched hand-off (`Informer._on_loop`). The loop only counts them."""
+    from flotilla.operator.watch import Informer
+
+    async def scenario() -> float:
+        loop, got, done = asyncio.get_running_loop(), [0], asyncio.Event()
+
+        def take(_: object) -> None:
+            got[0] += 1
+            if got[0] == count:
+                done.set()
+
+        informer = Informer(View(), "pods", None, lambda **_: None, loop, 1.0)
+        deliver = (lambda e: informer._on_loop(take, e)) if batched else (lambda e: loop.call_soon_threadsafe(take, e))
+        started = time.process_time()
+        sender = threading.Thread(target=lambda: [deliver(i) for i in range(count)])
+        sender.start()
+        await done.wait()
+        sender.join()
+        return time.process_time() - started
+
+    return asyncio.run(scenario())
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--pods", type=int, default=2000)
@@ -127,10 +156,14 @@ def main() -> int:
         kopf_s.append(k)
         ours_s.append(o)
     kopf_us, ours_us = min(kopf_s) / len(raw) * 1e6, min(ours_s) / len(raw) * 1e6
+    each_us = min(handoff(len(raw), False) for _ in range(args.repeats)) / len(raw) * 1e6
+    batched_us = min(handoff(len(raw), True) for _ in range(args.repeats)) / len(raw) * 1e6
     print(f"{len(raw)} pod events ({args.pods} pods, {args.events + 1} events each), best of {args.repeats}: "
-          f"kopf {kopf_us:.0f} us/event, ours {ours_us:.0f} us/event (x{kopf_us / ours_us:.1f})")
+          f"kopf {kopf_us:.0f} us/event, ours {ours_us:.0f} us/event (x{kopf_us / ours_us:.1f}); hand-off from "
+          f"the watch thread to the loop: {each_us:.1f} us/event one by one, {batched_us:.1f} batched")
     print(json.dumps({"events": len(raw), "kopf_us_per_event": round(kopf_us, 1),
-                      "ours_us_per_event": round(ours_us, 1), "ratio": round(kopf_us / ours_us, 2)}))
+                      "ours_us_per_event": round(ours_us, 1), "ratio": round(kopf_us / ours_us, 2),
+                      "handoff_us_per_event": round(each_us, 1), "batched_handoff_us_per_event": round(batched_us, 1)}))
     return 0
 
 

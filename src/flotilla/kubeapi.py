@@ -104,3 +104,26 @@ def as_body(manifest: dict[str, Any]) -> Any:
     """A manifest as the client's `body`: the client serialises a plain dict as it is, though its annotations
     name only its model classes (V1Pod, CoreV1Event ...)."""
     return manifest
+
+
+JSON = "application/json"
+
+
+def send(api: client.ApiClient, method: str, path: str, body: Any = None, *,
+         query: list[tuple[str, Any]] | None = None, content_type: str = JSON, timeout: Any = None) -> Any:
+    """One request through `api` (its connections, credentials, User-Agent, and with `ApiClient` its timeout
+    and fence) without the client's typed API classes, which validate every argument and build a typed
+    model of every reply (and cost a second of CPU to import): the reply as urllib3 gives it, unread (read
+    it or iterate its lines, then `release_conn()`). A reply other than 2xx raises ApiException (status,
+    reason, body), as the typed calls do. `body`: plain JSON values, serialised as they are."""
+    method, url, headers, _, _ = api.param_serialize(
+        method=method, resource_path=path, query_params=query or [], auth_settings=["BearerToken"],
+        header_params={"Content-Type": content_type, "Accept": JSON})
+    response = api.call_api(method, url, header_params=headers, body=body, _request_timeout=timeout)
+    if not 200 <= response.status <= 299:
+        try:
+            response.read()
+        finally:
+            response.response.release_conn()
+        raise client.ApiException(http_resp=response)
+    return response.response

@@ -11,32 +11,35 @@ from tests.operator_plan.builders import trainingjob
 
 
 class FakeCore:
-    """Pods by name; create answers 409 for a name taken, delete honours a UID precondition."""
+    """Pods by name; create answers 409 for a name taken, delete honours a UID precondition. Pod requests come
+    as `Kube.wire` sends them, Events as `EventRecorder` makes them."""
 
     def __init__(self, pods=None):
         self.pods = dict(pods or {})
         self.deletes, self.events = [], []
         self.api_client = client.ApiClient()
 
-    def create_namespaced_pod(self, namespace, body, field_manager=None):
-        if body["metadata"]["name"] in self.pods:
-            raise client.ApiException(status=409, reason="AlreadyExists")
-        self.pods[body["metadata"]["name"]] = body
-
-    def read_namespaced_pod(self, name, namespace):
-        if name not in self.pods:
-            raise client.ApiException(status=404, reason="NotFound")
-        return self.pods[name]
-
-    def delete_namespaced_pod(self, name, namespace, **kwargs):
-        self.deletes.append((name, kwargs))
-        pod = self.pods.get(name)
+    def send(self, method, path, body=None, *, query=None, content_type=None, answer=False):
+        _, _, _, namespaces, _, kind, *name = path.split("/")  # /api/v1/namespaces/<ns>/pods[/<name>]
+        assert (namespaces, kind) == ("namespaces", "pods"), path
+        if method == "GET":
+            if name[0] not in self.pods:
+                raise client.ApiException(status=404, reason="NotFound")
+            return self.pods[name[0]]
+        if method == "POST":
+            if body["metadata"]["name"] in self.pods:
+                raise client.ApiException(status=409, reason="AlreadyExists")
+            self.pods[body["metadata"]["name"]] = body
+            return True
+        assert method == "DELETE", method
+        self.deletes.append((name[0], body))
+        pod = self.pods.get(name[0])
         if pod is None:
             raise client.ApiException(status=404, reason="NotFound")
-        options = kwargs.get("body")
-        if options is not None and options.preconditions.uid != pod["metadata"].get("uid"):
+        if body is not None and body["preconditions"]["uid"] != pod["metadata"].get("uid"):
             raise client.ApiException(status=409, reason="Conflict")
-        del self.pods[name]
+        del self.pods[name[0]]
+        return True
 
     def create_namespaced_event(self, namespace, body, **_):
         self.events.append(body)
@@ -49,7 +52,7 @@ def run(kube, actions):
 
 def kube_with(core):
     kube = Kube(client.ApiClient(), concurrency=2)
-    kube.core = kube.events.core = core
+    kube.wire = kube.events.core = core
     return kube
 
 
@@ -86,8 +89,8 @@ def test_delete_uses_the_pods_grace_period_and_a_uid_precondition():
     pod = {"metadata": {"name": "w", "uid": "u1"}}
     core = FakeCore({"w": pod})
     done = run(kube_with(core), [DeletePod("ns", "w", "u1")])
-    [(name, kwargs)] = core.deletes
-    assert name == "w" and "grace_period_seconds" not in kwargs and kwargs["body"].preconditions.uid == "u1"
+    [(name, options)] = core.deletes
+    assert name == "w" and "gracePeriodSeconds" not in options and options["preconditions"] == {"uid": "u1"}
     assert len(done) == 1 and "w" not in core.pods
 
 

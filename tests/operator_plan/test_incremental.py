@@ -101,3 +101,114 @@ def test_on_a_recorded_15000_job_snapshot():
     planner, found = run_steps(world, allocator, 4)
     assert not found, found[:3]
     assert planner.full_passes == 1
+
+
+class Ticks:
+    """A clock for the planner's timing of its own passes: each pass reads it when it starts and, if full,
+    when it ends; every pass here takes `took` seconds."""
+
+    def __init__(self, took: float):
+        self.took, self.at, self.started = took, 0.0, True
+
+    def __call__(self) -> float:
+        self.started = not self.started
+        if not self.started:
+            self.at += 100.0
+            return self.at
+        return self.at + self.took
+
+
+@pytest.mark.parametrize("took, quiet_until", [(1.0, 11.0), (8.0, 32.0)])
+def test_time_driven_full_passes_count_from_the_end_and_grow_with_their_cost(took, quiet_until):
+    """The next time-driven full pass comes `full_every` (10 s) after the end of the last one, or 3x its
+    cost (full_share 0.25) when that is longer: a full pass slower than `full_every` does not make every
+    pass full."""
+    allocator = policies.get("elastic-deadline")
+    world = World(seed=3, nodes=10)
+    world.grow(allocator, NOW, 60)
+    planner = Planner(full_every=10.0, clock=Ticks(took))
+    planner.plan(NOW, allocator, *world.views())
+    assert planner.full_reason == "first"
+    planner.plan(NOW + quiet_until - 0.5, allocator, *world.views())
+    assert planner.full_reason is None and planner.full_passes == 1
+    planner.plan(NOW + quiet_until, allocator, *world.views())
+    assert planner.full_reason == "time" and planner.full_passes == 2
+
+
+def fresh_job(world: World, now: float, name: str, gpus: int = 1) -> str:
+    """A job of `gpus` GPUs (8 a worker) submitted at `now`."""
+    from flotilla.operator.timeutil import rfc3339
+    from tests.operator_plan.builders import trainingjob
+
+    body = trainingjob(name, min_gpus=gpus, max_gpus=gpus, per_worker=min(gpus, 8))
+    body["metadata"]["creationTimestamp"] = rfc3339(now)
+    world.jobs[f"ns/{name}"] = body
+    return f"ns/{name}"
+
+
+def test_a_jobs_quiet_start_ends_without_a_full_pass(monkeypatch):
+    """Written once at the end of its first QUIET_SECONDS (Pending when it waits, Running when its workers
+    have run that long): the incremental planner plans it then by its timer, as a full re-plan would."""
+    from flotilla.operator import training
+
+    allocator = policies.get("elastic-deadline")
+    world = World(seed=3, nodes=2)
+    world.grow(allocator, NOW, 40)  # the 16 GPUs taken, jobs waiting
+    planner = Planner(full_every=float("inf"))
+    planner.plan(NOW, allocator, *world.views())
+    waiting = fresh_job(world, NOW, "late", gpus=16)  # both nodes: it waits
+    assert not differences(world, planner, allocator, NOW + 1)
+    assert "phase" not in world.jobs[waiting]["status"]  # quiet: nothing written yet
+    assert not differences(world, planner, allocator, NOW + training.QUIET_SECONDS + 1)
+    assert world.jobs[waiting]["status"]["phase"] == "Pending"
+
+    # A job placed at once: its workers run; Running is recorded QUIET_SECONDS after they started.
+    world.nodes["n2"] = {**world.nodes["n0"], "metadata": {**world.nodes["n0"]["metadata"], "name": "n2"}}
+    planner.plan(NOW + 12, allocator, *world.views())  # a node added: a full pass
+    world.jobs = {k: b for k, b in world.jobs.items() if (b.get("status") or {}).get("phase") != "Pending"}
+    placed = fresh_job(world, NOW + 20, "quick")
+    assert not differences(world, planner, allocator, NOW + 20)
+    assert world.jobs[placed]["status"]["phase"] == "Admitted"
+    for key in world.pod_of(placed):
+        world.pods[key] = {**world.pods[key], "status": {"phase": "Running", "startTime": "2026-01-01T00:10:21Z"}}
+    assert not differences(world, planner, allocator, NOW + 22)
+    assert world.jobs[placed]["status"]["phase"] == "Admitted"
+    assert not differences(world, planner, allocator, NOW + 21 + training.QUIET_SECONDS)
+    assert world.jobs[placed]["status"]["phase"] == "Running"
+
+    # The same with a planner that keeps no timers: the end of the quiet start is missed.
+    monkeypatch.setattr(training, "replan_at", lambda body, pods: None)
+    world.jobs = {k: b for k, b in world.jobs.items() if k != waiting}
+    planner = Planner(full_every=float("inf"))
+    planner.plan(NOW + 40, allocator, *world.views())
+    fresh_job(world, NOW + 40, "late-again", gpus=16)
+    assert not differences(world, planner, allocator, NOW + 41)
+    assert differences(world, planner, allocator, NOW + 41 + training.QUIET_SECONDS)
+
+
+def test_replan_at_a_checkpoint_acknowledgements_timeout():
+    from flotilla.operator import training
+    from flotilla.operator.timeutil import rfc3339
+    from tests.operator_plan.builders import trainingjob
+
+    asked = NOW - 30
+    body = trainingjob("j", status={"phase": "Resharding", "reshards": 0, "checkpoint": {
+        "requestedGeneration": 2, "generation": 1, "requestedAt": rfc3339(asked)}})
+    assert training.replan_at(body, []) == asked + training.ACK_TIMEOUT_SECONDS
+    body["status"]["checkpoint"]["generation"] = 2  # acknowledged: only news moves it on
+    assert training.replan_at(body, []) is None
+
+
+def test_a_busy_job_is_planned_in_the_first_pass_after_its_writes():
+    """A job whose writes are on their way is not planned (its actions would wait anyway); the first pass
+    after, it is, though nothing about it changed (a write that failed leaves it as it was)."""
+    allocator = policies.get("elastic-deadline")
+    world = World(seed=3, nodes=2)
+    world.grow(allocator, NOW, 40)
+    planner = Planner(full_every=float("inf"))
+    planner.plan(NOW, allocator, *world.views())
+    key = fresh_job(world, NOW - 60, "new")  # past its quiet start: it has a status to write
+    planned = by_key(planner.plan(NOW, allocator, *world.views(), busy={key}))
+    assert ("jobs", key) not in planned
+    again = by_key(planner.plan(NOW, allocator, *world.views()))  # its writes failed: nothing changed
+    assert again[("jobs", key)] == by_key(plan(NOW, allocator, *world.views()))[("jobs", key)] != []

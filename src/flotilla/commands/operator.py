@@ -33,7 +33,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--no-pool", action="store_true",
                         help="no unified pool: ServingDeployments never borrow training's GPUs")
     parser.add_argument("--resync", type=float, default=10.0, metavar="SECONDS",
-                        help="reconcile everything at least this often (default: %(default)s)")
+                        help="wake at least this often, and re-plan everything this long after the last full "
+                             "re-plan ended, or longer when one is slow (default: %(default)s)")
     parser.add_argument("--concurrency", type=int, default=16,
                         help="API calls in flight at once when applying a decision (default: %(default)s)")
     parser.add_argument("--qps", type=float, default=200.0,

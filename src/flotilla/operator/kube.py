@@ -3,16 +3,18 @@
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import time
 from concurrent.futures import ThreadPoolExecutor
+from types import SimpleNamespace
 from typing import Any, Callable
 
 from kubernetes import client
 from kubernetes.client.rest import ApiException
 
 from flotilla import GROUP, VERSION
-from flotilla.kubeapi import DEFAULT_TIMEOUT_SECONDS, NotLeader, as_body
+from flotilla.kubeapi import DEFAULT_TIMEOUT_SECONDS, JSON, NotLeader, send
 from flotilla.operator import failpoints
 from flotilla.operator.actions import (
     Action,
@@ -90,14 +92,12 @@ class Kube:
 
     def __init__(self, api: client.ApiClient, concurrency: int = 16, limiter: RateLimiter | None = None,
                  timeout: float = DEFAULT_TIMEOUT_SECONDS):
-        self.core = client.CoreV1Api(api)
-        self.apps = client.AppsV1Api(api)
-        self.custom = client.CustomObjectsApi(api)
+        self.wire = Wire(api)
         self._limit = asyncio.Semaphore(concurrency)
         self._pool = ThreadPoolExecutor(max_workers=concurrency, thread_name_prefix="kube")
         self._limiter = limiter or RateLimiter(0, 0)
         self.timeout = timeout
-        self.events = EventRecorder(self.core, FIELD_MANAGER, request_timeout=timeout)
+        self.events = EventRecorder(EventsApi(self.wire), FIELD_MANAGER, request_timeout=timeout)
         self.requests = 0
         self.throttled_seconds = 0.0
 
@@ -149,16 +149,18 @@ class Kube:
             return None
 
     def _call(self, a: Action) -> Any:
+        wire = self.wire
         if isinstance(a, PatchStatus):
-            return self.custom.patch_namespaced_custom_object_status(
-                GROUP, VERSION, a.namespace, a.plural, a.name, {"status": a.status})
+            return wire.send("PATCH", f"{_custom(a.plural, a.namespace)}/{a.name}/status", {"status": a.status},
+                             content_type=MERGE_PATCH, answer=True)
         if isinstance(a, PatchAnnotations):
-            return self.custom.patch_namespaced_custom_object(
-                GROUP, VERSION, a.namespace, a.plural, a.name, {"metadata": {"annotations": a.annotations}})
+            return wire.send("PATCH", f"{_custom(a.plural, a.namespace)}/{a.name}",
+                             {"metadata": {"annotations": a.annotations}}, content_type=MERGE_PATCH, answer=True)
         if isinstance(a, CreatePod):
             meta = a.manifest["metadata"]
             try:
-                self.core.create_namespaced_pod(meta["namespace"], as_body(a.manifest), field_manager=FIELD_MANAGER)
+                wire.send("POST", f"/api/v1/namespaces/{meta['namespace']}/pods", a.manifest,
+                          query=[("fieldManager", FIELD_MANAGER)])
                 log.info("created pod %s/%s", meta["namespace"], meta["name"])
             except ApiException as e:
                 if e.status != 409:
@@ -168,9 +170,9 @@ class Kube:
         if isinstance(a, DeletePod):
             # No grace period override: the pod's own terminationGracePeriodSeconds, so that the API server
             # (and the scheduler, which counts its GPUs) keeps it until its containers are gone.
-            options = client.V1DeleteOptions(preconditions=client.V1Preconditions(uid=a.uid)) if a.uid else None
+            options = {"apiVersion": "v1", "kind": "DeleteOptions", "preconditions": {"uid": a.uid}} if a.uid else None
             try:
-                self.core.delete_namespaced_pod(a.name, a.namespace, body=options)
+                wire.send("DELETE", f"/api/v1/namespaces/{a.namespace}/pods/{a.name}", options)
                 log.info("deleted pod %s/%s", a.namespace, a.name)
             except ApiException as e:
                 # 404: gone already; 409: the UID precondition failed, the pod planning saw is gone.
@@ -179,12 +181,10 @@ class Kube:
             return True
         if isinstance(a, ApplyDeployment):
             meta = a.manifest["metadata"]
-            result = self.apps.patch_namespaced_deployment(
-                meta["name"], meta["namespace"], a.manifest, field_manager=FIELD_MANAGER, force=True,
-                _content_type="application/apply-patch+yaml")
+            wire.apply(f"/apis/apps/v1/namespaces/{meta['namespace']}/deployments/{meta['name']}", a.manifest)
             log.info("applied deployment %s/%s replicas=%s", meta["namespace"], meta["name"],
                      a.manifest["spec"]["replicas"])
-            return result
+            return True
         if isinstance(a, ApplyObject):
             return self._apply_object(a.manifest)
         if isinstance(a, PostEvent):
@@ -194,27 +194,23 @@ class Kube:
     def _apply_object(self, manifest: dict[str, Any]) -> Any:
         """Server-side apply of a Service or an InferencePool (an endpoint's objects)."""
         meta = manifest["metadata"]
-        ssa: dict[str, Any] = {"field_manager": FIELD_MANAGER, "force": True,
-                               "_content_type": "application/apply-patch+yaml"}
-        result: Any
         if manifest["kind"] == "Service":
-            result = self.core.patch_namespaced_service(meta["name"], meta["namespace"], manifest, **ssa)
+            path = f"/api/v1/namespaces/{meta['namespace']}/services/{meta['name']}"
         elif manifest["kind"] == "InferencePool":
-            result = self.custom.patch_namespaced_custom_object(
-                names.INFERENCE_POOL_GROUP, names.INFERENCE_POOL_VERSION, meta["namespace"],
-                names.INFERENCE_POOL_PLURAL, meta["name"], manifest, **ssa)
+            path = (f"/apis/{names.INFERENCE_POOL_GROUP}/{names.INFERENCE_POOL_VERSION}/namespaces/{meta['namespace']}"
+                    f"/{names.INFERENCE_POOL_PLURAL}/{meta['name']}")
         else:
             raise TypeError(f"no apply for a {manifest['kind']}")
+        self.wire.apply(path, manifest)
         log.info("applied %s %s/%s", manifest["kind"], meta["namespace"], meta["name"])
-        return result
+        return True
 
     def _existing_pod_is_ours(self, a: CreatePod) -> bool | None:
         """A create answered 409: the pod is there. It counts as created only if the owner we would have
         given it controls it; another's (an orphan, a deleted job's of the same name) is never ours."""
         meta = a.manifest["metadata"]
         owner = controller_ref(a.manifest)
-        existing = self.core.api_client.sanitize_for_serialization(
-            self.core.read_namespaced_pod(meta["name"], meta["namespace"]))
+        existing = self.wire.send("GET", f"/api/v1/namespaces/{meta['namespace']}/pods/{meta['name']}", answer=True)
         found = controller_ref(existing)
         if owner is not None and found is not None and found.get("uid") == owner.get("uid"):
             return True
@@ -232,17 +228,74 @@ class Kube:
         return self.events.record(a.involved, a.type, a.reason, a.message)
 
 
+MERGE_PATCH = "application/merge-patch+json"  # RFC 7386, as `flotilla.operator.view.merge_patch` shows it
+APPLY_PATCH = "application/apply-patch+yaml"  # server-side apply (a JSON body is YAML)
+
+
+class Wire:
+    """The operator's writes as requests (`flotilla.kubeapi.send`): a created pod's typed reply model cost
+    more of the operator's CPU than sending it, and nothing here reads it."""
+
+    def __init__(self, api: client.ApiClient):
+        self.api = api
+
+    def send(self, method: str, path: str, body: Any = None, *, query: list[tuple[str, str]] | None = None,
+             content_type: str = JSON, answer: bool = False, timeout: float | None = None) -> Any:
+        """One request; `answer`: returns the reply's JSON, else True. Raises ApiException for a reply
+        other than 2xx."""
+        response = send(self.api, method, path, body, query=query, content_type=content_type, timeout=timeout)
+        try:
+            data = response.data
+            return json.loads(data) if answer else True
+        finally:
+            response.release_conn()
+
+    def apply(self, path: str, manifest: dict[str, Any]) -> Any:
+        """Server-side apply, forced: this operator owns the fields it sets."""
+        return self.send("PATCH", path, manifest, query=[("fieldManager", FIELD_MANAGER), ("force", "true")],
+                         content_type=APPLY_PATCH)
+
+
+class EventsApi:
+    """The Event calls `EventRecorder` makes (CoreV1Api's names), as requests through a `Wire`."""
+
+    def __init__(self, wire: Wire):
+        self.wire = wire
+
+    def create_namespaced_event(self, namespace: str, body: dict[str, Any], _request_timeout: float | None = None,
+                                **_: Any) -> Any:
+        return self.wire.send("POST", f"/api/v1/namespaces/{namespace}/events", body, timeout=_request_timeout)
+
+    def read_namespaced_event(self, name: str, namespace: str, _request_timeout: float | None = None) -> Any:
+        event = self.wire.send("GET", f"/api/v1/namespaces/{namespace}/events/{name}", answer=True,
+                               timeout=_request_timeout)
+        return SimpleNamespace(count=event.get("count"))
+
+    def patch_namespaced_event(self, name: str, namespace: str, patch: dict[str, Any],
+                               _request_timeout: float | None = None, **_: Any) -> Any:
+        return self.wire.send("PATCH", f"/api/v1/namespaces/{namespace}/events/{name}", patch,
+                              content_type=MERGE_PATCH, timeout=_request_timeout)
+
+
+def _custom(plural: str, namespace: str) -> str:
+    return f"/apis/{GROUP}/{VERSION}/namespaces/{namespace}/{plural}"
+
+
 def inference_pools_served(api: client.ApiClient, timeout: float) -> bool:
     """The API server serves InferencePools (the Gateway API Inference Extension's CRD is installed):
     API discovery, which every authenticated client may read."""
     try:
-        found = client.CustomObjectsApi(api).get_api_resources(
-            names.INFERENCE_POOL_GROUP, names.INFERENCE_POOL_VERSION, _request_timeout=timeout)
+        response = send(api, "GET", f"/apis/{names.INFERENCE_POOL_GROUP}/{names.INFERENCE_POOL_VERSION}",
+                        timeout=timeout)
     except ApiException as e:
         if e.status == 404:
             return False
         raise
-    return any(r.name == names.INFERENCE_POOL_PLURAL for r in found.resources or [])
+    try:
+        found = json.loads(response.data)
+    finally:
+        response.release_conn()
+    return any(r.get("name") == names.INFERENCE_POOL_PLURAL for r in found.get("resources") or [])
 
 
 def _target(a: Action) -> str:
@@ -255,8 +308,6 @@ def _target(a: Action) -> str:
 
 
 def _api_message(e: ApiException) -> str:
-    import json
-
     try:
         return str(json.loads(e.body or "").get("message", ""))
     except (TypeError, ValueError):

@@ -18,7 +18,7 @@ from collections import defaultdict
 from dataclasses import dataclass, field, replace
 from typing import Any, Callable, Mapping
 
-from flotilla.allocation import JobDecision, JobState, NodeState
+from flotilla.allocation import ClusterSnapshot, JobDecision, JobState, NodeState
 from flotilla.operator import serving, training
 from flotilla.operator.pods import holds_gpus, pod_gpus, serving_key, worker_job_uid
 from flotilla.operator.serving import ServingGrant
@@ -81,9 +81,10 @@ class _PodUsage:
 
 def arbitrate(now: float, policy: PoolPolicy, jobs: Mapping[str, Body], nodes: Mapping[str, Body],
               pods: Mapping[str, Body], servings: Mapping[str, Body],
-              state_of: Callable[[Body], JobState] | None = None) -> PoolPlan:
-    """`state_of`: `training.job_state`, or a cache of it."""
-    base = training.snapshot(now, jobs.values(), nodes.values(), pods.values(), state_of=state_of)
+              state_of: Callable[[Body], JobState] | None = None, base: ClusterSnapshot | None = None) -> PoolPlan:
+    """`state_of`: `training.job_state`, or a cache of it; `base`: `training.snapshot` of the same objects,
+    when already made."""
+    base = base or training.snapshot(now, jobs.values(), nodes.values(), pods.values(), state_of=state_of)
     usage = _pod_usage(pods, servings, training.live_by_uid(jobs.values()),
                        {n.name for n in base.nodes if n.schedulable})
     states, peaks = _serving_states(servings, usage, now, policy)

@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
+import time
 from collections import defaultdict
 from dataclasses import dataclass, field, replace
-from typing import Any, Callable, Mapping
+from typing import Any, Callable, Collection, Mapping
 
 from flotilla.allocation import Allocator, ClusterSnapshot, JobDecision, JobState
 from flotilla.operator import serving, training
@@ -18,12 +19,13 @@ Body = Mapping[str, Any]
 
 
 def training_snapshot(now: float, jobs: Mapping[str, Body], nodes: Mapping[str, Body],
-                      pods: Mapping[str, Body], state_of: Callable[[Body], JobState] | None = None) -> ClusterSnapshot:
+                      pods: Mapping[str, Body], state_of: Callable[[Body], JobState] | None = None,
+                      base: ClusterSnapshot | None = None) -> ClusterSnapshot:
     """The allocator's view: GPUs held by Flotilla pods that no live job accounts for (serving
     instances, workers of a job that is gone or finished, still terminating, orphans of a deleted job
     whose name a new one took, a live job's old worker set terminating where it no longer runs) are not
-    its to give."""
-    snap = training.snapshot(now, jobs.values(), nodes.values(), pods.values(), state_of=state_of)
+    its to give. `base`: `training.snapshot` of the same objects, when already made."""
+    snap = base or training.snapshot(now, jobs.values(), nodes.values(), pods.values(), state_of=state_of)
     live = training.live_by_uid(jobs.values())
     foreign: dict[str, int] = defaultdict(int, training.held_beyond_placement(jobs.values(), pods.values()))
     for pod in pods.values():
@@ -95,75 +97,105 @@ def _plan_servings(now: float, servings: Mapping[str, Body], deployments: Mappin
 class Planner:
     """`plan` that re-plans only what changed since its last pass.
 
-    A pass is *full* (every job planned, the allocator run) on the first call, every `full_every` seconds
-    (what only time changes: a deadline's outlook, a timeout, progress mirrored into status) and whenever
-    something global changed: a node (added, lost, cordoned, its capacity or labels), a job's spec
-    (deadline, curve, elasticity: its generation), the InferencePool API. Otherwise a pass runs the
-    allocator (or the pool's arbiter) only when what it reads changed (a job's state or loans, a
-    GPU-holding pod, a ServingDeployment), else keeps its last decisions; and it plans only the jobs whose
-    object, pods, decision or loans changed, or that had actions the last time (they may not have been sent
-    yet). ServingDeployments (a handful) are planned every pass, with their Deployments. Objects are told
-    changed by identity: the view replaces an object that changed and keeps one that did not
+    A pass is *full* (every job planned, the allocator run) on the first call, whenever something global
+    changed (a node added, lost, cordoned, its capacity or labels; a job's spec: deadline, curve,
+    elasticity, its generation; the InferencePool API) and, for what only time changes (the allocator's
+    view of deadlines, a not-started job's deadline outlook), `full_every` seconds after the end of the
+    last full pass, or longer when full passes are slow: the gap is at least (1 - full_share) / full_share
+    times what the last one took, so that time-driven full passes take at most `full_share` of the
+    planner's time however many jobs there are. Otherwise a pass runs the allocator (or the pool's
+    arbiter) only when what it reads changed (a job's state or loans, a GPU-holding pod, a
+    ServingDeployment), else keeps its last decisions; and it plans only the jobs whose object, pods,
+    decision or loans changed, that had actions the last time (they may not have been sent yet) or were
+    busy (writes on their way: not planned until they are answered), or whose own timer is due
+    (`training.replan_at`: the end of a job's quiet start, a checkpoint acknowledgement's timeout).
+    ServingDeployments (a handful) are planned every pass, with their Deployments. Objects are
+    told changed by identity: the view replaces an object that changed and keeps one that did not
     (flotilla.operator.view)."""
 
     full_every: float = 10.0
+    full_share: float = 0.25
+    clock: Callable[[], float] = time.perf_counter  # times full passes (`now` is the objects' time)
     full_passes: int = 0
     full_reason: str | None = None  # why the last pass was full: first/time, nodes, spec, inference-pools
     passes: int = 0
     allocator_runs: int = 0
-    _last_full: float = float("-inf")
+    _next_full: float = float("-inf")  # when time alone makes a pass full
     _jobs: dict[str, Body] = field(default_factory=dict)
     _pods_of: dict[str, tuple[int, ...]] = field(default_factory=dict)  # job UID -> ids of its pods
     _nodes: dict[str, Body] = field(default_factory=dict)
     _inference_pools: bool | None = None
-    _states: dict[str, tuple[Body, JobState]] = field(default_factory=dict)  # key -> (body, its job_state)
+    _states: dict[str, tuple[Body, JobState, dict[str, int]]] = field(default_factory=dict)  # key -> (body,
+    # its job_state, its loans)
     _pod_prints: dict[str, tuple[Body, tuple]] = field(default_factory=dict)
     _inputs: tuple | None = None  # what the allocator read last
     _decided: tuple[Mapping[str, JobDecision], Mapping[str, Any], Mapping[str, Any]] = ({}, {}, {})
     _last_decisions: Mapping[str, JobDecision] = field(default_factory=dict)
     _last_lending: Mapping[str, Any] = field(default_factory=dict)
     _acted: set[str] = field(default_factory=set)  # job keys with actions in the last pass
+    _timers: dict[str, float] = field(default_factory=dict)  # job key -> when time alone changes its plan
 
     def plan(self, now: float, allocator: Allocator, jobs: Mapping[str, Body], nodes: Mapping[str, Body],
              pods: Mapping[str, Body], servings: Mapping[str, Body], deployments: Mapping[str, Body],
              max_restarts: int = 3, pool: PoolPolicy | None = None, inference_pools: bool = False,
-             agent_port: int = names.DEFAULT_AGENT_PORT) -> list[tuple[str, str, list[Action]]]:
-        """As `plan`, but only the objects that may have new actions (see the class)."""
+             agent_port: int = names.DEFAULT_AGENT_PORT,
+             busy: Collection[str] = ()) -> list[tuple[str, str, list[Action]]]:
+        """As `plan`, but only the objects that may have new actions (see the class). `busy`: jobs whose
+        writes are still on their way; they are not planned now (what they would do next waits for those
+        writes' answers) and are planned in the first pass after."""
+        started = self.clock()
+        # A finished job has nothing to plan and holds nothing: planning and the allocator see the live ones
+        # (at scale most jobs are finished).
+        jobs = {k: body for k, body in jobs.items() if not training.is_final(body)}
         self.full_reason = self._why_full(now, jobs, nodes, inference_pools)
         full = self.full_reason is not None
         self.passes += 1
         self._states = {k: self._states[k] for k in jobs if k in self._states and self._states[k][0] is jobs[k]}
-        snap = training_snapshot(now, jobs, nodes, pods, state_of=self._state_of)
+        base = training.snapshot(now, jobs.values(), nodes.values(), pods.values(), state_of=self._state_of)
         self._pod_prints = {k: self._pod_prints[k] if k in self._pod_prints and self._pod_prints[k][0] is p
                             else (p, _pod_print(p)) for k, p in pods.items()}
-        inputs = (snap.nodes, snap.jobs, tuple(training.lent_to(jobs[s.key]) for s in snap.jobs),
+        # What the allocator reads: the snapshot's nodes and jobs, the jobs' loans, the pods (what they add to
+        # the snapshot's foreign GPUs derives from them and the jobs), the ServingDeployments.
+        inputs = (base.nodes, base.jobs, tuple(self._states[s.key][2] for s in base.jobs),
                   {k: v[1] for k, v in self._pod_prints.items()}, tuple(servings), tuple(map(id, servings.values())))
         if full or inputs != self._inputs:
             self.allocator_runs += 1
             if pool is not None and servings:
-                shared = arbitrate(now, pool, jobs, nodes, pods, servings, state_of=self._state_of)
+                shared = arbitrate(now, pool, jobs, nodes, pods, servings, state_of=self._state_of, base=base)
                 self._decided = (shared.jobs, shared.lending, shared.serving)
             else:
-                self._decided = (allocator.decide(snap).jobs, {}, {})
+                self._decided = (allocator.decide(training_snapshot(now, jobs, nodes, pods, base=base)).jobs, {}, {})
             self._inputs = inputs
         decisions, lending, grants = self._decided
         pods_of = _pods_by_job(pods)
         ids = {uid: tuple(map(id, mine)) for uid, mine in pods_of.items()}
         out: list[tuple[str, str, list[Action]]] = []
         acted = set()
+        timers = {k: t for k, t in self._timers.items() if k in jobs}
         for key, body in jobs.items():
-            uid = body["metadata"].get("uid")
-            if not (full or self._changed(key, body, ids.get(uid, ()), decisions, lending)):
+            if key in busy:
+                acted.add(key)
                 continue
-            actions = training.plan_job(body, pods_of.get(uid, []), decisions.get(key), now, allocator.name,
+            uid = body["metadata"].get("uid")
+            if not (full or self._changed(key, body, ids.get(uid, ()), decisions, lending)
+                    or timers.get(key, now + 1) <= now):
+                continue
+            mine = pods_of.get(uid, [])
+            actions = training.plan_job(body, mine, decisions.get(key), now, allocator.name,
                                         max_restarts=max_restarts, lending=lending.get(key), agent_port=agent_port)
             if actions:
                 acted.add(key)
             out.append(("jobs", key, actions))
+            if (when := training.replan_at(body, mine)) is not None:
+                timers[key] = when
+            else:
+                timers.pop(key, None)
         out.extend(_plan_servings(now, servings, deployments, grants, inference_pools))
+        self._timers = timers
         if full:
             self.full_passes += 1
-            self._last_full = now
+            took = self.clock() - started
+            self._next_full = now + took + max(self.full_every, took * (1 - self.full_share) / self.full_share)
         self._jobs, self._pods_of, self._nodes, self._acted = dict(jobs), ids, dict(nodes), acted
         self._inference_pools = inference_pools
         self._last_decisions, self._last_lending = decisions, lending
@@ -173,7 +205,7 @@ class Planner:
                   inference_pools: bool) -> str | None:
         if not self.passes:
             return "first"
-        if now - self._last_full >= self.full_every:
+        if now >= self._next_full:
             return "time"
         if inference_pools != self._inference_pools:
             return "inference-pools"
@@ -199,7 +231,7 @@ class Planner:
         if cached is not None and cached[0] is body:
             return cached[1]
         state = training.job_state(body)
-        self._states[key] = (body, state)
+        self._states[key] = (body, state, training.lent_to(body))
         return state
 
 

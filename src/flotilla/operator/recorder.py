@@ -7,7 +7,7 @@ import threading
 import time
 from typing import Any, Callable, Mapping
 
-from kubernetes import client
+import urllib3
 from kubernetes.client.rest import ApiException
 
 from flotilla.kubeapi import as_body
@@ -22,9 +22,10 @@ class EventRecorder:
     A create answered 409 finds this component's Event from before a restart (names are deterministic)
     and continues its count; a bump answered 404 (the Event expired) creates it again. Each API call
     has a timeout; a failed one raises to the caller, which logs it (an Event is never worth a retry).
+    `core`: a CoreV1Api, or anything with its three Event calls (the operator's `kube.EventsApi`).
     """
 
-    def __init__(self, core: client.CoreV1Api, component: str, clock: Callable[[], float] = time.time,
+    def __init__(self, core: Any, component: str, clock: Callable[[], float] = time.time,
                  correlator: EventCorrelator | None = None, request_timeout: float = 10.0) -> None:
         self.core, self.clock, self.timeout = core, clock, request_timeout
         self.correlator = correlator or EventCorrelator(component)
@@ -46,8 +47,8 @@ class EventRecorder:
         log.info("event %s %s/%s: %s", reason, decision.namespace, involved.get("name"), message)
         if isinstance(decision, Create):
             try:
-                return self.core.create_namespaced_event(decision.namespace, as_body(decision.body),
-                                                         _request_timeout=self.timeout)
+                return _released(self.core.create_namespaced_event(
+                    decision.namespace, as_body(decision.body), _request_timeout=self.timeout, _preload_content=False))
             except ApiException as e:
                 if e.status != 409:
                     raise
@@ -66,7 +67,19 @@ class EventRecorder:
         body = self.correlator.body(involved, decision.key, decision.name,
                                     decision.patch.get("message", decision.key.message), now,
                                     count=decision.patch["count"])
-        return self.core.create_namespaced_event(decision.namespace, as_body(body), _request_timeout=self.timeout)
+        return _released(self.core.create_namespaced_event(decision.namespace, as_body(body),
+                                                           _request_timeout=self.timeout, _preload_content=False))
 
     def _patch(self, name: str, namespace: str, patch: dict[str, Any]) -> Any:
-        return self.core.patch_namespaced_event(name, namespace, patch, _request_timeout=self.timeout)
+        return _released(self.core.patch_namespaced_event(name, namespace, patch, _request_timeout=self.timeout,
+                                                          _preload_content=False))
+
+
+def _released(response: Any) -> Any:
+    """An answer asked for without its typed model (`_preload_content=False`: nobody reads the Event back,
+    and building the model costs more CPU than the request): read and its connection given back."""
+    if isinstance(response, urllib3.BaseHTTPResponse):
+        response.drain_conn()
+        response.release_conn()
+        return True
+    return response

@@ -18,6 +18,7 @@ from typing import Any, Callable
 from kubernetes import client
 
 from flotilla import GROUP, VERSION
+from flotilla.kubeapi import send
 from flotilla.operator.view import View
 
 log = logging.getLogger("flotilla.operator.relist")
@@ -32,38 +33,45 @@ Sources = list[tuple[str | None, Callable[..., Any]]]
 
 class Lister:
     """Lists one kind, all pages, as plain dicts (with apiVersion and kind, as watch events have them),
-    with the same namespaces and label selector as the operator's watches."""
+    with the same namespaces and label selector as the operator's watches. Requests go out as such
+    (`flotilla.kubeapi.send`), not through the client's typed API classes."""
 
     def __init__(self, api: client.ApiClient, namespaces: list[str], selector: str):
-        self.core, self.apps, self.custom = client.CoreV1Api(api), client.AppsV1Api(api), client.CustomObjectsApi(api)
-        self.namespaces, self.selector = list(namespaces), selector
+        self.api, self.namespaces, self.selector = api, list(namespaces), selector
 
     def list(self, kind: str) -> list[dict[str, Any]]:
         return [item for _, call in self.sources(kind) for item in list_pages(call)[0]]
 
     def sources(self, kind: str) -> Sources:
         """(namespace, the list call) for each namespace watched (None: all, or a cluster-scoped kind); each
-        call takes the list's or the watch's own parameters."""
+        call takes the list's or the watch's own parameters (the typed client's names: limit, _continue,
+        watch, resource_version, allow_watch_bookmarks, timeout_seconds, _request_timeout) and answers
+        the reply unread."""
         if kind == "nodes":
-            return [(None, self.core.list_node)]
+            return [(None, self._getter("/api/v1/nodes"))]
+        selector = {"label_selector": self.selector} if kind in ("pods", "deployments") else {}
+        collection = {"jobs": f"/apis/{GROUP}/{VERSION}/{{}}trainingjobs",
+                      "servings": f"/apis/{GROUP}/{VERSION}/{{}}servingdeployments",
+                      "pods": "/api/v1/{}pods", "deployments": "/apis/apps/v1/{}deployments"}.get(kind)
+        if collection is None:
+            raise ValueError(f"unknown kind {kind!r}")
+        if not self.namespaces:
+            return [(None, self._getter(collection.format(""), **selector))]
+        return [(ns, self._getter(collection.format(f"namespaces/{ns}/"), **selector)) for ns in self.namespaces]
 
-        def per_namespace(namespaced: Callable[..., Any], everywhere: Callable[..., Any], **kw: Any) -> Sources:
-            if not self.namespaces:
-                return [(None, lambda **more: everywhere(**kw, **more))]
-            return [(ns, lambda ns=ns, **more: namespaced(ns, **kw, **more)) for ns in self.namespaces]
+    def _getter(self, path: str, **fixed: Any) -> Callable[..., Any]:
+        def call(**kw: Any) -> Any:
+            timeout = kw.pop("_request_timeout", None)
+            kw.pop("_preload_content", None)
+            query = [(_QUERY[k], str(v).lower() if isinstance(v, bool) else v)
+                     for k, v in {**fixed, **kw}.items() if v is not None]
+            return send(self.api, "GET", path, query=query, timeout=timeout)
+        return call
 
-        if kind in ("jobs", "servings"):
-            plural = {"jobs": "trainingjobs", "servings": "servingdeployments"}[kind]
-            return per_namespace(lambda ns, **kw: self.custom.list_namespaced_custom_object(GROUP, VERSION, ns,
-                                                                                            plural, **kw),
-                                 lambda **kw: self.custom.list_cluster_custom_object(GROUP, VERSION, plural, **kw))
-        if kind == "pods":
-            return per_namespace(self.core.list_namespaced_pod, self.core.list_pod_for_all_namespaces,
-                                 label_selector=self.selector)
-        if kind == "deployments":
-            return per_namespace(self.apps.list_namespaced_deployment, self.apps.list_deployment_for_all_namespaces,
-                                 label_selector=self.selector)
-        raise ValueError(f"unknown kind {kind!r}")
+
+_QUERY = {"limit": "limit", "_continue": "continue", "label_selector": "labelSelector", "watch": "watch",
+          "resource_version": "resourceVersion", "allow_watch_bookmarks": "allowWatchBookmarks",
+          "timeout_seconds": "timeoutSeconds"}
 
 
 def list_pages(call: Callable[..., Any]) -> tuple[list[dict[str, Any]], str]:

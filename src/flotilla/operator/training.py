@@ -49,6 +49,7 @@ UNHEALTHY_TOLERATION_SECONDS = 600
 # Admitted to Succeeded in one write, its startedAt taken from its pods).
 PROGRESS_EVERY_SECONDS = 60.0
 QUIET_SECONDS = 10.0
+ACK_TIMEOUT_SECONDS = 120.0  # rank 0's time to acknowledge a checkpoint request before the workers are replaced
 
 
 def key_of(body: Body) -> str:
@@ -486,7 +487,7 @@ class _Plan:
 
 
 def plan_job(body: Body, pods: Iterable[Body], decision: JobDecision | None, now: float,
-             policy: str, ack_timeout: float = 120.0, max_restarts: int = 3,
+             policy: str, ack_timeout: float = ACK_TIMEOUT_SECONDS, max_restarts: int = 3,
              lending: Mapping[str, int] | None = None,
              agent_port: int = names.DEFAULT_AGENT_PORT) -> list[Action]:
     """Actions that bring one TrainingJob's pods and status in line with the decision.
@@ -781,3 +782,25 @@ def _mirror_progress(plan: _Plan) -> None:
     plan.patch["progress"] = progress
     if checkpointed:
         plan.checkpoint(step=int(progress["checkpointStep"]), time=progress.get("updatedAt"))
+
+
+def replan_at(body: Body, pods: Iterable[Body]) -> float | None:
+    """When time alone next changes what `plan_job` does for this job (its objects unchanged), None if
+    only news does: the end of a job's quiet start (Pending written, or its workers recorded Running)
+    and the checkpoint acknowledgement's timeout. (The deadline outlook of a job not started yet also
+    moves with time: it is refreshed by the planner's full passes.)"""
+    if is_final(body):
+        return None
+    status, meta = body.get("status") or {}, body["metadata"]
+    if not status.get("phase"):
+        return to_unix(meta["creationTimestamp"]) + QUIET_SECONDS
+    ckpt = status.get("checkpoint") or {}
+    if int(ckpt.get("requestedGeneration", 0)) > int(ckpt.get("generation", 0)) and ckpt.get("requestedAt"):
+        return to_unix(ckpt["requestedAt"]) + ACK_TIMEOUT_SECONDS
+    if status.get("phase") != phases.RUNNING:
+        generation = str(status.get("reshards", 0))
+        mine = [p for p in pods if p["metadata"]["labels"].get(names.LABEL_GENERATION) == generation]
+        if mine and all((p.get("status") or {}).get("phase") == "Running" for p in mine):
+            started = workers_started(mine)
+            return None if started is None else started + QUIET_SECONDS
+    return None

@@ -4,13 +4,13 @@ kopf took every watch event through its handler machinery (a per-object memory, 
 for its diff base, progress storage, loggers) although the operator only records the object: at 1,000 jobs
 that was most of the operator's CPU. Here an event costs a JSON parse and `View.record` on the event loop.
 
-Each (kind, namespace) is watched in a thread of its own with the blocking client the lists use. A watch
-the server ends (`WATCH_SECONDS`) or that breaks (a dropped connection, an API server restart) resumes from
-the last resourceVersion it saw, so no event is missed, deletions included. When the server no longer has
-that version (410 Gone: compacted, or its watch cache restarted) the kind is listed afresh and the view is
-reconciled with the list (`View.relisted` drops what the list lacks: objects deleted during the gap), then
-watched from the list's version. Every request has a timeout: a list the API timeout, a watch's read the
-server's timeout plus the API timeout.
+Each (kind, namespace) is watched in a thread of its own with the blocking client the lists use; its events
+reach the loop in batches. A watch the server ends (`WATCH_SECONDS`) or that breaks (a dropped connection,
+an API server restart) resumes from the last resourceVersion it saw, so no event is missed, deletions
+included. When the server no longer has that version (410 Gone: compacted, or its watch cache restarted)
+the kind is listed afresh and the view is reconciled with the list (`View.relisted` drops what the list
+lacks: objects deleted during the gap), then watched from the list's version. Every request has a timeout:
+a list the API timeout, a watch's read the server's timeout plus the API timeout.
 """
 
 from __future__ import annotations
@@ -45,6 +45,9 @@ class Informer:
         self.synced = asyncio.Event()  # set on the loop once the first list is in the view
         self.stopped = threading.Event()
         self.events = self.lists = 0
+        self._lock = threading.Lock()
+        self._queue: list[tuple[Callable[..., Any], tuple[Any, ...]]] = []  # calls for the loop, in order
+        self._scheduled = False  # a `_drain` is on its way to the loop
         self._thread = threading.Thread(target=self._run, name=f"watch-{kind}-{namespace or 'all'}", daemon=True)
 
     def start(self) -> None:
@@ -116,7 +119,20 @@ class Informer:
             response.release_conn()
 
     def _on_loop(self, fn: Callable[..., Any], *args: Any) -> None:
-        self.loop.call_soon_threadsafe(fn, *args)
+        """Run `fn(*args)` on the event loop, in order. Calls are handed over in batches: waking the loop
+        once per event (a write to its self-pipe, a turn of its selector) cost more than taking the event."""
+        with self._lock:
+            self._queue.append((fn, args))
+            if self._scheduled:
+                return
+            self._scheduled = True
+        self.loop.call_soon_threadsafe(self._drain)
+
+    def _drain(self) -> None:
+        with self._lock:
+            batch, self._queue, self._scheduled = self._queue, [], False
+        for fn, args in batch:
+            fn(*args)
 
     def _where(self) -> str:
         return f" in {self.namespace}" if self.namespace else ""
