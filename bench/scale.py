@@ -3,9 +3,10 @@
   python bench/scale.py [--quick] [--nodes N] [--jobs M] [--rate R] [--keep-cluster]
 
 Brings up (or reuses) the local control plane of e2e/cluster.sh with N KWOK nodes x 8 GPUs. Without --rate, a
-short ramp on the direct path finds the highest rate (jobs/s, doubling from 10) at which its submission-to-Running
-p99 stays within --target-p99; then two phases run on the same cluster at that rate, one after the other, with
-the same client and the same job mix:
+ramp on the direct path finds the highest rate (jobs/s, halving from 160) at which its submission-to-Running p99
+stays within --target-p99, each trial lasting until its jobs would fill the cluster; then two phases run on the
+same cluster at that rate, one after the other (the first one's pods deleted in between), with the same client
+and the same job mix:
 
 * direct: each job's worker pods are created as bare pods (no Flotilla) and placed by kube-scheduler;
   KWOK ends each pod after the job's duration (annotation flotilla.dev/sim-exit-after);
@@ -745,10 +746,8 @@ def beyond_target(seen: dict[str, Seen], now: float, target: float) -> int:
     out = 0
     for pods in last_worker_sets(seen.values()).values():
         start = min(p.first for p in pods)
-        if any(p.running is None for p in pods):
-            out += now - start > target
-        else:
-            out += max(p.running for p in pods) - start > target  # type: ignore[type-var]
+        started = [p.running for p in pods if p.running is not None]
+        out += (max(started) if len(started) == len(pods) else now) - start > target
     return out
 
 
