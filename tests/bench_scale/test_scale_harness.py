@@ -49,3 +49,17 @@ def test_pod_status_writes_are_counted_per_pod_by_writer(tmp_path):
              event("patch", "p1", "status", sched), event("patch", "p9", "status", ns="other")]
     (logs / "audit.log").write_text("\n".join(lines) + "\n")
     assert scale.pod_status_writers(tmp_path, "ns1") == {"kube-scheduler/scheduler": 0.5, "kwok": 2.0}
+
+
+def test_a_ramp_trial_lasts_until_its_jobs_would_fill_the_cluster():
+    # 8,000 GPUs, 2.5 GPUs a job: 40 jobs/s ask for 100 GPUs a second, 80 s to ask for all of them.
+    assert scale.trial_seconds(40.0, 2.5, 8000, 12.0) == 80.0
+    assert scale.trial_seconds(160.0, 2.5, 800, 12.0) == 12.0  # never shorter than the floor
+
+
+def test_jobs_past_the_target_count_those_still_waiting():
+    seen = {"a-w0": _pod("a", 0, 10.0, 10.5),  # 0.5 s
+            "b-w0": _pod("b", 0, 10.0, 14.0),  # 4 s: past a 3 s target
+            "c-w0": _pod("c", 0, 11.0, None),  # waiting for 9 s at t=20
+            "d-w0": _pod("d", 0, 19.0, None)}  # waiting for 1 s
+    assert scale.beyond_target(seen, 20.0, 3.0) == 2

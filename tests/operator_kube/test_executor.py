@@ -82,3 +82,22 @@ def test_the_operator_refuses_a_bad_knob_naming_it(flag, value):
     operator.add_arguments(parser)
     with pytest.raises(SystemExit, match=f"^{flag} must be at least"):
         operator.run(parser.parse_args([flag, value]))
+
+
+def test_a_chain_deletes_its_old_pods_before_it_creates_new_ones():
+    # An operator killed between the two must not leave two worker sets running side by side.
+    kube = Kube(client.ApiClient(), concurrency=4)
+    calls = []
+
+    async def slow_delete_first(a):
+        if isinstance(a, DeletePod):
+            await asyncio.sleep(0.05)  # the delete answers late: the create must still wait for it
+        calls.append(a.name if isinstance(a, (PatchStatus, DeletePod)) else getattr(a, "manifest", {"metadata": {
+            "name": type(a).__name__}})["metadata"]["name"])
+        return {"ok": True}
+
+    kube._run = slow_delete_first
+    actions = [patch("a"), create("a-g1-w0"), DeletePod("ns", "a-g0-w0"), EVENT]
+    done = asyncio.run(kube.apply(actions))
+    assert calls.index("a") < calls.index("a-g0-w0") < calls.index("a-g1-w0")
+    assert calls.index("a-g0-w0") < calls.index("PostEvent") and len(done) == 4

@@ -103,7 +103,8 @@ class Kube:
 
     async def apply(self, actions: list[Action]) -> list[tuple[Action, Any]]:
         """Runs different objects' chains concurrently; within a chain, the status and annotation
-        patches first, in order (they record intent before pods follow), then the rest concurrently.
+        patches first, in order (they record intent before pods follow), then its pod deletions, then the
+        rest concurrently.
         A chain whose patch failed stops there. Returns (action, result) for the actions that succeeded."""
         done = await asyncio.gather(*(self._chain(c) for c in chains(actions)))
         return [pair for chain in done for pair in chain]
@@ -117,8 +118,12 @@ class Kube:
                     return done
                 done.append((a, result))
         rest = [a for a in actions if not isinstance(a, ORDERED)]
-        results = await asyncio.gather(*(self._run(a) for a in rest))
-        done.extend((a, r) for a, r in zip(rest, results) if r is not None)
+        # Pods to delete go before pods to create: a worker set's old pods are asked to go before its new ones
+        # exist, so that an operator killed in between never leaves two generations running side by side.
+        deletes = [a for a in rest if isinstance(a, DeletePod)]
+        for batch in (deletes, [a for a in rest if not isinstance(a, DeletePod)]):
+            results = await asyncio.gather(*(self._run(a) for a in batch))
+            done.extend((a, r) for a, r in zip(batch, results) if r is not None)
         return done
 
     async def _run(self, action: Action) -> Any:
