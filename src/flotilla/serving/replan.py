@@ -162,14 +162,13 @@ class Replanner:
         recent = list(windows)[-self.policy.trend_windows:]
         if len(recent) < 3:
             return 0.0
-        spans = [self._span(recent, i) for i in range(len(recent))]
+        variances = [self._variance(recent, i) for i in range(len(recent))]
         t_mean = sum(w.time for w in recent) / len(recent)
         r_mean = sum(w.requests_per_second for w in recent) / len(recent)
         spread = sum((w.time - t_mean) ** 2 for w in recent)
         if spread <= 0:
             return 0.0
         slope = sum((w.time - t_mean) * (w.requests_per_second - r_mean) for w in recent) / spread
-        variances = [max(w.requests_per_second / span, 1.0 / span ** 2) for w, span in zip(recent, spans)]
         slope_sd = math.sqrt(sum((w.time - t_mean) ** 2 * v for w, v in zip(recent, variances))) / spread
         misfit = sum((w.requests_per_second - r_mean - slope * (w.time - t_mean)) ** 2 / v
                      for w, v in zip(recent, variances))
@@ -183,10 +182,26 @@ class Replanner:
         return (1 - self.template.slo.attainment) / 2
 
     def _planned_rate(self, windows: Sequence[ObservedWindow], missed: bool = False) -> float:
-        """The latest rate, plus its rise over the reaction time, plus the Poisson margin."""
-        rate = windows[-1].requests_per_second + self._rise(windows, missed)
-        return provisioned_rate(rate, self._span(windows), self.template.slo.attainment,
-                                windows[-1].requests_per_second)
+        """The rate to provision for: the current level, plus its rise over the reaction time, plus z
+        standard deviations of the level's estimate. The level pools the last `trend_windows` windows when
+        they fit one rate within their Poisson noise (one short window is noisy, several that agree are
+        not); otherwise it is the latest window's own rate (the load has moved)."""
+        recent = list(windows)[-self.policy.trend_windows:]
+        variances = [self._variance(recent, i) for i in range(len(recent))]
+        level, variance = recent[-1].requests_per_second, variances[-1]
+        if len(recent) >= 2:
+            weights = [1 / v for v in variances]
+            pooled = sum(w.requests_per_second * wt for w, wt in zip(recent, weights)) / sum(weights)
+            misfit = sum((w.requests_per_second - pooled) ** 2 * wt for w, wt in zip(recent, weights))
+            if misfit <= _chi_square_quantile(len(recent) - 1, 1 - self._miss_budget()):
+                level, variance = pooled, 1 / sum(weights)
+        z = NormalDist().inv_cdf(1 - self._miss_budget())
+        return level + self._rise(windows, missed) + z * math.sqrt(variance)
+
+    def _variance(self, windows: Sequence[ObservedWindow], i: int) -> float:
+        """The Poisson variance of window i's rate (at least that of one request in its span)."""
+        span = self._span(windows, i)
+        return max(windows[i].requests_per_second / span, 1.0 / span ** 2)
 
     def _capacities(self, windows: Sequence[ObservedWindow]) -> InstanceCapacities:
         t = self.template
@@ -238,13 +253,11 @@ class Replanner:
         return ReplanDecision(self.current, reason)
 
 
-def provisioned_rate(rate: float, window_s: float, attainment: float, observed: float | None = None) -> float:
-    """`rate` plus the upper quantile of a rate observed over `window_s` seconds: z Poisson standard
-    deviations of the `observed` rate (`rate` if not given), z leaving the capacity short no more often
-    than half the SLO's miss budget."""
+def provisioned_rate(rate: float, window_s: float, attainment: float) -> float:
+    """The upper quantile of a rate observed as `rate` over `window_s` seconds: z Poisson standard
+    deviations above it, z leaving the capacity short no more often than half the SLO's miss budget."""
     z = NormalDist().inv_cdf(1 - (1 - attainment) / 2)
-    observed = rate if observed is None else observed
-    return rate + z * math.sqrt(max(observed, 0.0) / max(window_s, 1e-9))
+    return rate + z * math.sqrt(max(rate, 0.0) / max(window_s, 1e-9))
 
 
 def _chi_square_quantile(df: int, p: float) -> float:
