@@ -48,18 +48,23 @@ def test_poisson_noise_changes_nothing(rate, seed):
     assert replanner.current is start
 
 
-def test_a_steady_rise_is_extrapolated_over_the_reaction_time_and_a_jump_is_not():
-    rising, jumped = make_replanner(10.0), make_replanner(10.0)
-    rates = [10.0, 13.0, 16.0, 19.0, 22.0]  # +0.1 req/s per second, far above a 30-s window's noise
-    for i, rate in enumerate(rates[:-1]):
+def test_windows_that_agree_are_pooled_and_a_rise_counts_once_the_slo_is_missed():
+    steady, rising, jumped = make_replanner(10.0), make_replanner(10.0), make_replanner(10.0)
+    for i, rate in enumerate([10.0, 13.0, 16.0, 19.0, 22.0]):  # +0.1 req/s per second, far above the noise
+        steady._windows.append(window((i + 1) * INTERVAL, 22.0))
         rising._windows.append(window((i + 1) * INTERVAL, rate))
-        jumped._windows.append(window((i + 1) * INTERVAL, 10.0))
-    rising._windows.append(window(5 * INTERVAL, 22.0))
-    jumped._windows.append(window(5 * INTERVAL, 22.0))
-    margin = provisioned_rate(22.0, INTERVAL, 0.9) - 22.0
-    # the next window and an instance start (30 + 30 s) at 0.1 req/s/s, less z standard errors of the slope
-    assert 22.0 + margin + 3.0 < rising._planned_rate(rising._windows) < 22.0 + margin + 6.0
-    assert jumped._planned_rate(jumped._windows) == pytest.approx(22.0 + margin)
+        jumped._windows.append(window((i + 1) * INTERVAL, 22.0 if i == 4 else 10.0))
+    one = provisioned_rate(22.0, INTERVAL, 0.9) - 22.0  # one 30-s window's margin
+    # four windows that agree: the margin of 120 s of arrivals, half of one window's
+    assert steady._estimate(steady._windows) == pytest.approx((22.0, one / 2))
+    # a jump or a rise is a new level: the latest window alone
+    assert jumped._estimate(jumped._windows) == pytest.approx((22.0, one))
+    assert rising._estimate(rising._windows) == pytest.approx((22.0, one))
+    # once the SLO is missed, the rise is extrapolated over the next window and an instance start (60 s,
+    # within the 90 s the windows reach back), less z standard errors of the slope
+    level, _ = rising._estimate(rising._windows, missed=True)
+    assert 22.0 + 3.0 < level < 22.0 + 6.0
+    assert jumped._estimate(jumped._windows, missed=True)[0] > 22.0
 
 
 def test_rate_tripling_scales_up_at_the_next_window_and_back_down_once():

@@ -1,22 +1,20 @@
 """Re-planning from observed load, with hysteresis.
 
 Every planner interval the controller hands the Replanner one `ObservedWindow`. Capacity is planned
-for an upper quantile of the arrival rate over the reaction time, not for the rate times a fixed
-headroom: a window of T seconds at rate r estimates the rate within a Poisson standard deviation
-sqrt(r/T), and a plan changed now takes effect only after the next window and an instance start
-(`reaction = T + instance_start_s`), so a rising rate is extrapolated over that time (the least-squares
-slope of the last `trend_windows` windows, never below zero). The quantile's z leaves the capacity short
-no more often than half the SLO's miss budget, (1 - attainment) / 2: z = 1.645 at attainment 0.9.
-The rules:
+for an upper quantile of the arrival rate, not for the rate times a fixed headroom: a window of T seconds
+at rate r estimates the rate within a Poisson standard deviation sqrt(r/T) (windows that agree are
+pooled), and the margin is z of those deviations, z leaving the capacity short no more often than half
+the SLO's miss budget, (1 - attainment) / 2: z = 1.645 at attainment 0.9. The rules:
 
-* Scale up at once when the planned rate (rate + rise over the reaction time + z sqrt(rate/T)) exceeds
-  the current plan's capacity, or when the window missed the SLO attainment target (then to at least the
-  capacity plus the same margin). The new plan is sized for the planned rate.
-* Scale down only when the current plan has held for `scale_down_delay_s` and a smaller plan fits the
-  busiest window of the last `peak_memory_s` seconds (with its margin; 300 s, as Kubernetes' HPA
-  stabilises scale-downs, so recurring bursts keep their capacity), and only when the GPU-seconds saved
-  over `benefit_horizon_s` exceed the cost of the change (GPUs of instances started or stopped, times
-  `change_cost_s` each). So noise within the margin changes nothing, and a dip must last.
+* Scale up at once when the estimated rate exceeds the current plan's capacity, or when the window
+  missed the SLO attainment target (then also by the rate's rise over the reaction time, the next window
+  plus `instance_start_s`, and to at least the capacity plus its margin). The new plan is sized for the
+  estimate plus its margin, so the margin is also the hysteresis: noise within it changes nothing.
+* Scale down only when the current plan has held for `scale_down_delay_s` and a smaller plan fits every
+  window of the last `peak_memory_s` seconds with its margin (300 s, as Kubernetes' HPA stabilises
+  scale-downs, so recurring bursts keep their capacity), and only when the GPU-seconds saved over
+  `benefit_horizon_s` exceed the cost of the change (GPUs of instances started or stopped, times
+  `change_cost_s` each). So a dip must last.
 * A different layout (another GPUs-per-instance, colocated <-> disaggregated) replaces more
   instances than growing or shrinking the current one, so it is chosen only when its GPU saving over
   `benefit_horizon_s` exceeds the extra change cost; otherwise the current layout is resized.
@@ -108,14 +106,15 @@ class Replanner:
                   and window.time - self._since >= policy.settle_s)
 
         windows = list(self._windows)
-        planned = self._planned_rate(windows, missed)
-        if planned > capacity or missed:
+        estimate, margin = self._estimate(windows, missed)
+        planned = estimate + margin
+        if estimate > capacity or missed:
             attainment = self.template.slo.attainment
             target = max(planned, provisioned_rate(capacity, self._span(windows), attainment) if missed else 0.0)
             candidate = self._plan(caps, target)
             if candidate.shape() != self.current.shape() and plan_capacity(candidate, caps) > capacity:
                 why = (f"attainment {window.attainment:.3f} below target {self.template.slo.attainment}"
-                       if missed else f"rate {rate:.2f} req/s plans for {planned:.2f}, over {capacity:.2f}")
+                       if missed else f"rate {estimate:.2f} req/s over {capacity:.2f}; plans for {planned:.2f}")
                 return self._adopt(candidate, window, f"scale up: {why}; {candidate.reason}")
             return ReplanDecision(None, f"keep: {self.current.describe()} is the best the budget allows")
 
@@ -138,7 +137,7 @@ class Replanner:
         """Whether `window` calls for a scale-up by rate (observe's first rule), without observing it: a
         caller that observes at an interval can observe such a window at once instead of at its next pass."""
         windows = [*self._windows, window]
-        return self._planned_rate(windows) > plan_capacity(self.current, self._capacities(windows))
+        return self._estimate(windows)[0] > plan_capacity(self.current, self._capacities(windows))
 
     def _gap(self, windows: Sequence[ObservedWindow], i: int = -1) -> float:
         """Time between window i and the one before it (the policy's window length for the first)."""
@@ -152,13 +151,11 @@ class Replanner:
         given = windows[i].seconds
         return given if given is not None and given > 0 else self._gap(windows, i)
 
-    def _rise(self, windows: Sequence[ObservedWindow], missed: bool = False) -> float:
+    def _rise(self, windows: Sequence[ObservedWindow]) -> float:
         """How much the rate may climb before a change made now takes effect: the least-squares slope of
         the last `trend_windows` windows, less z standard errors (the rise their Poisson noise cannot
-        explain), over the next window and an instance start. Only a trend they fit within that noise is
-        extrapolated: a jump (a burst, a step) is a new level, not a slope that goes
-        on — unless the window already missed the SLO, when under-provisioning is no longer a risk but
-        a fact."""
+        explain), over the next window and an instance start, but no further ahead than the windows
+        reach back."""
         recent = list(windows)[-self.policy.trend_windows:]
         if len(recent) < 3:
             return 0.0
@@ -170,22 +167,20 @@ class Replanner:
             return 0.0
         slope = sum((w.time - t_mean) * (w.requests_per_second - r_mean) for w in recent) / spread
         slope_sd = math.sqrt(sum((w.time - t_mean) ** 2 * v for w, v in zip(recent, variances))) / spread
-        misfit = sum((w.requests_per_second - r_mean - slope * (w.time - t_mean)) ** 2 / v
-                     for w, v in zip(recent, variances))
-        z = NormalDist().inv_cdf(1 - self._miss_budget())
-        confident = slope - z * slope_sd  # the rise the windows' noise cannot explain
-        if confident <= 0 or (not missed and misfit > _chi_square_quantile(len(recent) - 2, 1 - self._miss_budget())):
-            return 0.0
-        return confident * (self._gap(windows) + self.policy.instance_start_s)
+        confident = slope - NormalDist().inv_cdf(1 - self._miss_budget()) * slope_sd
+        reaction = self._gap(windows) + self.policy.instance_start_s
+        return max(confident, 0.0) * min(reaction, recent[-1].time - recent[0].time)
 
     def _miss_budget(self) -> float:
         return (1 - self.template.slo.attainment) / 2
 
-    def _planned_rate(self, windows: Sequence[ObservedWindow], missed: bool = False) -> float:
-        """The rate to provision for: the current level, plus its rise over the reaction time, plus z
-        standard deviations of the level's estimate. The level pools the last `trend_windows` windows when
-        they fit one rate within their Poisson noise (one short window is noisy, several that agree are
-        not); otherwise it is the latest window's own rate (the load has moved)."""
+    def _estimate(self, windows: Sequence[ObservedWindow], missed: bool = False) -> tuple[float, float]:
+        """The rate now and the margin to provision above it (z standard deviations of the estimate). The
+        rate pools the last `trend_windows` windows when they fit one rate within their Poisson noise (one
+        short window is noisy, several that agree are not); otherwise it is the latest window's own
+        (the load has moved). When the window missed the SLO, the rate's rise over the reaction time is
+        added: before that, the windows of a load that has just started or stepped look like a slope
+        that will not go on."""
         recent = list(windows)[-self.policy.trend_windows:]
         variances = [self._variance(recent, i) for i in range(len(recent))]
         level, variance = recent[-1].requests_per_second, variances[-1]
@@ -196,7 +191,7 @@ class Replanner:
             if misfit <= _chi_square_quantile(len(recent) - 1, 1 - self._miss_budget()):
                 level, variance = pooled, 1 / sum(weights)
         z = NormalDist().inv_cdf(1 - self._miss_budget())
-        return level + self._rise(windows, missed) + z * math.sqrt(variance)
+        return level + (self._rise(windows) if missed else 0.0), z * math.sqrt(variance)
 
     def _variance(self, windows: Sequence[ObservedWindow], i: int) -> float:
         """The Poisson variance of window i's rate (at least that of one request in its span)."""

@@ -27,11 +27,11 @@ _SOURCE = ("DistServe simulator A100-80GB fits (LLMServe/DistServe simdistserve/
 OPT_13B_A100 = Profile(
     name="opt-13b-a100",
     provenance=_SOURCE,
-    # bench/serving_model.py against the engine double, chat lengths, the worse of TTFT 400 / TPOT 60 ms
-    # and TTFT 200 / TPOT 100 ms at 0.9 (docs/serving.md has the table)
-    prediction_errors=(("prefill", 1, 0.085), ("prefill", 2, 0.096), ("prefill", 4, 0.133),
-                       ("decode", 1, -0.027), ("decode", 2, -0.088), ("decode", 4, -0.058),
-                       ("colocated", 1, -0.027), ("colocated", 2, -0.037), ("colocated", 4, 0.016)),
+    # bench/serving_model.py against the engine double, chat lengths, mean of four request samples, the
+    # worse of TTFT 400 / TPOT 60 ms and TTFT 200 / TPOT 100 ms at 0.9 (docs/serving.md has the table)
+    prediction_errors=(("prefill", 1, -0.076), ("prefill", 2, -0.054), ("prefill", 4, 0.053),
+                       ("decode", 1, -0.057), ("decode", 2, -0.102), ("decode", 4, -0.052),
+                       ("colocated", 1, 0.047), ("colocated", 2, -0.09), ("colocated", 4, -0.039)),
     prefill=(
         PrefillFit(gpus=1, constant_ms=18.10254647486372, per_token_ms=0.1019122572698738,
                    per_token_squared_ms=7.122264314252114e-06),
