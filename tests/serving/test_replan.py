@@ -99,12 +99,12 @@ def test_a_dip_shorter_than_the_delay_keeps_the_plan():
         assert replanner.observe(window(t, rate)).plan is None
 
 
-def test_bursts_recurring_within_the_peak_memory_keep_their_capacity():
+def test_recurring_bursts_keep_their_capacity():
     replanner = make_replanner(10.0)
-    assert POLICY.peak_memory_s == 300.0
+    assert POLICY.peak_memory_s == 1800.0
     t, changes = 0.0, []
-    for _ in range(10):  # a 1-minute burst at 3x every 4 minutes
-        for rate in [30.0] * 2 + [10.0] * 6:
+    for _ in range(6):  # a 3-minute burst at 3x every 15 minutes
+        for rate in [30.0] * 6 + [10.0] * 24:
             t += INTERVAL
             decision = replanner.observe(window(t, rate))
             if decision.plan is not None:

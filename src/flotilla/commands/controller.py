@@ -59,8 +59,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "two scrapes make a window for the re-planner; 0: do not scrape (default 15)")
     parser.add_argument("--scale-down-after", type=float, default=300.0, metavar="SECONDS",
                         help="a serving plan must hold this long before a smaller one replaces it (default 300)")
-    parser.add_argument("--peak-memory", type=float, default=300.0, metavar="SECONDS",
-                        help="a smaller serving plan must fit the highest rate seen this long (default 300)")
+    parser.add_argument("--peak-memory", type=float, default=1800.0, metavar="SECONDS",
+                        help="a smaller serving plan must fit the highest rate seen this long (default 1800)")
     parser.add_argument("--instance-start", type=float, default=30.0, metavar="SECONDS",
                         help="how long a new serving instance takes to serve: the planner provisions for the "
                              "rate's rise over the next window and this (default 30)")

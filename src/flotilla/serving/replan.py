@@ -11,10 +11,10 @@ the SLO's miss budget, (1 - attainment) / 2: z = 1.645 at attainment 0.9. The ru
   plus `instance_start_s`, and to at least the capacity plus its margin). The new plan is sized for the
   estimate plus its margin, so the margin is also the hysteresis: noise within it changes nothing.
 * Scale down only when the current plan has held for `scale_down_delay_s` and a smaller plan fits every
-  window of the last `peak_memory_s` seconds with its margin (300 s, as Kubernetes' HPA stabilises
-  scale-downs, so recurring bursts keep their capacity), and only when the GPU-seconds saved over
-  `benefit_horizon_s` exceed the cost of the change (GPUs of instances started or stopped, times
-  `change_cost_s` each). So a dip must last.
+  window of the last `peak_memory_s` seconds with its margin (1800 s: bursts that recur within half an
+  hour keep their capacity; Kubernetes' HPA's 300 s forgot 15-minute bursts and missed their SLO), and
+  only when the GPU-seconds saved over `benefit_horizon_s` exceed the cost of the change (GPUs of
+  instances started or stopped, times `change_cost_s` each). So a dip must last.
 * A different layout (another GPUs-per-instance, colocated <-> disaggregated) replaces more
   instances than growing or shrinking the current one, so it is chosen only when its GPU saving over
   `benefit_horizon_s` exceeds the extra change cost; otherwise the current layout is resized.
@@ -61,7 +61,7 @@ class ReplanPolicy:
     window_s: float = 30.0  # window length assumed before two windows have been seen (spec.planner.intervalSeconds)
     trend_windows: int = 4  # windows the rising trend is fitted over
     scale_down_delay_s: float = 300.0
-    peak_memory_s: float = 300.0
+    peak_memory_s: float = 1800.0
     change_cost_s: float = 60.0  # GPU-seconds lost per GPU of an instance started or stopped
     benefit_horizon_s: float = 600.0
     min_requests_for_attainment: int = 50  # fewer samples say nothing about attainment
