@@ -28,7 +28,8 @@ The second column says how much of the disagreement those two explain; nothing i
 fitted to either. A third variant (`our_fits`) also prices prefill batches with the fit our profile
 ships: DistServe's repository "realigned" its OPT prefill fits in May 2024 (commit 4c68ed9: the factor
 1.1 its estimator applied moved into the JSON, and a 1-ms per-batch constant stayed in
-`get_prefill_time`), while our profile and the engine double carry the fit as first published.
+`get_prefill_time`); the engine double carries the fit as first published, and so did our profile
+until it took the realigned one (docs/serving.md, "Which prefill fit").
 """
 
 from __future__ import annotations
@@ -49,6 +50,7 @@ from flotilla.serving.shipped_profiles import OPT_13B_A100  # noqa: E402
 from flotilla.serving.validation import PREDICTION_TOLERANCE  # noqa: E402
 from flotilla.serving.workload import SLO, Workload  # noqa: E402
 from flotilla.sim.serving_trace import generate  # noqa: E402
+from flotilla.testing.engine import OPT_13B_A100 as ENGINE_OPT_13B_A100  # noqa: E402
 
 
 def distserve_misses(role: str, gpus: int, unit: np.ndarray, prompts: np.ndarray, outputs: np.ndarray,
@@ -92,8 +94,9 @@ def distserve_misses(role: str, gpus: int, unit: np.ndarray, prompts: np.ndarray
 
 def as_vllm(ray_overhead: bool, decode_cap: bool, realigned_prefill: bool = True) -> None:
     """Turn DistServe's Ray overhead, decode-batch token cap and realigned prefill fit on or off (in this
-    process only). Without the realigned fit a prefill batch is priced with the fit our profile ships, and
-    without the 1-ms per-batch pipeline constant `get_prefill_time` adds."""
+    process only). Without the realigned fit a prefill batch is priced with the fit as first published (what
+    the engine double prices with; our profile shipped it until it took the realigned one), and without the
+    1-ms per-batch pipeline constant `get_prefill_time` adds."""
     from simdistserve.base import worker
 
     original = getattr(worker.Worker, "_flotilla_original", None)
@@ -104,9 +107,9 @@ def as_vllm(ray_overhead: bool, decode_cap: bool, realigned_prefill: bool = True
 
     def shipped_prefill_time(num_tokens=None, pp=1, bs=1, decode_bs=0, model_type=None, TP=1,  # noqa: N803
                              prefill_len_list=None, engine_type="distserve", **kw) -> float:
-        fit = OPT_13B_A100.prefill_fit(TP)
+        a, b, c = ENGINE_OPT_13B_A100.fits[TP].prefill  # the fit as first published, as the engine double prices
         lengths = prefill_len_list or []
-        return fit.constant_ms + fit.per_token_ms * sum(lengths) + fit.per_token_squared_ms * sum(x * x for x in lengths)
+        return a + b * sum(lengths) + c * sum(x * x for x in lengths)
 
     worker.get_prefill_time = original[2] if realigned_prefill else shipped_prefill_time
 

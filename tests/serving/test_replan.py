@@ -1,16 +1,15 @@
 """Re-planning: scale up fast, down slowly, never flap on noise."""
 
-import random
-
+import numpy as np
 import pytest
 
 from flotilla.serving.planner import PlanRequest
-from flotilla.serving.replan import ObservedWindow, ReplanPolicy, Replanner
+from flotilla.serving.replan import ObservedWindow, ReplanPolicy, Replanner, provisioned_rate
 from flotilla.serving.shipped_profiles import OPT_13B_A100
 from flotilla.serving.workload import SLO, Workload
 
 SLO_ = SLO(400.0, 60.0, 0.9)
-POLICY = ReplanPolicy(headroom=0.3, scale_down_delay_s=300.0)
+POLICY = ReplanPolicy(scale_down_delay_s=300.0)
 INTERVAL = 30.0
 
 
@@ -19,10 +18,17 @@ def make_replanner(rate: float, max_gpus: int = 64) -> Replanner:
                                        max_gpus=max_gpus), POLICY)
 
 
-def test_start_plans_for_the_rate_with_headroom():
+def test_start_plans_for_the_rate_with_its_poisson_margin():
     replanner = make_replanner(10.0)
-    assert replanner.current.offered_rate == pytest.approx(13.0)
-    assert replanner.current.predicted_goodput >= 13.0
+    # z = 1.645 leaves half of attainment 0.9's miss budget; a 30-s window at 10 req/s: sd sqrt(10/30)
+    assert replanner.current.offered_rate == pytest.approx(10.0 + 1.6449 * (10.0 / 30.0) ** 0.5, rel=1e-4)
+    assert replanner.current.predicted_goodput >= replanner.current.offered_rate
+
+
+def test_the_margin_shrinks_relative_to_the_rate_as_the_rate_grows():
+    small, large = provisioned_rate(5.0, 30.0, 0.9), provisioned_rate(500.0, 30.0, 0.9)
+    assert (small - 5.0) / 5.0 > 0.12 > 0.03 > (large - 500.0) / 500.0
+    assert provisioned_rate(5.0, 30.0, 0.99) > small  # a tighter SLO, a wider margin
 
 
 def window(t: float, rate: float, attainment: float | None = None, requests: int = 0) -> ObservedWindow:
@@ -30,13 +36,35 @@ def window(t: float, rate: float, attainment: float | None = None, requests: int
                           attainment=attainment, requests=requests)
 
 
-def test_noise_within_the_headroom_changes_nothing():
-    replanner = make_replanner(20.0)
-    rng = random.Random(1)
+@pytest.mark.parametrize("seed", range(3))
+@pytest.mark.parametrize("rate", [20.0, 40.0])
+def test_poisson_noise_changes_nothing(rate, seed):
+    replanner = make_replanner(rate)
+    rng = np.random.default_rng(seed)
     start = replanner.current
-    decisions = [replanner.observe(window(i * INTERVAL, 20.0 * rng.uniform(0.9, 1.1))) for i in range(1, 100)]
-    assert [d for d in decisions if d.plan is not None] == []
+    decisions = [replanner.observe(window(i * INTERVAL, rng.poisson(rate * INTERVAL) / INTERVAL))
+                 for i in range(1, 200)]
+    assert [d.reason for d in decisions if d.plan is not None] == []
     assert replanner.current is start
+
+
+def test_windows_that_agree_are_pooled_and_a_rise_counts_once_the_slo_is_missed():
+    steady, rising, jumped = make_replanner(10.0), make_replanner(10.0), make_replanner(10.0)
+    for i, rate in enumerate([10.0, 13.0, 16.0, 19.0, 22.0]):  # +0.1 req/s per second, far above the noise
+        steady._windows.append(window((i + 1) * INTERVAL, 22.0))
+        rising._windows.append(window((i + 1) * INTERVAL, rate))
+        jumped._windows.append(window((i + 1) * INTERVAL, 22.0 if i == 4 else 10.0))
+    one = provisioned_rate(22.0, INTERVAL, 0.9) - 22.0  # one 30-s window's margin
+    # four windows that agree: the margin of 120 s of arrivals, half of one window's
+    assert steady._estimate(steady._windows) == pytest.approx((22.0, one / 2))
+    # a jump or a rise is a new level: the latest window alone
+    assert jumped._estimate(jumped._windows) == pytest.approx((22.0, one))
+    assert rising._estimate(rising._windows) == pytest.approx((22.0, one))
+    # once the SLO is missed, the rise is extrapolated over the next window and an instance start (60 s,
+    # within the 90 s the windows reach back), less z standard errors of the slope
+    level, _ = rising._estimate(rising._windows, missed=True)
+    assert 22.0 + 3.0 < level < 22.0 + 6.0
+    assert jumped._estimate(jumped._windows, missed=True)[0] > 22.0
 
 
 def test_rate_tripling_scales_up_at_the_next_window_and_back_down_once():
@@ -47,7 +75,7 @@ def test_rate_tripling_scales_up_at_the_next_window_and_back_down_once():
     t += INTERVAL
     up = replanner.observe(window(t, 30.0))
     assert up.plan is not None and up.reason.startswith("scale up")
-    assert up.plan.gpus > before.gpus and up.plan.predicted_goodput >= 30.0 * (1 + POLICY.headroom) - 1e-6
+    assert up.plan.gpus > before.gpus and up.plan.predicted_goodput >= provisioned_rate(30.0, INTERVAL, 0.9) - 1e-6
     assert up.plan.reason == up.reason
     # Load falls back: nothing changes until the scale-down delay has passed, then one step down.
     changes = []
@@ -64,7 +92,7 @@ def test_rate_tripling_scales_up_at_the_next_window_and_back_down_once():
 
 def test_a_dip_shorter_than_the_delay_keeps_the_plan():
     replanner = Replanner(make_replanner(30.0).template, make_replanner(30.0).current,
-                          ReplanPolicy(headroom=0.3, scale_down_delay_s=300.0, peak_memory_s=300.0))
+                          ReplanPolicy(scale_down_delay_s=300.0, peak_memory_s=300.0))
     t = 0.0
     for rate in [30.0] * 12 + [10.0] * 9 + [30.0] * 12:  # a 4.5-minute dip
         t += INTERVAL
@@ -73,6 +101,7 @@ def test_a_dip_shorter_than_the_delay_keeps_the_plan():
 
 def test_recurring_bursts_keep_their_capacity():
     replanner = make_replanner(10.0)
+    assert POLICY.peak_memory_s == 1800.0
     t, changes = 0.0, []
     for _ in range(6):  # a 3-minute burst at 3x every 15 minutes
         for rate in [30.0] * 6 + [10.0] * 24:

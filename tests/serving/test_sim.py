@@ -26,7 +26,8 @@ def run_static(trace: Trace, layout: Plan, budget: int = 8):
 def test_one_request_follows_the_profile_exactly():
     trace = Trace(np.array([0.0]), np.array([100]), np.array([3]))
     result = run_static(trace, ONE_AND_ONE)
-    prefill = OPT_13B_A100.prefill_fit(1).batch_ms([100])
+    a, b, c = ENGINE_OPT_13B_A100.fits[1].prefill  # the engine double prices with the fit as first published
+    prefill = a + b * 100 + c * 100 ** 2
     decode = OPT_13B_A100.decode_fit(1)
     steps = decode.step_ms(1, 101) + decode.step_ms(1, 102)  # context grows by one token a step
     transfer = 100 * ENGINE_OPT_13B_A100.kv_bytes_per_token / 25e9 * 1000  # the prompt's KV to the decode GPU
@@ -43,8 +44,8 @@ def test_colocated_chunked_prefill_shares_iterations_with_the_decode_batch():
     trace = Trace(np.array([0.0, 0.05]), np.array([100, 1500]), np.array([40, 1]))
     colocated = run_static(trace, COLOCATED)
     split = run_static(trace, ONE_AND_ONE)
-    fit = OPT_13B_A100.prefill_fit(1)
-    own_work = fit.batch_ms([1500]) - fit.constant_ms
+    _, b, c = ENGINE_OPT_13B_A100.fits[1].prefill  # the engine double's fit, as first published
+    own_work = b * 1500 + c * 1500 ** 2
     transfer = 100 * ENGINE_OPT_13B_A100.kv_bytes_per_token / 25e9 * 1000
     # The 99th percentile of [0, t] interpolates to 0.99 t.
     assert colocated.tpot_p99_ms - split.tpot_p99_ms == pytest.approx(0.99 * (own_work - transfer) / 39, rel=1e-6)

@@ -61,6 +61,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="a serving plan must hold this long before a smaller one replaces it (default 300)")
     parser.add_argument("--peak-memory", type=float, default=1800.0, metavar="SECONDS",
                         help="a smaller serving plan must fit the highest rate seen this long (default 1800)")
+    parser.add_argument("--instance-start", type=float, default=30.0, metavar="SECONDS",
+                        help="how long a new serving instance takes to serve: the planner provisions for the "
+                             "rate's rise over the next window and this (default 30)")
     parser.add_argument("--stragglers", choices=("report", "evict"), default="report",
                         help="report a straggler only, or also taint its node and move its jobs (default: report)")
     parser.add_argument("--taint-budget-fraction", type=float, default=0.10, metavar="F",
@@ -95,7 +98,8 @@ def run(args: argparse.Namespace) -> int:
                                                          if sa.strip()),
                         tls_cert_file=args.tls_cert_file, tls_key_file=args.tls_key_file,
                         replan_policy=ReplanPolicy(scale_down_delay_s=args.scale_down_after,
-                                                   peak_memory_s=args.peak_memory))
+                                                   peak_memory_s=args.peak_memory,
+                                                   instance_start_s=args.instance_start))
     if args.db_url:
         settings.db_url = args.db_url
     if args.tokens_file:

@@ -644,7 +644,7 @@ def create_app(ctl: Controller) -> FastAPI:
             mean_prompt_tokens=float(body.meanPromptTokens), mean_output_tokens=float(body.meanOutputTokens),
             p90_prompt_tokens=body.p90PromptTokens, p90_output_tokens=body.p90OutputTokens,
             ttft_p90_ms=body.ttftP90Ms, tpot_p90_ms=body.tpotP90Ms, attainment=body.attainment,
-            requests=body.requests))
+            requests=body.requests, seconds=float(body.windowSeconds)))
         return {"accepted": True}
 
     scrapes: dict[str, vllm.Scrape] = {}

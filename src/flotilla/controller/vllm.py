@@ -132,4 +132,4 @@ def window(old: Scrape, new: Scrape) -> ObservedWindow | None:
         p90_prompt_tokens=p90("vllm:request_prompt_tokens"), p90_output_tokens=p90("vllm:request_generation_tokens"),
         ttft_p90_ms=p90("vllm:time_to_first_token_seconds", 1000.0),
         tpot_p90_ms=p90("vllm:time_per_output_token_seconds", 1000.0),
-        attainment=None, requests=int(done))
+        attainment=None, requests=int(done), seconds=seconds)

@@ -1,15 +1,20 @@
 """Re-planning from observed load, with hysteresis.
 
-Every planner interval the controller hands the Replanner one `ObservedWindow`. The rules:
+Every planner interval the controller hands the Replanner one `ObservedWindow`. Capacity is planned
+for an upper quantile of the arrival rate, not for the rate times a fixed headroom: a window of T seconds
+at rate r estimates the rate within a Poisson standard deviation sqrt(r/T) (windows that agree are
+pooled), and the margin is z of those deviations, z leaving the capacity short no more often than half
+the SLO's miss budget, (1 - attainment) / 2: z = 1.645 at attainment 0.9. The rules:
 
-* Scale up at once when the observed rate eats more than half of the plan's headroom
-  (rate * (1 + headroom/2) > capacity of the current plan at the observed lengths), or when the
-  window missed the SLO attainment target. The new plan is sized for rate * (1 + headroom).
-* Scale down only when the current plan has held for `scale_down_delay_s` and a smaller plan fits
-  the highest rate of the last `peak_memory_s` seconds (so recurring bursts keep their capacity),
-  and only when the GPU-seconds saved over `benefit_horizon_s` exceed the cost of the change (GPUs
-  of instances started or stopped, times `change_cost_s` each). So noise within the headroom changes
-  nothing, and a dip must last.
+* Scale up at once when the estimated rate exceeds the current plan's capacity, or when the window
+  missed the SLO attainment target (then also by the rate's rise over the reaction time, the next window
+  plus `instance_start_s`, and to at least the capacity plus its margin). The new plan is sized for the
+  estimate plus its margin, so the margin is also the hysteresis: noise within it changes nothing.
+* Scale down only when the current plan has held for `scale_down_delay_s` and a smaller plan fits every
+  window of the last `peak_memory_s` seconds with its margin (1800 s: bursts that recur within half an
+  hour keep their capacity; Kubernetes' HPA's 300 s forgot 15-minute bursts and missed their SLO), and
+  only when the GPU-seconds saved over `benefit_horizon_s` exceed the cost of the change (GPUs of
+  instances started or stopped, times `change_cost_s` each). So a dip must last.
 * A different layout (another GPUs-per-instance, colocated <-> disaggregated) replaces more
   instances than growing or shrinking the current one, so it is chosen only when its GPU saving over
   `benefit_horizon_s` exceeds the extra change cost; otherwise the current layout is resized.
@@ -22,9 +27,11 @@ Every planner interval the controller hands the Replanner one `ObservedWindow`. 
 
 from __future__ import annotations
 
+import math
 from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
+from statistics import NormalDist
 
 from flotilla.serving.planner import (InstanceCapacities, Plan, PlanRequest, instance_capacities, plan,
                                      plan_capacity, plan_from_capacities)
@@ -45,11 +52,14 @@ class ObservedWindow:
     tpot_p90_ms: float | None = None
     attainment: float | None = None  # fraction of the window's requests within both TTFT and TPOT
     requests: int = 0  # how many requests the latency figures are computed from
+    seconds: float | None = None  # the span the rate was measured over (default: the time since the last window)
 
 
 @dataclass(frozen=True)
 class ReplanPolicy:
-    headroom: float = 0.3
+    instance_start_s: float = 30.0  # from a plan change until a new instance serves (part of the reaction time)
+    window_s: float = 30.0  # window length assumed before two windows have been seen (spec.planner.intervalSeconds)
+    trend_windows: int = 4  # windows the rising trend is fitted over
     scale_down_delay_s: float = 300.0
     peak_memory_s: float = 1800.0
     change_cost_s: float = 60.0  # GPU-seconds lost per GPU of an instance started or stopped
@@ -76,9 +86,9 @@ class Replanner:
 
     @classmethod
     def start(cls, request: PlanRequest, policy: ReplanPolicy | None = None) -> Replanner:
-        """A Replanner whose first plan serves the request's rate (spec.workload) with the headroom."""
+        """A Replanner whose first plan serves the request's rate (spec.workload) with its margin."""
         policy = policy or ReplanPolicy()
-        rate = request.workload.requests_per_second * (1 + policy.headroom)
+        rate = provisioned_rate(request.workload.requests_per_second, policy.window_s, request.slo.attainment)
         return cls(request, plan(replace(request, workload=request.workload.at_rate(rate))), policy)
 
     def observe(self, window: ObservedWindow) -> ReplanDecision:
@@ -95,18 +105,24 @@ class Replanner:
                   and window.attainment < self.template.slo.attainment
                   and window.time - self._since >= policy.settle_s)
 
-        if rate * (1 + policy.headroom / 2) > capacity or missed:
-            target_rate = max(rate, capacity if missed else 0.0) * (1 + policy.headroom)
-            candidate = self._plan(caps, target_rate)
+        windows = list(self._windows)
+        estimate, margin = self._estimate(windows, missed)
+        planned = estimate + margin
+        if estimate > capacity or missed:
+            attainment = self.template.slo.attainment
+            target = max(planned, provisioned_rate(capacity, self._span(windows), attainment) if missed else 0.0)
+            candidate = self._plan(caps, target)
             if candidate.shape() != self.current.shape() and plan_capacity(candidate, caps) > capacity:
                 why = (f"attainment {window.attainment:.3f} below target {self.template.slo.attainment}"
-                       if missed else f"rate {rate:.2f} req/s leaves too little headroom on {capacity:.2f}")
+                       if missed else f"rate {estimate:.2f} req/s over {capacity:.2f}; plans for {planned:.2f}")
                 return self._adopt(candidate, window, f"scale up: {why}; {candidate.reason}")
             return ReplanDecision(None, f"keep: {self.current.describe()} is the best the budget allows")
 
         span_covered = window.time - self._since >= policy.scale_down_delay_s
-        peak = max(w.requests_per_second for w in self._windows)
-        candidate = self._plan(caps, peak * (1 + policy.headroom))
+        peak = max(w.requests_per_second for w in windows)
+        candidate = self._plan(caps, max(provisioned_rate(w.requests_per_second, self._span(windows, i),
+                                                          self.template.slo.attainment)
+                                         for i, w in enumerate(windows)))
         if span_covered and candidate.gpus < self.current.gpus:
             saved = (self.current.gpus - candidate.gpus) * policy.benefit_horizon_s
             cost = _changed_gpus(self.current, candidate) * policy.change_cost_s
@@ -120,8 +136,67 @@ class Replanner:
     def short_of_capacity(self, window: ObservedWindow) -> bool:
         """Whether `window` calls for a scale-up by rate (observe's first rule), without observing it: a
         caller that observes at an interval can observe such a window at once instead of at its next pass."""
-        caps = self._capacities([*self._windows, window])
-        return window.requests_per_second * (1 + self.policy.headroom / 2) > plan_capacity(self.current, caps)
+        windows = [*self._windows, window]
+        return self._estimate(windows)[0] > plan_capacity(self.current, self._capacities(windows))
+
+    def _gap(self, windows: Sequence[ObservedWindow], i: int = -1) -> float:
+        """Time between window i and the one before it (the policy's window length for the first)."""
+        i %= len(windows)
+        if i >= 1 and windows[i].time > windows[i - 1].time:
+            return windows[i].time - windows[i - 1].time
+        return self.policy.window_s
+
+    def _span(self, windows: Sequence[ObservedWindow], i: int = -1) -> float:
+        """How many seconds window i's rate was measured over (its own `seconds`, else its gap)."""
+        given = windows[i].seconds
+        return given if given is not None and given > 0 else self._gap(windows, i)
+
+    def _rise(self, windows: Sequence[ObservedWindow]) -> float:
+        """How much the rate may climb before a change made now takes effect: the least-squares slope of
+        the last `trend_windows` windows, less z standard errors (the rise their Poisson noise cannot
+        explain), over the next window and an instance start, but no further ahead than the windows
+        reach back."""
+        recent = list(windows)[-self.policy.trend_windows:]
+        if len(recent) < 3:
+            return 0.0
+        variances = [self._variance(recent, i) for i in range(len(recent))]
+        t_mean = sum(w.time for w in recent) / len(recent)
+        r_mean = sum(w.requests_per_second for w in recent) / len(recent)
+        spread = sum((w.time - t_mean) ** 2 for w in recent)
+        if spread <= 0:
+            return 0.0
+        slope = sum((w.time - t_mean) * (w.requests_per_second - r_mean) for w in recent) / spread
+        slope_sd = math.sqrt(sum((w.time - t_mean) ** 2 * v for w, v in zip(recent, variances))) / spread
+        confident = slope - NormalDist().inv_cdf(1 - self._miss_budget()) * slope_sd
+        reaction = self._gap(windows) + self.policy.instance_start_s
+        return max(confident, 0.0) * min(reaction, recent[-1].time - recent[0].time)
+
+    def _miss_budget(self) -> float:
+        return (1 - self.template.slo.attainment) / 2
+
+    def _estimate(self, windows: Sequence[ObservedWindow], missed: bool = False) -> tuple[float, float]:
+        """The rate now and the margin to provision above it (z standard deviations of the estimate). The
+        rate pools the last `trend_windows` windows when they fit one rate within their Poisson noise (one
+        short window is noisy, several that agree are not); otherwise it is the latest window's own
+        (the load has moved). When the window missed the SLO, the rate's rise over the reaction time is
+        added: before that, the windows of a load that has just started or stepped look like a slope
+        that will not go on."""
+        recent = list(windows)[-self.policy.trend_windows:]
+        variances = [self._variance(recent, i) for i in range(len(recent))]
+        level, variance = recent[-1].requests_per_second, variances[-1]
+        if len(recent) >= 2:
+            weights = [1 / v for v in variances]
+            pooled = sum(w.requests_per_second * wt for w, wt in zip(recent, weights)) / sum(weights)
+            misfit = sum((w.requests_per_second - pooled) ** 2 * wt for w, wt in zip(recent, weights))
+            if misfit <= _chi_square_quantile(len(recent) - 1, 1 - self._miss_budget()):
+                level, variance = pooled, 1 / sum(weights)
+        z = NormalDist().inv_cdf(1 - self._miss_budget())
+        return level + (self._rise(windows) if missed else 0.0), z * math.sqrt(variance)
+
+    def _variance(self, windows: Sequence[ObservedWindow], i: int) -> float:
+        """The Poisson variance of window i's rate (at least that of one request in its span)."""
+        span = self._span(windows, i)
+        return max(windows[i].requests_per_second / span, 1.0 / span ** 2)
 
     def _capacities(self, windows: Sequence[ObservedWindow]) -> InstanceCapacities:
         t = self.template
@@ -171,6 +246,19 @@ class Replanner:
         self.current = replace(candidate, reason=reason)
         self._since = window.time
         return ReplanDecision(self.current, reason)
+
+
+def provisioned_rate(rate: float, window_s: float, attainment: float) -> float:
+    """The upper quantile of a rate observed as `rate` over `window_s` seconds: z Poisson standard
+    deviations above it, z leaving the capacity short no more often than half the SLO's miss budget."""
+    z = NormalDist().inv_cdf(1 - (1 - attainment) / 2)
+    return rate + z * math.sqrt(max(rate, 0.0) / max(window_s, 1e-9))
+
+
+def _chi_square_quantile(df: int, p: float) -> float:
+    """The p-quantile of a chi-square distribution with df degrees of freedom (Wilson-Hilferty)."""
+    z = NormalDist().inv_cdf(p)
+    return df * (1 - 2 / (9 * df) + z * math.sqrt(2 / (9 * df))) ** 3
 
 
 def _changed_gpus(old: Plan, new: Plan) -> int:

@@ -25,7 +25,7 @@ import numpy as np
 
 from flotilla.serving.planner import Plan, PlanRequest, instance_capacities, plan_from_capacities
 from flotilla.serving.profile import Profile
-from flotilla.serving.replan import ObservedWindow, ReplanPolicy, Replanner
+from flotilla.serving.replan import ObservedWindow, ReplanPolicy, Replanner, provisioned_rate
 from flotilla.serving.workload import SLO, Workload
 from flotilla.sim.serving_trace import Trace
 from flotilla.testing.engine import OPT_13B_A100 as ENGINE_OPT_13B_A100
@@ -291,7 +291,7 @@ class ServingSim:
             p90_prompt_tokens=float(np.percentile(prompts, 90)), p90_output_tokens=float(np.percentile(outputs, 90)),
             ttft_p90_ms=float(np.percentile(ttft, 90)) if done else None,
             tpot_p90_ms=float(np.percentile(tpot, 90)) if done else None,
-            attainment=met / len(done) if done else None, requests=len(done))
+            attainment=met / len(done) if done else None, requests=len(done), seconds=self.interval_s)
         new = self.policy.on_window(window)
         if new is not None:
             self.plan_changes += 1
@@ -355,11 +355,12 @@ class AdaptivePolicy:
     interval (what `spec.workload` would say)."""
 
     def __init__(self, first: Workload, slo: SLO, profile: Profile, budget: int, name: str = "adaptive",
-                 allow_colocated: bool = True, allow_disaggregated: bool = True) -> None:
+                 allow_colocated: bool = True, allow_disaggregated: bool = True,
+                 replan_policy: ReplanPolicy | None = None) -> None:
         self.name = name
         self.replanner = Replanner.start(PlanRequest(first, slo, profile, min_gpus=1, max_gpus=budget,
                                                      allow_colocated=allow_colocated,
-                                                     allow_disaggregated=allow_disaggregated))
+                                                     allow_disaggregated=allow_disaggregated), replan_policy)
 
     def initial_plan(self) -> Plan:
         return self.replanner.current
@@ -368,26 +369,29 @@ class AdaptivePolicy:
         return self.replanner.observe(window).plan
 
 
-def make_policy(name: str, trace: Trace, slo: SLO, profile: Profile, budget: int, interval_s: float = 30.0) -> Policy:
+def make_policy(name: str, trace: Trace, slo: SLO, profile: Profile, budget: int, interval_s: float = 30.0,
+                replan_policy: ReplanPolicy | None = None, startup_s: float = 30.0) -> Policy:
     """Build one of POLICIES for a trace and a GPU budget. The adaptive ones re-plan every interval
     (adaptive-colocated and adaptive-disaggregated restricted to one mode); static-peak holds what the
     planner chose for the trace's busiest minute, static-best what it chose for the average load;
-    fixed-1-1 and colocated hold the whole budget."""
+    fixed-1-1 and colocated hold the whole budget. The adaptive ones are told the interval and the
+    instances' start time, as a user would set them (unless `replan_policy` is given)."""
     average = workload_statistics(trace)
+    replan_policy = replan_policy or ReplanPolicy(instance_start_s=startup_s, window_s=interval_s)
     if name.startswith("adaptive"):
         modes = {"adaptive": (True, True), "adaptive-colocated": (True, False),
                  "adaptive-disaggregated": (False, True)}
         if name not in modes:
             raise ValueError(f"policy: unknown {name!r}; choose from {', '.join(POLICIES)}")
         return AdaptivePolicy(workload_statistics(trace, trace.arrival_s < interval_s, interval_s),
-                              slo, profile, budget, name, *modes[name])
+                              slo, profile, budget, name, *modes[name], replan_policy=replan_policy)
     caps = instance_capacities(average, slo, profile)
     if name == "static-peak":
         # The same planner, sized once for the highest rate of any PEAK_WINDOW_S window of the trace.
         return StaticPolicy(name, plan_from_capacities(caps, peak_rate(trace, PEAK_WINDOW_S), 1, budget))
     if name == "static-best":
-        # The planner's plan for the trace's average load (with the adaptive policy's headroom), kept.
-        rate = average.requests_per_second * (1 + ReplanPolicy().headroom)
+        # The planner's plan for the trace's average load (with the adaptive policy's margin), kept.
+        rate = provisioned_rate(average.requests_per_second, interval_s, slo.attainment)
         return StaticPolicy(name, plan_from_capacities(caps, rate, 1, budget))
     if name == "fixed-1-1":
         gp = max(caps.prefill, key=lambda g: caps.prefill[g] / g)
@@ -407,8 +411,10 @@ def make_policy(name: str, trace: Trace, slo: SLO, profile: Profile, budget: int
 
 
 def simulate(trace: Trace, profile: Profile, slo: SLO, budget: int, policy: str,
-             interval_s: float = 30.0, startup_s: float = 30.0) -> SimResult:
+             interval_s: float = 30.0, startup_s: float = 30.0, replan_policy: ReplanPolicy | None = None) -> SimResult:
+    """Play `trace` under `policy`; `replan_policy` tunes the adaptive policies (default: ReplanPolicy())."""
     if len(trace) == 0:
         raise ValueError("trace: no requests")
-    return ServingSim(trace, profile, slo, budget, make_policy(policy, trace, slo, profile, budget, interval_s),
+    return ServingSim(trace, profile, slo, budget,
+                      make_policy(policy, trace, slo, profile, budget, interval_s, replan_policy, startup_s),
                       interval_s, startup_s).run()
