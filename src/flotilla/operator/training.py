@@ -114,6 +114,7 @@ def job_state(body: Body) -> JobState:
         checkpoint_interval_steps=job.checkpoint_interval_steps,
         last_checkpoint_step=job.checkpoint_step,
         resumes_at=_resumes_at(job.reshards, progress, placement, job.restore_seconds),
+        share=job.guaranteed_share,
     )
 
 
@@ -522,6 +523,8 @@ def plan_job(body: Body, pods: Iterable[Body], decision: JobDecision | None, now
     reason = decision.reason if decision else "waiting for the allocator"
     _note_external_request(plan)
     _consume_acknowledgement(plan)
+    if decision and decision.verdict is Verdict.ADMITTED and decision.share != state.share:
+        plan.patch["guaranteedShare"] = decision.share  # the allocator's input next pass (JobState.share)
 
     if not current:
         if verdict is Verdict.REJECTED:
