@@ -185,9 +185,9 @@ class CapacityProfile:
             np.maximum(useful, 0.0, out=useful)
         else:
             useful = lens
-        useful *= r
         if until == float("inf"):
             useful[r == 0] = 0.0  # an unused segment that never ends adds 0, not 0 * inf
+        useful *= r
         work = useful.cumsum()
         remaining = job.remaining_steps
         if not len(work) or work[-1] < remaining - 1e-9:

@@ -219,7 +219,8 @@ class DeadlineElastic:
                 key, p.verdict, placement,
                 _reason(p, sum(placement.values()), unplaced.get(key)),
                 guaranteed_gpus=p.reservation.now_gpus if p.reservation else 0,
-                share=p.reservation.size if p.reservation else 0,
+                # A job that lost its guarantee keeps the share it was promised: that it was admitted is kept.
+                share=p.reservation.size if p.reservation else (p.job.share if p.verdict is Verdict.ADMITTED else 0),
             )
         return decisions
 

@@ -88,6 +88,8 @@ def job_state(body: Body) -> JobState:
         raise ValueError(f"TrainingJob {job.key} has no metadata.creationTimestamp or no deadline")
     progress = progress_of(body) or {}
     verdict = _VERDICT_OF_PHASE.get(job.phase or "")
+    if verdict is None and job.guaranteed_share:
+        verdict = Verdict.ADMITTED  # admitted, waiting for its GPUs (phase Pending): admission is decided once
     if verdict is Verdict.ADMITTED and job.best_effort and job.condition(names.COND_ADMITTED,
                                                                           "reason") == "BestEffort":
         verdict = Verdict.BEST_EFFORT
