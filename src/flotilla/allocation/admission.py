@@ -105,6 +105,7 @@ class CapacityProfile:
             self._free[k] = capacity - g
         self._free = np.maximum(self._free, 0)
         self._segments = 1 + len(later)
+        self._claims = (np.array([t for t, _ in steps], dtype=float), np.array([g for _, g in steps], dtype=np.int64))
         self.last: Taken | None = None  # what the last successful `reserve` took
 
     @property
@@ -114,7 +115,7 @@ class CapacityProfile:
     def copy(self) -> "CapacityProfile":
         other = CapacityProfile.__new__(CapacityProfile)
         other._bounds, other._free, other._segments = self._bounds.copy(), self._free.copy(), self._segments
-        other.last = None
+        other._claims, other.last = self._claims, None
         return other
 
     def fits(self, plan: Taken) -> bool:
@@ -129,10 +130,16 @@ class CapacityProfile:
         k = int(np.searchsorted(self.bounds, plan.finish, side="left"))
         self._free[:k] -= plan.shares[np.searchsorted(plan.starts, self._bounds[:k], side="right") - 1]
 
-    def min_free(self, until: float) -> int:
-        """The fewest GPUs free (promised to nobody) at any time from now until `until`."""
+    def lendable(self, until: float) -> int:
+        """The fewest GPUs that no reservation needs at any time from now until `until`. Others' claims
+        (`claimed`) are not taken out: what serving will take it borrows back (flotilla.pool)."""
         k = max(1, int(np.searchsorted(self.bounds, until, side="left")))
-        return int(self._free[:k].min())
+        free = self._free[:k]
+        times, gpus = self._claims
+        if len(times):
+            i = times.searchsorted(self._bounds[:k], side="right") - 1
+            free = free + np.where(i >= 0, gpus[np.maximum(i, 0)], 0)
+        return int(free.min())
 
     def _plan(self, job: JobState, x: int, until: float, current: int = 0,
               pause: float = 0.0) -> tuple[np.ndarray, float] | None:

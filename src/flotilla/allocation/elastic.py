@@ -130,9 +130,9 @@ class DeadlineElastic:
               now: float) -> None:
         """Set each plan's target GPU count.
 
-        GPUs beyond the guarantees are lent only where the profile (what nobody is promised) keeps them free
-        long enough for the resize to pay back its restores (`_payback`): a job is not rescaled more often
-        than its restore cost can pay back.
+        GPUs beyond the guarantees are lent only where no reservation needs them for as long as the resize
+        takes to pay back its restores (`_payback`): a job is not rescaled more often than its restore cost
+        can pay back.
         """
         order = sorted(plans.values(), key=lambda p: _edf(p.job))
         for p in order:
@@ -176,7 +176,7 @@ class DeadlineElastic:
                     continue
                 size = smaller
             lent = capacity - free - reserved  # GPUs lent so far beyond the guarantees
-            if lent + size - p.target > profile.min_free(now + _payback(p.job, p.current, size)):
+            if lent + size - p.target > profile.lendable(now + _payback(p.job, p.current, size)):
                 continue
             free -= size - p.target
             p.target = size
