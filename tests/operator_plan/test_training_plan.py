@@ -349,3 +349,10 @@ def test_the_promised_share_is_written_and_read_back_and_keeps_a_waiting_job_adm
     written = {**patch, "guaranteedShare": 3}
     same = training.plan_job(trainingjob(status=written), [], waiting, NOW + 60, "elastic-deadline")
     assert not [a for a in same if isinstance(a, PatchStatus)]
+    # A smaller share (the job is ahead of its plan) costs no write of its own: it goes with the next one.
+    smaller = JobDecision("ns/job", Verdict.ADMITTED, {}, "admitted; no GPUs now", share=2)
+    assert not [a for a in training.plan_job(trainingjob(status=written), [], smaller, NOW + 60, "elastic-deadline")
+                if isinstance(a, PatchStatus)]
+    moved = JobDecision("ns/job", Verdict.ADMITTED, {}, "admitted; still no GPUs now", share=2)
+    assert status_patch(training.plan_job(trainingjob(status=written), [], moved, NOW + 60,
+                                          "elastic-deadline"))["guaranteedShare"] == 2

@@ -463,6 +463,7 @@ class _Plan:
         self.meta, self.status = body["metadata"], body.get("status") or {}
         self.ns, self.name = self.meta["namespace"], self.meta["name"]
         self.patch: dict[str, Any] = {}
+        self.lazy: dict[str, Any] = {}  # written only with another status change
         self.annotations: dict[str, str] = {}
         self.actions: list[Action] = []
 
@@ -481,7 +482,7 @@ class _Plan:
     def done(self, *, keep_creates: bool = True) -> list[Action]:
         out: list[Action] = []
         if self.patch:
-            out.append(PatchStatus(PLURAL, self.ns, self.name, self.patch))
+            out.append(PatchStatus(PLURAL, self.ns, self.name, {**self.lazy, **self.patch}))
         if self.annotations:
             out.append(PatchAnnotations(PLURAL, self.ns, self.name, self.annotations))
         out.extend(a for a in self.actions if keep_creates or not isinstance(a, (CreatePod, ApplyObject)))
@@ -526,7 +527,9 @@ def plan_job(body: Body, pods: Iterable[Body], decision: JobDecision | None, now
     _note_external_request(plan)
     _consume_acknowledgement(plan)
     if decision and decision.verdict is Verdict.ADMITTED and decision.share != state.share:
-        plan.patch["guaranteedShare"] = decision.share  # the allocator's input next pass (JobState.share)
+        # The allocator's input next pass (JobState.share). A larger share is written at once; a smaller one
+        # (a job ahead of its plan) with the next write: until then the re-plan falls back on the larger.
+        (plan.patch if decision.share > state.share else plan.lazy)["guaranteedShare"] = decision.share
 
     if not current:
         if verdict is Verdict.REJECTED:
