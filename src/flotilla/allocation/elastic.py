@@ -84,8 +84,18 @@ class DeadlineElastic:
             else:
                 candidates.append(job)
 
-        ledger = _Ledger.of(now, capacity, admitted, held, snapshot.claimed)
         admitted_keys = {j.key for j in admitted}
+        candidates.sort(key=lambda j: (j.submit_time, j.key))
+        eligible = [j for j in candidates if j.deadline > now and job_sizes(j)[0]]
+        ledger = _Ledger.of(now, capacity, admitted + eligible, held, snapshot.claimed)
+        if all(k in ledger.got for k in admitted_keys | {j.key for j in eligible}):
+            # Every guarantee holds with every newcomer admitted (the usual case): one layout of the ledger,
+            # the one admitting them one by one would end with.
+            for job in eligible:
+                plans[job.key] = _Plan(job, Verdict.ADMITTED, "admitted")
+            candidates = [j for j in candidates if j.key not in plans]
+        elif eligible:
+            ledger = _Ledger.of(now, capacity, admitted, held, snapshot.claimed)
         promised = {j.key: j.share for j in admitted if j.share}
         if any(k not in ledger.got for k in admitted_keys):
             # Minimum shares re-derived in deadline order lost a guarantee that another plan keeps.
@@ -107,18 +117,7 @@ class DeadlineElastic:
                                        f"admitted, but its deadline can no longer be guaranteed ({why}); "
                                        f"runs on what is left")
 
-        candidates.sort(key=lambda j: (j.submit_time, j.key))
-        eligible = [j for j in candidates if j.deadline > now and job_sizes(j)[0]]
-        if len(eligible) > 1:
-            together = ledger.with_jobs(eligible)
-            if all(k in together.got for k in must | {j.key for j in eligible}):
-                # They all fit with every guarantee (the usual case): one replay, not one per newcomer; the
-                # same ledger admitting them one by one would end with.
-                ledger = together
-                for job in eligible:
-                    must.add(job.key)
-                    plans[job.key] = _Plan(job, Verdict.ADMITTED, "admitted")
-                candidates = [j for j in candidates if j.key not in must]
+        must |= {key for key, p in plans.items() if p.verdict is Verdict.ADMITTED and key not in admitted_keys}
         for job in candidates:
             outcome = _admit(ledger, job, must)
             if isinstance(outcome, _Ledger):
@@ -296,19 +295,6 @@ class _Ledger:
             other.got[job.key] = r
             return other
         # It takes GPUs that a job after it counts on (or does not fit there): replay those.
-        other.checkpoints, other.at = other.checkpoints[:c + 1], other.at[:c + 1]
-        other._run(other.at[c])
-        return other
-
-    def with_jobs(self, jobs: list[JobState]) -> "_Ledger":
-        """A new ledger with all of `jobs` added in deadline order, replayed once from the first of them."""
-        other = self._derived(self.floor)
-        for job in jobs:
-            position = bisect.bisect_left(other.keys, _edf(job))
-            other.order = other.order[:position] + [job] + other.order[position:]
-            other.keys = other.keys[:position] + [_edf(job)] + other.keys[position:]
-        first = min(self.position(j) for j in jobs)
-        c = bisect.bisect_right(self.at, first) - 1
         other.checkpoints, other.at = other.checkpoints[:c + 1], other.at[:c + 1]
         other._run(other.at[c])
         return other
