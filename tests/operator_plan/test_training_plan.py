@@ -335,3 +335,24 @@ def test_a_new_job_waiting_for_gpus_is_written_pending_only_after_the_quiet_time
                                created + 1, "fifo-gang")
     first = status_patch(placed)
     assert first["phase"] == "Admitted" and first["placement"] == [{"node": "n0", "gpus": 2}]
+
+
+def test_the_promised_share_is_written_and_read_back_and_keeps_a_waiting_job_admitted():
+    waiting = JobDecision("ns/job", Verdict.ADMITTED, {}, "admitted; no GPUs now", share=3)
+    patch = status_patch(training.plan_job(trainingjob(status={"phase": "Pending"}), [], waiting, NOW + 60,
+                                           "elastic-deadline"))
+    assert patch["guaranteedShare"] == 3 and patch["phase"] == "Pending"
+    state = training.job_state(trainingjob(status={"phase": "Pending", "guaranteedShare": 3}))
+    assert state.share == 3 and state.verdict is Verdict.ADMITTED  # not a newcomer again next pass
+    assert training.job_state(trainingjob(status={"phase": "Pending"})).verdict is None
+    # An unchanged share is not written again.
+    written = {**patch, "guaranteedShare": 3}
+    same = training.plan_job(trainingjob(status=written), [], waiting, NOW + 60, "elastic-deadline")
+    assert not [a for a in same if isinstance(a, PatchStatus)]
+    # A smaller share (the job is ahead of its plan) costs no write of its own: it goes with the next one.
+    smaller = JobDecision("ns/job", Verdict.ADMITTED, {}, "admitted; no GPUs now", share=2)
+    assert not [a for a in training.plan_job(trainingjob(status=written), [], smaller, NOW + 60, "elastic-deadline")
+                if isinstance(a, PatchStatus)]
+    moved = JobDecision("ns/job", Verdict.ADMITTED, {}, "admitted; still no GPUs now", share=2)
+    assert status_patch(training.plan_job(trainingjob(status=written), [], moved, NOW + 60,
+                                          "elastic-deadline"))["guaranteedShare"] == 2

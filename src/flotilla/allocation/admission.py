@@ -50,12 +50,39 @@ class Shortfall:
 
 
 
+@dataclass(frozen=True)
+class Taken:
+    """A reservation's GPUs over time: `shares[i]` from `starts[i]` on, until `finish`."""
+
+    starts: np.ndarray
+    shares: np.ndarray
+    finish: float
+
+
 @lru_cache(maxsize=4096)
 def _tables(sizes: tuple[int, ...], rates: tuple[float, ...]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Sizes and rates with a leading 0 (no GPUs, no progress), as arrays, and for each GPU count up to the
     largest size the index of the largest size not above it."""
     sizes0 = np.array((0,) + sizes)
     return sizes0, np.array((0.0,) + rates), np.searchsorted(sizes0, np.arange(sizes0[-1] + 1), side="right") - 1
+
+
+def _stay(idx: np.ndarray, rates0: np.ndarray, starts: np.ndarray, until: float, restore: float,
+          held: int) -> np.ndarray:
+    """`idx` (size index per segment), with the job kept at the size it holds (index `held`) instead of a
+    first step up that cannot pay back its restore before the plan's next change. Growing a few GPUs for
+    a short while costs more than it gives; and a plan that did so would be made worse, not better, by a
+    job ahead finishing sooner than planned (a short segment of a little more)."""
+    if not held or idx[0] <= held:
+        return idx
+    changes = np.flatnonzero(idx[1:] != idx[0])
+    stop = int(changes[0]) + 1 if len(changes) else len(idx)
+    kept = (min(starts[stop], until) if stop < len(idx) else until) - starts[0]
+    if rates0[idx[0]] * (kept - restore) > rates0[held] * kept:
+        return idx
+    idx = idx.copy()
+    idx[:stop] = held
+    return idx
 
 
 class CapacityProfile:
@@ -78,6 +105,8 @@ class CapacityProfile:
             self._free[k] = capacity - g
         self._free = np.maximum(self._free, 0)
         self._segments = 1 + len(later)
+        self._claims = (np.array([t for t, _ in steps], dtype=float), np.array([g for _, g in steps], dtype=np.int64))
+        self.last: Taken | None = None  # what the last successful `reserve` took
 
     @property
     def bounds(self) -> np.ndarray:
@@ -86,7 +115,31 @@ class CapacityProfile:
     def copy(self) -> "CapacityProfile":
         other = CapacityProfile.__new__(CapacityProfile)
         other._bounds, other._free, other._segments = self._bounds.copy(), self._free.copy(), self._segments
+        other._claims, other.last = self._claims, None
         return other
+
+    def fits(self, plan: Taken) -> bool:
+        """Whether `plan`'s GPUs are free here at every time it uses them (its starts must be bounds here)."""
+        k = int(np.searchsorted(self.bounds, plan.finish, side="left"))
+        idx = np.searchsorted(plan.starts, self._bounds[:k], side="right") - 1
+        return bool(np.all(self._free[:k] >= plan.shares[idx]))
+
+    def take(self, plan: Taken) -> None:
+        """Take `plan`'s GPUs out of this profile (see `fits`)."""
+        self._split(plan.finish)
+        k = int(np.searchsorted(self.bounds, plan.finish, side="left"))
+        self._free[:k] -= plan.shares[np.searchsorted(plan.starts, self._bounds[:k], side="right") - 1]
+
+    def lendable(self, until: float) -> int:
+        """The fewest GPUs that no reservation needs at any time from now until `until`. Others' claims
+        (`claimed`) are not taken out: what serving will take it borrows back (flotilla.pool)."""
+        k = max(1, int(np.searchsorted(self.bounds, until, side="left")))
+        free = self._free[:k]
+        times, gpus = self._claims
+        if len(times):
+            i = times.searchsorted(self._bounds[:k], side="right") - 1
+            free = free + np.where(i >= 0, gpus[np.maximum(i, 0)], 0)
+        return int(free.min())
 
     def _plan(self, job: JobState, x: int, until: float, current: int = 0,
               pause: float = 0.0) -> tuple[np.ndarray, float] | None:
@@ -99,40 +152,56 @@ class CapacityProfile:
         the job keeps its `current` GPUs; a new size starts a new restore).
         """
         sizes0, rates0, index = _tables(*job_sizes(job))
-        bounds = self.bounds
-        k = int(np.searchsorted(bounds, until, side="left"))
+        k = int(self._bounds[: self._segments + 1].searchsorted(until, side="left"))
+        if not k:
+            return None
+        starts = self._bounds[: k + 1]
         idx = index[np.minimum(self._free[:k], x)]
-        starts = bounds[:k]
-        lens = np.minimum(bounds[1 : k + 1], until) - starts
+        lens = starts[1:] - starts[:-1]  # every bound before `until` is below it: only the last segment is cut
+        if starts[k] > until:
+            lens[-1] = until - starts[k - 1]
+        if job.restore_seconds > 0 and current:
+            held = int(index[min(current, len(index) - 1)])
+            if sizes0[held] == current:
+                idx = _stay(idx, rates0, starts, until, job.restore_seconds, held)
         r = rates0[idx]
         shares = sizes0[idx]
-        lost = np.zeros(k)
+        lost: np.ndarray | None = None
         restores = np.zeros(k, dtype=bool)
-        if job.restore_seconds > 0 and k:
+        if job.restore_seconds > 0:
             # A restore is paid on entering a new non-zero share, at the start of that segment: a job
             # stopped trains nothing anyway while its restore runs down, and a job's first start
             # restores nothing.
-            restores[1:] = (shares[1:] != shares[:-1]) & (shares[1:] > 0)
+            np.not_equal(shares[1:], shares[:-1], out=restores[1:])
+            restores[1:] &= shares[1:] > 0
             if current or job.done_steps:
                 restores[0] = shares[0] != current and shares[0] > 0
             else:
-                first = int(np.argmax(shares > 0))
-                restores[first] = False
-            lost[restores] = job.restore_seconds
-        if pause > 0 and k and shares[0] > 0 and not restores[0]:
+                restores[int(np.argmax(shares > 0))] = False
+            lost = restores * job.restore_seconds
+        if pause > 0 and shares[0] > 0 and not restores[0]:
+            if lost is None:
+                lost = np.zeros(k)
             lost[0] = pause  # the restore under way, on the GPUs it keeps
-        if np.any(lost > lens):  # a restore longer than its segment runs on into the next ones
-            for i in range(k - 1):
-                if lost[i] > lens[i] and not restores[i + 1]:
-                    lost[i + 1] += lost[i] - lens[i]
-        # An unused segment that never ends must add 0, not 0 * inf.
-        work = np.cumsum(r * np.where(r > 0, np.maximum(lens - lost, 0.0), 0.0))
+        if lost is not None:
+            if (lost > lens).any():  # a restore longer than its segment runs on into the next ones
+                for i in range(k - 1):
+                    if lost[i] > lens[i] and not restores[i + 1]:
+                        lost[i + 1] += lost[i] - lens[i]
+            useful = lens - lost
+            np.maximum(useful, 0.0, out=useful)
+        else:
+            useful = lens
+        if until == float("inf"):
+            useful[r == 0] = 0.0  # an unused segment that never ends adds 0, not 0 * inf
+        useful *= r
+        work = useful.cumsum()
         remaining = job.remaining_steps
         if not len(work) or work[-1] < remaining - 1e-9:
             return None
-        j = int(np.searchsorted(work, remaining - 1e-9))
+        j = int(work.searchsorted(remaining - 1e-9))
         before = work[j - 1] if j else 0.0
-        finish = float(starts[j] + lost[j] + (remaining - before) / r[j])
+        finish = float(starts[j] + (lost[j] if lost is not None else 0.0) + (remaining - before) / r[j])
         if finish > until:
             return None
         shares = sizes0[idx[: j + 1]]
@@ -147,6 +216,7 @@ class CapacityProfile:
         `current`: the GPUs it holds now (each resize along the plan costs a restore); `pause`: seconds
         left of a restore under way.
         """
+        self.last = None
         sizes, rates = job_sizes(job)
         if not sizes or job.remaining_steps <= 0:
             return None
@@ -214,14 +284,20 @@ class CapacityProfile:
 
     def _take(self, shares: np.ndarray, finish: float) -> None:
         n = len(shares)
-        if finish < self._bounds[n]:
-            # Split the last segment the job uses at its finish time.
-            if self._segments + 2 > len(self._bounds):
-                self._bounds = np.concatenate([self._bounds, np.full(len(self._bounds), np.inf)])
-                self._free = np.concatenate([self._free, np.zeros(len(self._free), dtype=np.int64)])
-            end = self._segments
-            self._bounds[n + 1 : end + 2] = self._bounds[n : end + 1].copy()
-            self._bounds[n] = finish
-            self._free[n : end + 1] = self._free[n - 1 : end].copy()
-            self._segments += 1
+        self.last = Taken(self._bounds[:n].copy(), shares.copy(), finish)
+        self._split(finish)
         self._free[:n] -= shares
+
+    def _split(self, t: float) -> None:
+        """Make `t` a bound: split the segment it falls inside."""
+        n = int(np.searchsorted(self._bounds[: self._segments + 1], t, side="right"))  # bounds[n-1] <= t
+        if n > self._segments or self._bounds[n - 1] == t:
+            return
+        if self._segments + 2 > len(self._bounds):
+            self._bounds = np.concatenate([self._bounds, np.full(len(self._bounds), np.inf)])
+            self._free = np.concatenate([self._free, np.zeros(len(self._free), dtype=np.int64)])
+        end = self._segments
+        self._bounds[n + 1 : end + 2] = self._bounds[n : end + 1].copy()
+        self._bounds[n] = t
+        self._free[n : end + 1] = self._free[n - 1 : end].copy()
+        self._segments += 1

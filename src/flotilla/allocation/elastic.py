@@ -26,7 +26,7 @@ import bisect
 import heapq
 from dataclasses import dataclass
 
-from flotilla.allocation.admission import CapacityProfile, Reservation
+from flotilla.allocation.admission import CapacityProfile, Reservation, Taken
 from flotilla.allocation.placement import domains, free_gpus, place, shrink_in_place
 from flotilla.allocation.sizes import fit_size, job_sizes, tiling_sizes
 from flotilla.allocation.snapshot import ClusterSnapshot, Decision, JobDecision, JobState, Verdict
@@ -84,11 +84,28 @@ class DeadlineElastic:
             else:
                 candidates.append(job)
 
-        ledger = _Ledger.of(now, capacity, admitted, held, snapshot.claimed)
         admitted_keys = {j.key for j in admitted}
+        candidates.sort(key=lambda j: (j.submit_time, j.key))
+        eligible = [j for j in candidates if j.deadline > now and job_sizes(j)[0]]
+        ledger = _Ledger.of(now, capacity, admitted + eligible, held, snapshot.claimed)
+        if all(k in ledger.got for k in admitted_keys | {j.key for j in eligible}):
+            # Every guarantee holds with every newcomer admitted (the usual case): one layout of the ledger,
+            # the one admitting them one by one would end with.
+            for job in eligible:
+                plans[job.key] = _Plan(job, Verdict.ADMITTED, "admitted")
+            candidates = [j for j in candidates if j.key not in plans]
+        elif eligible:
+            ledger = _Ledger.of(now, capacity, admitted, held, snapshot.claimed)
+        promised = {j.key: j.share for j in admitted if j.share}
         if any(k not in ledger.got for k in admitted_keys):
             # Minimum shares re-derived in deadline order lost a guarantee that another plan keeps.
             ledger = ledger.repair(admitted_keys)
+        if promised and any(k not in ledger.got for k in admitted_keys):
+            # The shares the jobs were promised at (no smaller) give back the plan every later admission was
+            # checked against.
+            ledger = _Ledger.of(now, capacity, admitted, held, snapshot.claimed, promised)
+            if any(k not in ledger.got for k in admitted_keys):
+                ledger = ledger.repair(admitted_keys)
         must = {k for k in admitted_keys if k in ledger.got}
         for job in admitted:
             if job.key in ledger.got:
@@ -100,7 +117,8 @@ class DeadlineElastic:
                                        f"admitted, but its deadline can no longer be guaranteed ({why}); "
                                        f"runs on what is left")
 
-        for job in sorted(candidates, key=lambda j: (j.submit_time, j.key)):
+        must |= {key for key, p in plans.items() if p.verdict is Verdict.ADMITTED and key not in admitted_keys}
+        for job in candidates:
             outcome = _admit(ledger, job, must)
             if isinstance(outcome, _Ledger):
                 ledger = outcome
@@ -114,13 +132,19 @@ class DeadlineElastic:
             plans[key].reservation = r
         for p in plans.values():
             p.current = held[p.job.key]
-        self._size(capacity, plans, max((n.total_gpus for n in snapshot.nodes), default=0))
+        self._size(capacity, plans, max((n.total_gpus for n in snapshot.nodes), default=0), ledger.profile, now)
         out.update(self._place(snapshot, plans))
         return Decision(out, self.name)
 
     @staticmethod
-    def _size(capacity: int, plans: dict[str, _Plan], node_gpus: int) -> None:
-        """Set each plan's target GPU count."""
+    def _size(capacity: int, plans: dict[str, _Plan], node_gpus: int, profile: CapacityProfile,
+              now: float) -> None:
+        """Set each plan's target GPU count.
+
+        GPUs beyond the guarantees are lent only where no reservation needs them for as long as the resize
+        takes to pay back its restores (`_payback`): a job is not rescaled more often than its restore cost
+        can pay back.
+        """
         order = sorted(plans.values(), key=lambda p: _edf(p.job))
         for p in order:
             p.target = p.reservation.now_gpus if p.reservation else 0
@@ -151,6 +175,7 @@ class DeadlineElastic:
 
         for p in order:
             push(p)
+        reserved = sum(p.reservation.now_gpus for p in order if p.reservation)
         while heap and free > 0:
             _, key, size = heapq.heappop(heap)
             p = plans[key]
@@ -161,6 +186,9 @@ class DeadlineElastic:
                 if smaller <= p.target or (0 < p.current < smaller and not _worth_growing(p.job, p.current, smaller)):
                     continue
                 size = smaller
+            lent = capacity - free - reserved  # GPUs lent so far beyond the guarantees
+            if lent + size - p.target > profile.lendable(now + _payback(p.job, p.current, size)):
+                continue
             free -= size - p.target
             p.target = size
             push(p)
@@ -202,6 +230,8 @@ class DeadlineElastic:
                 key, p.verdict, placement,
                 _reason(p, sum(placement.values()), unplaced.get(key)),
                 guaranteed_gpus=p.reservation.now_gpus if p.reservation else 0,
+                # A job that lost its guarantee keeps the share it was promised: that it was admitted is kept.
+                share=p.reservation.size if p.reservation else (p.job.share if p.verdict is Verdict.ADMITTED else 0),
             )
         return decisions
 
@@ -214,9 +244,11 @@ REPAIR_WINDOW = 10
 class _Ledger:
     """Reservations in deadline order, in a capacity profile, that can take one more job cheaply.
 
-    The profile is kept every CHECKPOINT_EVERY jobs, so adding a job replays
-    only the jobs from just before its place in deadline order. `floor` holds
-    shares raised above the minimum by a repair (see `repair`).
+    The profile is kept about every CHECKPOINT_EVERY jobs, so adding a job
+    replays only the jobs from just before its place in deadline order, and a
+    job whose reservation uses only GPUs that no job after it counts on is
+    taken in without replaying those (`with_job`). `floor` holds shares raised
+    above the minimum by a repair (see `repair`) or promised before.
     """
 
     CHECKPOINT_EVERY = 16
@@ -228,7 +260,9 @@ class _Ledger:
         self.order: list[JobState] = []
         self.keys: list[tuple[float, float, str]] = []  # _edf of each job in order, for bisect
         self.got: dict[str, Reservation] = {}
-        self.checkpoints: list[CapacityProfile] = []  # [k]: the profile before order[k * CHECKPOINT_EVERY]
+        # checkpoints[c]: the profile before order[at[c]] (at[0] == 0; ascending).
+        self.checkpoints: list[CapacityProfile] = []
+        self.at: list[int] = []
         self.profile = CapacityProfile(now, capacity, claimed)
 
     @classmethod
@@ -237,31 +271,53 @@ class _Ledger:
         ledger = cls(now, capacity, held, claimed, floor)
         ledger.order = sorted(jobs, key=_edf)
         ledger.keys = [_edf(j) for j in ledger.order]
-        ledger._run(0, CapacityProfile(now, capacity, claimed))
+        ledger._run(0)
         return ledger
+
+    def _derived(self, floor: dict[str, int]) -> "_Ledger":
+        other = _Ledger(self.now, self.capacity, self.held, self.claimed, floor)
+        other.order, other.keys, other.got = self.order, self.keys, dict(self.got)
+        other.checkpoints, other.at, other.profile = list(self.checkpoints), list(self.at), self.profile
+        return other
 
     def with_job(self, job: JobState) -> "_Ledger":
         """A new ledger with `job` added in deadline order (this one is unchanged)."""
-        key, position = _edf(job), self.position(job)
-        k = position // self.CHECKPOINT_EVERY
-        other = _Ledger(self.now, self.capacity, self.held, self.claimed, self.floor)
+        position = self.position(job)
+        other = self._derived(self.floor)
         other.order = self.order[:position] + [job] + self.order[position:]
-        other.keys = self.keys[:position] + [key] + self.keys[position:]
-        other.checkpoints = self.checkpoints[:k]
-        # The jobs before `start` keep their reservations; _run redoes (or drops) the rest. Copying the
-        # whole dict and overwriting is C-speed, where picking the prefix out was the cost of a big queue.
-        other.got = dict(self.got)
-        other._run(k * self.CHECKPOINT_EVERY, self.checkpoints[k].copy())
+        other.keys = self.keys[:position] + [_edf(job)] + self.keys[position:]
+        c = bisect.bisect_right(self.at, position) - 1
+        profile = self.checkpoints[c].copy()
+        for before in self.order[self.at[c]:position]:
+            self._reserve(profile, before)
+        r = self._reserve(profile, job)
+        if r is not None and position < len(self.order) and other._take_in(position, c, profile.last):
+            other.got[job.key] = r
+            return other
+        # It takes GPUs that a job after it counts on (or does not fit there): replay those.
+        other.checkpoints, other.at = other.checkpoints[:c + 1], other.at[:c + 1]
+        other._run(other.at[c])
         return other
+
+    def _take_in(self, position: int, c: int, plan: Taken | None) -> bool:
+        """Take the plan of a job just put at `position` out of every profile after it, if it fits there
+        (then no reservation after it changes: each still gets what it had). False, and nothing taken, if not."""
+        if plan is None or not self.profile.fits(plan):
+            return False
+        self.profile = self.profile.copy()
+        self.profile.take(plan)
+        for d in range(c + 1, len(self.at)):
+            self.checkpoints[d] = self.checkpoints[d].copy()
+            self.checkpoints[d].take(plan)
+            self.at[d] += 1
+        return True
 
     def raised(self, changes: dict[str, int], start: int) -> "_Ledger":
         """A new ledger with the shares in `changes` raised, replayed from position `start` on."""
-        k = start // self.CHECKPOINT_EVERY
-        other = _Ledger(self.now, self.capacity, self.held, self.claimed, {**self.floor, **changes})
-        other.order, other.keys = self.order, self.keys
-        other.checkpoints = self.checkpoints[:k]
-        other.got = dict(self.got)
-        other._run(k * self.CHECKPOINT_EVERY, self.checkpoints[k].copy())
+        other = self._derived({**self.floor, **changes})
+        c = bisect.bisect_right(self.at, start) - 1
+        other.checkpoints, other.at = other.checkpoints[:c + 1], other.at[:c + 1]
+        other._run(other.at[c])
         return other
 
     def position(self, job: JobState) -> int:
@@ -281,17 +337,16 @@ class _Ledger:
         self.keys.append(_edf(job))
         self.got[job.key] = r
         self.profile = profile
-        if len(self.order) % self.CHECKPOINT_EVERY == 0:
-            self.checkpoints.append(profile.copy())
+        self._checkpoint()
         return r
 
     def fits(self, job: JobState) -> bool:
         """Whether `job` gets a reservation at its place in deadline order (what `with_job` would give
         it), without replaying the jobs after it: a cheap test before the full one."""
         position = self.position(job)
-        k = position // self.CHECKPOINT_EVERY
-        profile = self.checkpoints[k].copy()
-        for other in self.order[k * self.CHECKPOINT_EVERY:position]:
+        c = bisect.bisect_right(self.at, position) - 1
+        profile = self.checkpoints[c].copy()
+        for other in self.order[self.at[c]:position]:
             self._reserve(profile, other)
         return self._reserve(profile, job) is not None
 
@@ -360,21 +415,39 @@ class _Ledger:
             # Each resize costs a restore, so a share that is not enough at the smallest size that works
             # without them may be enough at the size it holds now (no resize): try from there.
             r = profile.reserve(job, job.deadline, at_least=held, current=held, pause=pause)
+        if r is None and at_least:
+            # Restores make a larger share not always better (a share that follows the free GPUs up and
+            # down pays more of them): a smaller one may still work.
+            r = profile.reserve(job, job.deadline, current=held, pause=pause)
         return r
 
-    def _run(self, start: int, profile: CapacityProfile) -> None:
+    def _checkpoint(self) -> None:
+        """Keep the profile as it is now, before the next job, if the last kept one is far enough back."""
+        if not self.at or len(self.order) - self.at[-1] >= self.CHECKPOINT_EVERY:
+            self.checkpoints.append(self.profile.copy())
+            self.at.append(len(self.order))
+
+    def _run(self, start: int) -> None:
+        """Reserve order[start:] afresh from the checkpoint kept before order[start] (the last one kept)."""
+        profile = self.checkpoints[-1].copy() if self.checkpoints else CapacityProfile(self.now, self.capacity,
+                                                                                         self.claimed)
+        if not self.checkpoints:
+            self.checkpoints, self.at = [profile.copy()], [0]
+        last = self.at[-1]
+        assert last == start, "replays start at the last checkpoint kept"
         for i in range(start, len(self.order)):
-            if i % self.CHECKPOINT_EVERY == 0:
+            if i - last >= self.CHECKPOINT_EVERY:
                 self.checkpoints.append(profile.copy())
+                self.at.append(i)
+                last = i
             job = self.order[i]
             r = self._reserve(profile, job)
             if r is not None:
                 self.got[job.key] = r
             else:
                 self.got.pop(job.key, None)
-        if len(self.order) % self.CHECKPOINT_EVERY == 0:  # so that a job can be added at the end
-            self.checkpoints.append(profile.copy())
         self.profile = profile
+        self._checkpoint()  # so that a job can be added at the end cheaply
 
 
 def _next_size(job: JobState, size: int) -> int:
@@ -423,6 +496,17 @@ def _next_step(p: _Plan, node_gpus: int) -> tuple[int, float] | None:
             continue
         return size, (job.curve.rate(size) - base_rate) / (size - p.target) / remaining
     return None
+
+
+def _payback(job: JobState, current: int, size: int) -> float:
+    """How long a job moved from `current` GPUs to `size` must keep them for the move to pay back its restore
+    and the one it pays when it gives them back: 2 restores' worth of steps at the gain in rate (a first
+    start restores nothing going up)."""
+    restores = 2 if current or job.done_steps else 1
+    if not current:
+        return restores * job.restore_seconds
+    gain = job.curve.rate(size) - job.curve.rate(current)
+    return restores * job.restore_seconds * job.curve.rate(size) / gain if gain > 0 else float("inf")
 
 
 def _worth_growing(job: JobState, current: int, size: int) -> bool:

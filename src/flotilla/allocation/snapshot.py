@@ -64,6 +64,9 @@ class JobState:
     attained_gpu_seconds: float = 0.0
     # When a job that was just resized trains again (its restore ends); 0 or the past: it trains now.
     resumes_at: float = 0.0
+    # The share its guarantee was last planned at (JobDecision.share, fed back): a re-plan keeps at least
+    # that much for it, so that the plan every other guarantee was checked against still holds. 0: none.
+    share: int = 0
 
     @property
     def gpus(self) -> int:
@@ -104,6 +107,9 @@ class JobDecision:
     reason: str
     # GPUs this job is guaranteed right now (its minimum satisfactory share); 0 if none.
     guaranteed_gpus: int = 0
+    # The share its guarantee is planned at (GPUs up to which it is reserved until it finishes); 0 if none.
+    # Feed it back as JobState.share.
+    share: int = 0
 
     @property
     def gpus(self) -> int:

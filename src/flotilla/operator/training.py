@@ -89,6 +89,8 @@ def job_state(body: Body) -> JobState:
         raise ValueError(f"TrainingJob {job.key} has no metadata.creationTimestamp or no deadline")
     progress = progress_of(body) or {}
     verdict = _VERDICT_OF_PHASE.get(job.phase or "")
+    if verdict is None and job.guaranteed_share:
+        verdict = Verdict.ADMITTED  # admitted, waiting for its GPUs (phase Pending): admission is decided once
     if verdict is Verdict.ADMITTED and job.best_effort and job.condition(names.COND_ADMITTED,
                                                                           "reason") == "BestEffort":
         verdict = Verdict.BEST_EFFORT
@@ -115,6 +117,7 @@ def job_state(body: Body) -> JobState:
         checkpoint_interval_steps=job.checkpoint_interval_steps,
         last_checkpoint_step=job.checkpoint_step,
         resumes_at=_resumes_at(job.reshards, progress, placement, job.restore_seconds),
+        share=job.guaranteed_share,
     )
 
 
@@ -461,6 +464,7 @@ class _Plan:
         self.meta, self.status = body["metadata"], body.get("status") or {}
         self.ns, self.name = self.meta["namespace"], self.meta["name"]
         self.patch: dict[str, Any] = {}
+        self.lazy: dict[str, Any] = {}  # written only with another status change
         self.annotations: dict[str, str] = {}
         self.actions: list[Action] = []
 
@@ -479,7 +483,7 @@ class _Plan:
     def done(self, *, keep_creates: bool = True) -> list[Action]:
         out: list[Action] = []
         if self.patch:
-            out.append(PatchStatus(PLURAL, self.ns, self.name, self.patch))
+            out.append(PatchStatus(PLURAL, self.ns, self.name, {**self.lazy, **self.patch}))
         if self.annotations:
             out.append(PatchAnnotations(PLURAL, self.ns, self.name, self.annotations))
         out.extend(a for a in self.actions if keep_creates or not isinstance(a, (CreatePod, ApplyObject)))
@@ -523,6 +527,10 @@ def plan_job(body: Body, pods: Iterable[Body], decision: JobDecision | None, now
     reason = decision.reason if decision else "waiting for the allocator"
     _note_external_request(plan)
     _consume_acknowledgement(plan)
+    if decision and decision.verdict is Verdict.ADMITTED and decision.share != state.share:
+        # The allocator's input next pass (JobState.share). A larger share is written at once; a smaller one
+        # (a job ahead of its plan) with the next write: until then the re-plan falls back on the larger.
+        (plan.patch if decision.share > state.share else plan.lazy)["guaranteedShare"] = decision.share
 
     if not current:
         if verdict is Verdict.REJECTED:

@@ -177,6 +177,8 @@ def _training_job_schema() -> Schema:
             "workers": integer("Worker pods the current placement needs.", minimum=0),
             "message": string("What is happening, in one line.", max_length=1024),
             "policy": string("Allocation policy that decided the placement.", max_length=64),
+            "guaranteedShare": integer("The share (GPUs) the deadline guarantee is planned at; the allocator "
+                                       "re-plans from it.", minimum=0),
             "lentTo": array(obj({"serving": string("namespace/name of the ServingDeployment.", max_length=320),
                                  "gpus": integer(minimum=0)}, required=["serving", "gpus"]),
                             "GPUs this job lent to ServingDeployments through the unified pool and has not got "

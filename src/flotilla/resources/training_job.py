@@ -54,6 +54,7 @@ class TrainingJob:
     measured_restore_seconds: float | None  # status.checkpoint.restoreSeconds
     conditions: tuple[Mapping[str, Any], ...]
     lent_to: Mapping[str, int] = field(default_factory=dict)  # ServingDeployment key -> GPUs lent
+    guaranteed_share: int = 0  # status.guaranteedShare: the share its guarantee was last planned at
 
     @property
     def key(self) -> str:
@@ -133,4 +134,5 @@ def parse(obj: Mapping[str, Any]) -> TrainingJob:
         measured_restore_seconds=number(checkpoint, "restoreSeconds", "status.checkpoint"),
         conditions=conditions(status),
         lent_to=keyed_gpus(status, "lentTo", "serving"),
+        guaranteed_share=integer(status, "guaranteedShare", "status"),
     )

@@ -48,6 +48,7 @@ class SimJob:
     finish: float | None = None
     rescales: int = 0
     guaranteed: bool = False  # the policy promised it GPUs to meet its deadline at some point
+    share: int = 0  # the share its guarantee was last planned at (JobDecision.share)
 
     @property
     def gpus(self) -> int:
@@ -65,6 +66,7 @@ class SimJob:
             restore_seconds=t.restore_seconds, best_effort=t.best_effort, placement=dict(self.placement),
             verdict=self.verdict, last_checkpoint_step=done, requested_gpus=t.requested_gpus,
             attained_gpu_seconds=self.attained, resumes_at=self.idle_until,
+            share=self.share,
         )
 
 
@@ -176,6 +178,7 @@ def apply_decision(job: SimJob, decision: JobDecision | None, now: float) -> Non
     if decision.verdict is not Verdict.PENDING:
         job.verdict = decision.verdict
     job.guaranteed = job.guaranteed or decision.guaranteed_gpus > 0
+    job.share = decision.share
     new = {n: g for n, g in decision.placement.items() if g}
     if new == job.placement:
         return
