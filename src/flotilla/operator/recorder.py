@@ -7,7 +7,6 @@ import threading
 import time
 from typing import Any, Callable, Mapping
 
-import urllib3
 from kubernetes.client.rest import ApiException
 
 from flotilla.kubeapi import as_body
@@ -78,7 +77,7 @@ class EventRecorder:
 def _released(response: Any) -> Any:
     """An answer asked for without its typed model (`_preload_content=False`: nobody reads the Event back,
     and building the model costs more CPU than the request): read and its connection given back."""
-    if isinstance(response, urllib3.BaseHTTPResponse):
+    if hasattr(response, "release_conn"):  # a urllib3 response (the kubernetes client's transport)
         response.drain_conn()
         response.release_conn()
         return True
