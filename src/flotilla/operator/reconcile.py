@@ -125,8 +125,8 @@ class Planner:
     _pods_of: dict[str, tuple[int, ...]] = field(default_factory=dict)  # job UID -> ids of its pods
     _nodes: dict[str, Body] = field(default_factory=dict)
     _inference_pools: bool | None = None
-    _states: dict[str, tuple[Body, JobState, dict[str, int]]] = field(default_factory=dict)  # key -> (body,
-    # its job_state, its loans)
+    # key -> (body, its job_state, its loans)
+    _states: dict[str, tuple[Body, JobState, dict[str, int]]] = field(default_factory=dict)
     _pod_prints: dict[str, tuple[Body, tuple]] = field(default_factory=dict)
     _inputs: tuple | None = None  # what the allocator read last
     _decided: tuple[Mapping[str, JobDecision], Mapping[str, Any], Mapping[str, Any]] = ({}, {}, {})
