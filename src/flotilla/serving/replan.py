@@ -167,7 +167,7 @@ class Replanner:
             return 0.0
         slope = sum((w.time - t_mean) * (w.requests_per_second - r_mean) for w in recent) / spread
         slope_sd = math.sqrt(sum((w.time - t_mean) ** 2 * v for w, v in zip(recent, variances))) / spread
-        confident = slope - NormalDist().inv_cdf(1 - self._miss_budget()) * slope_sd
+        confident = slope - _margin_z(self.template.slo.attainment) * slope_sd
         reaction = self._gap(windows) + self.policy.instance_start_s
         return max(confident, 0.0) * min(reaction, recent[-1].time - recent[0].time)
 
@@ -190,7 +190,7 @@ class Replanner:
             misfit = sum((w.requests_per_second - pooled) ** 2 * wt for w, wt in zip(recent, weights))
             if misfit <= _chi_square_quantile(len(recent) - 1, 1 - self._miss_budget()):
                 level, variance = pooled, 1 / sum(weights)
-        z = NormalDist().inv_cdf(1 - self._miss_budget())
+        z = _margin_z(self.template.slo.attainment)
         return level + (self._rise(windows) if missed else 0.0), z * math.sqrt(variance)
 
     def _variance(self, windows: Sequence[ObservedWindow], i: int) -> float:
@@ -251,8 +251,12 @@ class Replanner:
 def provisioned_rate(rate: float, window_s: float, attainment: float) -> float:
     """The upper quantile of a rate observed as `rate` over `window_s` seconds: z Poisson standard
     deviations above it, z leaving the capacity short no more often than half the SLO's miss budget."""
-    z = NormalDist().inv_cdf(1 - (1 - attainment) / 2)
-    return rate + z * math.sqrt(max(rate, 0.0) / max(window_s, 1e-9))
+    return rate + _margin_z(attainment) * math.sqrt(max(rate, 0.0) / max(window_s, 1e-9))
+
+
+def _margin_z(attainment: float) -> float:
+    """Standard deviations of margin that leave capacity short no more often than half the miss budget."""
+    return NormalDist().inv_cdf(1 - (1 - attainment) / 2)
 
 
 def _chi_square_quantile(df: int, p: float) -> float:
