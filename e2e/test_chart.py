@@ -84,9 +84,13 @@ def leader_in(log: Path) -> str | None:
     return m.group(1) if m else None
 
 
+LOG_TIMESTAMP = re.compile(r"^\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3} ")
+
+
 def permission_errors(log: Path) -> list[str]:
+    # the timestamp is cut off first: its milliseconds may read 403
     return [line for line in log.read_text().splitlines()
-            if re.search(r"\b403\b|[Ff]orbidden|[Nn]ot enough permissions", line)]
+            if re.search(r"\b403\b|[Ff]orbidden|[Nn]ot enough permissions", LOG_TIMESTAMP.sub("", line))]
 
 
 def can_i(service_account: str, ns: str, verb: str, resource: str, where: str) -> bool:
