@@ -85,6 +85,21 @@ def _stay(idx: np.ndarray, rates0: np.ndarray, starts: np.ndarray, until: float,
     return idx
 
 
+def _carry_over(lost: np.ndarray, lens: np.ndarray, restores: np.ndarray) -> None:
+    """A restore longer than its segment runs on into the next ones (until a segment with a restore of its
+    own): add what is left of it to the next segment's time lost, in place. Walks only the segments where
+    a restore runs over (a profile with a segment per reservation has many shorter than a restore)."""
+    done = -1
+    for i in np.flatnonzero(lost[:-1] > lens[:-1]).tolist():
+        if i <= done:
+            continue
+        last = len(lost) - 1
+        while i < last and lost[i] > lens[i] and not restores[i + 1]:
+            lost[i + 1] += lost[i] - lens[i]
+            i += 1
+        done = i
+
+
 class CapacityProfile:
     """Free (not yet promised) GPUs as a step function of time from `now`.
 
@@ -150,11 +165,35 @@ class CapacityProfile:
         job's first start costs nothing): it trains nothing for that long at the start of the segment,
         and holds its GPUs meanwhile. `pause`: seconds left of a restore under way (it counts only while
         the job keeps its `current` GPUs; a new size starts a new restore).
+
+        The profile has a segment per reservation, and the job's finish is often far before `until`: the
+        plan is first worked out over the segments up to a little past the earliest it could finish (at
+        x GPUs throughout, nothing lost to restores), and over all of them only if it does not finish
+        there (what comes after its finish does not change the plan).
         """
-        sizes0, rates0, index = _tables(*job_sizes(job))
-        k = int(self._bounds[: self._segments + 1].searchsorted(until, side="left"))
+        tables = _tables(*job_sizes(job))
+        sizes0, rates0, index = tables
+        bounds = self._bounds[: self._segments + 1]
+        k = int(bounds.searchsorted(until, side="left"))
         if not k:
             return None
+        end = k
+        if until != float("inf") and not (current and job.restore_seconds > 0
+                                          and index[min(self._free[0], x)] > index[min(current, len(index) - 1)]):
+            # (A running job that may be kept at its size is planned over all of them: `_stay` looks
+            # for the plan's next change.)
+            earliest = bounds[0] + job.remaining_steps / rates0[index[min(x, len(index) - 1)]]
+            first = int(bounds.searchsorted(earliest, side="right"))
+            end = min(k, first + max(16, first // 4))
+        plan = self._plan_over(job, tables, x, until, end, current, pause)
+        if plan is None and end < k:
+            plan = self._plan_over(job, tables, x, until, k, current, pause)
+        return plan
+
+    def _plan_over(self, job: JobState, tables: tuple[np.ndarray, np.ndarray, np.ndarray], x: int, until: float,
+                   k: int, current: int, pause: float) -> tuple[np.ndarray, float] | None:
+        """`_plan` over the first k segments (the last one cut at `until`)."""
+        sizes0, rates0, index = tables
         starts = self._bounds[: k + 1]
         idx = index[np.minimum(self._free[:k], x)]
         lens = starts[1:] - starts[:-1]  # every bound before `until` is below it: only the last segment is cut
@@ -184,10 +223,7 @@ class CapacityProfile:
                 lost = np.zeros(k)
             lost[0] = pause  # the restore under way, on the GPUs it keeps
         if lost is not None:
-            if (lost > lens).any():  # a restore longer than its segment runs on into the next ones
-                for i in range(k - 1):
-                    if lost[i] > lens[i] and not restores[i + 1]:
-                        lost[i + 1] += lost[i] - lens[i]
+            _carry_over(lost, lens, restores)
             useful = lens - lost
             np.maximum(useful, 0.0, out=useful)
         else:
