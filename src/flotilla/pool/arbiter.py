@@ -30,7 +30,7 @@ from dataclasses import dataclass, field, replace
 from flotilla.allocation.elastic import DeadlineElastic
 from flotilla.allocation.placement import free_gpus, place, shrink_in_place
 from flotilla.allocation.sizes import job_sizes
-from flotilla.allocation.snapshot import ClusterSnapshot, JobDecision, JobState, NodeState, Verdict
+from flotilla.allocation.snapshot import ClusterSnapshot, Decision, JobDecision, JobState, NodeState, Verdict
 from flotilla.pool.types import (
     Loan,
     PoolDecision,
@@ -82,13 +82,7 @@ def decide(snapshot: PoolSnapshot, policy: PoolPolicy = PoolPolicy()) -> PoolDec
     claimed = _claims(servings, now, policy)
     training = ClusterSnapshot(now, training_nodes, snapshot.jobs, claimed)
     decision = _ALLOCATOR.decide(training)
-    # An admitted job keeps the larger of two shares: the one it needs now with serving at its target now
-    # and at its forecast later, and the one it needs were serving to stay as it is. The second keeps
-    # its guarantee when serving outgrows what admission counted on, or when the first would let it
-    # fall behind now and count on catching up later.
-    plain = decision if not any(g for _, g in claimed) else _ALLOCATOR.decide(replace(training, claimed=()))
-    protected = {key: max(d.guaranteed_gpus, plain.jobs[key].guaranteed_gpus) if d.verdict is Verdict.ADMITTED else 0
-                 for key, d in decision.jobs.items()}
+    guarded = _Protected(decision, training)
 
     jobs = {j.key: j for j in snapshot.jobs}
     placements = {key: dict(d.placement) for key, d in decision.jobs.items()}
@@ -97,12 +91,41 @@ def decide(snapshot: PoolSnapshot, policy: PoolPolicy = PoolPolicy()) -> PoolDec
     for s in servings:
         _grow_on(s, free, snapshot.nodes)
         if s.need > 0:
-            loans += _borrow(s, jobs, placements, protected, free, snapshot.nodes, policy)
+            loans += _borrow(s, jobs, placements, guarded.shares(), free, snapshot.nodes, policy)
+    protected = guarded.shares() if guarded.known else {
+        key: d.guaranteed_gpus if d.verdict is Verdict.ADMITTED else 0 for key, d in decision.jobs.items()}
 
     job_decisions = {key: _job_decision(d, placements[key], protected[key], loans) for key, d in decision.jobs.items()}
     serving_decisions = {s.sd.key: _serving_decision(s, protected, placements) for s in servings}
     return PoolDecision(job_decisions, serving_decisions, tuple(loans), _transition(snapshot, job_decisions,
                                                                                     serving_decisions))
+
+
+class _Protected:
+    """What borrowing may not take from each job. An admitted job keeps the larger of two shares: the one
+    it needs now with serving at its target now and at its forecast later (the decision's), and the one it
+    needs were serving to stay as it is. The second keeps its guarantee when serving outgrows what
+    admission counted on, or when the first would let it fall behind now and count on catching up later.
+    The second takes an allocator run of its own over every job, and only a ServingDeployment short of
+    GPUs reads it: it is made on first use (most decisions borrow nothing, and their job decisions carry
+    the decision's guaranteed share)."""
+
+    def __init__(self, decision: Decision, training: ClusterSnapshot) -> None:
+        self._decision, self._training = decision, training
+        self._shares: dict[str, int] | None = None
+
+    @property
+    def known(self) -> bool:
+        return self._shares is not None
+
+    def shares(self) -> dict[str, int]:
+        if self._shares is None:
+            decision, training = self._decision, self._training
+            plain = (decision if not any(g for _, g in training.claimed)
+                     else _ALLOCATOR.decide(replace(training, claimed=())))
+            self._shares = {key: max(d.guaranteed_gpus, plain.jobs[key].guaranteed_gpus)
+                            if d.verdict is Verdict.ADMITTED else 0 for key, d in decision.jobs.items()}
+        return self._shares
 
 
 def _instances(gpus: int, unit: int, cap: int) -> int:

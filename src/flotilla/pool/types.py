@@ -140,6 +140,8 @@ class Transition:
 
 @dataclass(frozen=True)
 class PoolDecision:
+    # A job's guaranteed_gpus: what serving may not borrow (the larger of two shares, flotilla.pool.arbiter's
+    # _Protected) when a ServingDeployment was short of GPUs in this decision, else the allocator's.
     jobs: Mapping[str, JobDecision]
     serving: Mapping[str, ServingDecision]
     loans: tuple[Loan, ...]
