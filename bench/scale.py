@@ -213,19 +213,29 @@ class Process:
         self.proc = subprocess.Popen([sys.executable, *profiler, "-m", "flotilla.cli", *args], stdout=self._log,
                                      stderr=subprocess.STDOUT, env=env, cwd=ROOT)
 
-    def usage(self) -> dict[str, float]:
-        """CPU seconds and peak RSS so far, from /proc (Linux)."""
+    def usage(self) -> dict[str, Any]:
+        """CPU seconds and peak RSS so far, from /proc (Linux), and the CPU seconds of each of its live
+        threads by name (numbered ones, such as the writers' kube_0..kube_15, summed as kube_N)."""
         hwm = next(int(line.split()[1]) for line in Path(f"/proc/{self.proc.pid}/status").read_text().splitlines()
                    if line.startswith("VmHWM:"))
-        return {"cpu_s": round(cpu_seconds(self.proc.pid), 2), "peak_rss_mb": round(hwm / 1024, 1)}
+        threads: dict[str, float] = {}
+        for task in Path(f"/proc/{self.proc.pid}/task").iterdir():
+            try:
+                name = re.sub(r"\d+$", "N", (task / "comm").read_text().strip())
+                threads[name] = threads.get(name, 0.0) + cpu_seconds(self.proc.pid, task.name)
+            except OSError:  # the thread ended meanwhile
+                continue
+        return {"cpu_s": round(cpu_seconds(self.proc.pid), 2), "peak_rss_mb": round(hwm / 1024, 1),
+                "cpu_s_by_thread": {k: round(v, 2) for k, v in sorted(threads.items(), key=lambda kv: -kv[1])}}
 
     def stop(self) -> None:
         stop_process(self.proc)
         self._log.close()
 
 
-def cpu_seconds(pid: int) -> float:
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+def cpu_seconds(pid: int, thread: str | None = None) -> float:
+    path = f"/proc/{pid}/task/{thread}/stat" if thread else f"/proc/{pid}/stat"
+    fields = Path(path).read_text().rsplit(")", 1)[1].split()
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
@@ -647,6 +657,8 @@ def run_flotilla(api: Any, namespace: str, jobs: list[Job], cluster: Cluster, ou
     core, custom = client.CoreV1Api(api), client.CustomObjectsApi(api)
     operator = Process(out / "operator.log", cluster.kubeconfig, "operator", "--liveness", "", "--policy",
                        args.policy, "--concurrency", str(args.operator_concurrency),
+                       *(("--batch-seconds", str(args.operator_batch_seconds))
+                         if args.operator_batch_seconds is not None else ()),
                        profile=out / "operator.prof" if args.profile_operator else None)
     kwok_exit = args.workers == "kwok"
     workers = None if kwok_exit else Process(
@@ -661,6 +673,7 @@ def run_flotilla(api: Any, namespace: str, jobs: list[Job], cluster: Cluster, ou
         watches = (start_watch(api, f"/api/v1/namespaces/{namespace}/pods", WORKERS),
                    start_watch(api, f"/apis/{GROUP}/{VERSION}/namespaces/{namespace}/trainingjobs"))
         cpu, api_requests = component_cpu(args.state), api_server_requests(api)
+        started_cpu = cpu_seconds(operator.proc.pid)  # its start and first lists, before any job
         submit_in_waves(jobs, args.waves, args.wave_gap,
                         lambda j: custom.create_namespaced_custom_object(GROUP, VERSION, namespace, "trainingjobs",
                                                                          trainingjob(j, args.speed, kwok_exit)),
@@ -719,7 +732,7 @@ def run_flotilla(api: Any, namespace: str, jobs: list[Job], cluster: Cluster, ou
         # Objects with writes on their way after each pass that acted (a pass does not wait for them).
         "objects_in_flight": percentiles([p["in_flight"] for p in busy]),
         "passes": len(passes),
-        "operator": {**usage, "api_requests": requests, "api_requests_per_job": round(requests / len(jobs), 2)},
+        "operator": {**usage, "cpu_s_before_jobs": round(started_cpu, 2), "api_requests": requests, "api_requests_per_job": round(requests / len(jobs), 2)},
         "control_plane_cpu_s": cpu,
         "api_server_requests": busiest(api_requests),
         **apiserver_per_job(cpu, api_requests, len(jobs)),
@@ -852,6 +865,8 @@ def main() -> int:
     parser.add_argument("--policy", default=policies.DEFAULT, choices=policies.names(),
                         help="the operator's allocation policy (default: %(default)s)")
     parser.add_argument("--operator-concurrency", type=int, default=16, help="operator's API calls in flight")
+    parser.add_argument("--operator-batch-seconds", type=float, default=None,
+                        help="the operator's --batch-seconds (default: the operator's own)")
     parser.add_argument("--client-concurrency", type=int, default=16, help="the bench's creates in flight")
     parser.add_argument("--servings", type=int, default=3,
                         help="always-on ServingDeployments (2 GPUs each) beside the jobs, so that the operator "

@@ -44,6 +44,9 @@ class Settings:
     allocator: Allocator
     resync_seconds: float = 10.0
     debounce_seconds: float = 0.2
+    # A pass that takes newly arrived jobs starts this long after the first of them: jobs arriving meanwhile
+    # are planned in the same pass (one allocator run for them all), at this cost in admission latency.
+    batch_seconds: float = 0.5
     concurrency: int = 16
     qps: float = 200.0
     burst: int = 400
@@ -188,7 +191,9 @@ async def _reconcile_forever(kube: Kube) -> None:
         # a busy machine), wait as long as it took, so that it takes at most half of the operator's CPU. (By
         # the wall clock: on a machine short of CPU, passes then slow down instead of taking more of it.)
         await asyncio.sleep(max(settings.debounce_seconds, plan_seconds))
-        view.wake.clear()
+        if view.first_arrival is not None:
+            await asyncio.sleep(view.first_arrival + settings.batch_seconds - view.clock())
+        view.taken()
         try:
             plan_seconds = await _reconcile_once(kube)
         except asyncio.CancelledError:
