@@ -213,29 +213,19 @@ class Process:
         self.proc = subprocess.Popen([sys.executable, *profiler, "-m", "flotilla.cli", *args], stdout=self._log,
                                      stderr=subprocess.STDOUT, env=env, cwd=ROOT)
 
-    def usage(self) -> dict[str, Any]:
-        """CPU seconds and peak RSS so far, from /proc (Linux), and the CPU seconds of each of its live
-        threads by name (numbered ones, such as the writers' kube_0..kube_15, summed as kube_N)."""
+    def usage(self) -> dict[str, float]:
+        """CPU seconds and peak RSS so far, from /proc (Linux)."""
         hwm = next(int(line.split()[1]) for line in Path(f"/proc/{self.proc.pid}/status").read_text().splitlines()
                    if line.startswith("VmHWM:"))
-        threads: dict[str, float] = {}
-        for task in Path(f"/proc/{self.proc.pid}/task").iterdir():
-            try:
-                name = re.sub(r"\d+$", "N", (task / "comm").read_text().strip())
-                threads[name] = threads.get(name, 0.0) + cpu_seconds(self.proc.pid, task.name)
-            except OSError:  # the thread ended meanwhile
-                continue
-        return {"cpu_s": round(cpu_seconds(self.proc.pid), 2), "peak_rss_mb": round(hwm / 1024, 1),
-                "cpu_s_by_thread": {k: round(v, 2) for k, v in sorted(threads.items(), key=lambda kv: -kv[1])}}
+        return {"cpu_s": round(cpu_seconds(self.proc.pid), 2), "peak_rss_mb": round(hwm / 1024, 1)}
 
     def stop(self) -> None:
         stop_process(self.proc)
         self._log.close()
 
 
-def cpu_seconds(pid: int, thread: str | None = None) -> float:
-    path = f"/proc/{pid}/task/{thread}/stat" if thread else f"/proc/{pid}/stat"
-    fields = Path(path).read_text().rsplit(")", 1)[1].split()
+def cpu_seconds(pid: int) -> float:
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
@@ -575,6 +565,12 @@ PASS_LINE = re.compile(r"reconcile pass: jobs=(\d+) plan_ms=([\d.]+) actions=(\d
                        r"deferred=(\d+) in_flight=(\d+) api_requests=(\d+)(?:.*? plan_cpu_ms=([\d.]+))?")
 
 
+def last_logged(log_path: Path, what: str) -> dict[str, float]:
+    """The last "<what> so far: {...}" the operator logged."""
+    found = re.findall(re.escape(what) + r" so far: (\{.*\})", log_path.read_text())
+    return json.loads(found[-1]) if found else {}
+
+
 def operator_passes(log_path: Path) -> list[dict[str, float]]:
     out = []
     for m in PASS_LINE.finditer(log_path.read_text()):
@@ -732,11 +728,15 @@ def run_flotilla(api: Any, namespace: str, jobs: list[Job], cluster: Cluster, ou
         # Objects with writes on their way after each pass that acted (a pass does not wait for them).
         "objects_in_flight": percentiles([p["in_flight"] for p in busy]),
         "passes": len(passes),
-        "operator": {**usage, "cpu_s_before_jobs": round(started_cpu, 2), "api_requests": requests, "api_requests_per_job": round(requests / len(jobs), 2)},
+        "operator": {**usage, "cpu_s_by_thread": last_logged(out / "operator.log", "CPU seconds by thread"),
+                     "cpu_s_before_jobs": round(started_cpu, 2), "api_requests": requests,
+                     "api_requests_per_job": round(requests / len(jobs), 2)},
         "control_plane_cpu_s": cpu,
         "api_server_requests": busiest(api_requests),
         **apiserver_per_job(cpu, api_requests, len(jobs)),
         "pod_status_writes_per_pod": pod_status_writers(args.state, namespace),
+        "status_patches_per_job": {kind: round(n / len(jobs), 3) for kind, n in
+                                   last_logged(out / "operator.log", "TrainingJob status patches").items()},
         "admitted_over_time": [round(t - first, 1) for t in admitted],
         "gpus_in_use": gpus_in_use(pods, first, end),
     }
@@ -963,6 +963,7 @@ def main() -> int:
         print(f"API server during {phase}: {r['apiserver_s_per_job']} CPU-s per job, "
               f"{r['apiserver_latency_s_per_job']} s of request durations per job; busiest: {r['api_server_requests']}")
         print(f"pod status writes per pod during {phase}, by writer: {r['pod_status_writes_per_pod']}")
+    print(f"the operator's TrainingJob status patches per job, by what they set: {flo['status_patches_per_job']}")
     print(f"report: {args.out / 'scale.json'}, plot: {args.out / 'scale.png'}")
     print(json.dumps({"nodes": nodes, "jobs": len(jobs), "rate": args.rate, "admit_per_s": flo["admit_per_s"],
                       "p99_create_to_running_s": p99, "p99_vs_direct": report["p99_vs_direct"],
