@@ -93,7 +93,8 @@ def arbitrate(now: float, policy: PoolPolicy, jobs: Mapping[str, Body], nodes: M
     # (`_free_now` counts them through the job's pods).
     surplus = training.held_beyond_placement(jobs.values(), pods.values())
     decision = decide(PoolSnapshot(now, tuple(replace(n, foreign_gpus=n.foreign_gpus + surplus.get(n.name, 0))
-                                              for n in node_states), base.jobs, tuple(states.values())), policy)
+                                              for n in node_states), base.jobs, tuple(states.values()),
+                                   releasing=surplus), policy)
     job_decisions = _no_growth_while_serving_gives_back(decision, usage.serving_bound, base.jobs)
     free = _free_now(node_states, jobs, usage.worker_use, usage.serving_live)
     grants = _grants(decision, states, peaks, free, usage, _borrowed(jobs))

@@ -13,7 +13,8 @@
    (ClusterSnapshot.claimed): a job is admitted, and its minimum satisfactory share
    sized, so that it meets its deadline even when serving reaches its forecast (plus
    the policy's headroom). Leftovers go to training by marginal gain, as before.
-4. Serving growth that idle GPUs cannot meet is borrowed from training: from the
+4. Serving growth that idle GPUs cannot meet goes on GPUs a shrinking job's old workers are giving
+   back (PoolSnapshot.releasing: the grant waits for them to be free), then is borrowed from training: from the
    surplus above each job's guaranteed share, cheapest shrink first (GPU-seconds the
    job loses: restore time plus the work since its last checkpoint, times its GPUs;
    ties go to the shrink that strands fewer freed GPUs outside whole serving
@@ -88,8 +89,12 @@ def decide(snapshot: PoolSnapshot, policy: PoolPolicy = PoolPolicy()) -> PoolDec
     placements = {key: dict(d.placement) for key, d in decision.jobs.items()}
     free = free_gpus(snapshot.nodes, [*placements.values(), *(s.placement for s in servings)])
     loans: list[Loan] = []
+    releasing = dict(snapshot.releasing)
     for s in servings:
         _grow_on(s, free, snapshot.nodes)
+        # GPUs a shrink under way is giving back (its lender's old workers still terminating) are not borrowed
+        # a second time: decided again once they are free, the job would be shrunk now and grown back then.
+        _grow_on(s, releasing, snapshot.nodes)
         if s.need > 0:
             loans += _borrow(s, jobs, placements, guarded.shares(), free, snapshot.nodes, policy)
     protected = guarded.shares() if guarded.known else {

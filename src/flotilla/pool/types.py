@@ -97,6 +97,9 @@ class PoolSnapshot:
     nodes: tuple[NodeState, ...]
     jobs: tuple[JobState, ...]
     serving: tuple[ServingState, ...]
+    # node -> GPUs held by a shrinking job's old workers on their way out (counted in the nodes' foreign GPUs):
+    # free in a moment, so serving may be placed on them instead of borrowing again; not given to training.
+    releasing: Mapping[str, int] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
