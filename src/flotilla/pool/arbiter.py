@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field, replace
+from typing import Mapping
 
 from flotilla.allocation.elastic import DeadlineElastic
 from flotilla.allocation.placement import free_gpus, place, shrink_in_place
@@ -79,7 +80,7 @@ def decide(snapshot: PoolSnapshot, policy: PoolPolicy = PoolPolicy()) -> PoolDec
     for s in servings:
         for node, g in s.placement.items():
             serving_on[node] = serving_on.get(node, 0) + g
-    training_nodes = tuple(replace(n, foreign_gpus=n.foreign_gpus + serving_on.get(n.name, 0)) for n in snapshot.nodes)
+    training_nodes = with_foreign_gpus(snapshot.nodes, serving_on)
     claimed = _claims(servings, now, policy)
     training = ClusterSnapshot(now, training_nodes, snapshot.jobs, claimed)
     decision = _ALLOCATOR.decide(training)
@@ -131,6 +132,11 @@ class _Protected:
             self._shares = {key: max(d.guaranteed_gpus, plain.jobs[key].guaranteed_gpus)
                             if d.verdict is Verdict.ADMITTED else 0 for key, d in decision.jobs.items()}
         return self._shares
+
+
+def with_foreign_gpus(nodes: tuple[NodeState, ...], extra: Mapping[str, int]) -> tuple[NodeState, ...]:
+    """`nodes` with `extra` (node -> GPUs) added to their foreign GPUs; a node given none is kept as it is."""
+    return tuple(replace(n, foreign_gpus=n.foreign_gpus + extra[n.name]) if extra.get(n.name) else n for n in nodes)
 
 
 def _instances(gpus: int, unit: int, cap: int) -> int:
