@@ -100,7 +100,8 @@ class _IdentifiedConnection(kopf.ConnectionInfo):
 
 @kopf.on.login()
 def login(**kwargs: Any) -> kopf.ConnectionInfo | None:
-    info = kopf.login_via_client(**kwargs)
+    with kubeapi.CONFIG_LOCK:  # not beside the operator's own clients' loads (flotilla.kubeapi)
+        info = kopf.login_via_client(**kwargs)
     if info is None or settings is None:
         return info
     fields = {f.name: getattr(info, f.name) for f in dataclasses.fields(kopf.ConnectionInfo)}
