@@ -278,8 +278,10 @@ def thread_cpu_seconds() -> dict[str, float]:
     """CPU seconds of each live thread of this process, by name (numbered names summed: kube_N)."""
     out: dict[str, float] = {}
     for t in threading.enumerate():
+        if t.ident is None:
+            continue
         try:
-            seconds = time.clock_gettime(time.pthread_getcpuclockid(t.ident or 0))
+            seconds = time.clock_gettime(time.pthread_getcpuclockid(t.ident))
         except (OSError, AttributeError):  # ended meanwhile, or no per-thread clocks here
             continue
         name = re.sub(r"\d+$", "N", t.name)
