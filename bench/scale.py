@@ -565,6 +565,12 @@ PASS_LINE = re.compile(r"reconcile pass: jobs=(\d+) plan_ms=([\d.]+) actions=(\d
                        r"deferred=(\d+) in_flight=(\d+) api_requests=(\d+)(?:.*? plan_cpu_ms=([\d.]+))?")
 
 
+def last_logged(log_path: Path, what: str) -> dict[str, float]:
+    """The last "<what> so far: {...}" the operator logged."""
+    found = re.findall(re.escape(what) + r" so far: (\{.*\})", log_path.read_text())
+    return json.loads(found[-1]) if found else {}
+
+
 def operator_passes(log_path: Path) -> list[dict[str, float]]:
     out = []
     for m in PASS_LINE.finditer(log_path.read_text()):
@@ -647,6 +653,8 @@ def run_flotilla(api: Any, namespace: str, jobs: list[Job], cluster: Cluster, ou
     core, custom = client.CoreV1Api(api), client.CustomObjectsApi(api)
     operator = Process(out / "operator.log", cluster.kubeconfig, "operator", "--liveness", "", "--policy",
                        args.policy, "--concurrency", str(args.operator_concurrency),
+                       *(("--batch-seconds", str(args.operator_batch_seconds))
+                         if args.operator_batch_seconds is not None else ()),
                        profile=out / "operator.prof" if args.profile_operator else None)
     kwok_exit = args.workers == "kwok"
     workers = None if kwok_exit else Process(
@@ -661,6 +669,7 @@ def run_flotilla(api: Any, namespace: str, jobs: list[Job], cluster: Cluster, ou
         watches = (start_watch(api, f"/api/v1/namespaces/{namespace}/pods", WORKERS),
                    start_watch(api, f"/apis/{GROUP}/{VERSION}/namespaces/{namespace}/trainingjobs"))
         cpu, api_requests = component_cpu(args.state), api_server_requests(api)
+        started_cpu = cpu_seconds(operator.proc.pid)  # its start and first lists, before any job
         submit_in_waves(jobs, args.waves, args.wave_gap,
                         lambda j: custom.create_namespaced_custom_object(GROUP, VERSION, namespace, "trainingjobs",
                                                                          trainingjob(j, args.speed, kwok_exit)),
@@ -719,11 +728,15 @@ def run_flotilla(api: Any, namespace: str, jobs: list[Job], cluster: Cluster, ou
         # Objects with writes on their way after each pass that acted (a pass does not wait for them).
         "objects_in_flight": percentiles([p["in_flight"] for p in busy]),
         "passes": len(passes),
-        "operator": {**usage, "api_requests": requests, "api_requests_per_job": round(requests / len(jobs), 2)},
+        "operator": {**usage, "cpu_s_by_thread": last_logged(out / "operator.log", "CPU seconds by thread"),
+                     "cpu_s_before_jobs": round(started_cpu, 2), "api_requests": requests,
+                     "api_requests_per_job": round(requests / len(jobs), 2)},
         "control_plane_cpu_s": cpu,
         "api_server_requests": busiest(api_requests),
         **apiserver_per_job(cpu, api_requests, len(jobs)),
         "pod_status_writes_per_pod": pod_status_writers(args.state, namespace),
+        "status_patches_per_job": {kind: round(n / len(jobs), 3) for kind, n in
+                                   last_logged(out / "operator.log", "TrainingJob status patches").items()},
         "admitted_over_time": [round(t - first, 1) for t in admitted],
         "gpus_in_use": gpus_in_use(pods, first, end),
     }
@@ -852,6 +865,8 @@ def main() -> int:
     parser.add_argument("--policy", default=policies.DEFAULT, choices=policies.names(),
                         help="the operator's allocation policy (default: %(default)s)")
     parser.add_argument("--operator-concurrency", type=int, default=16, help="operator's API calls in flight")
+    parser.add_argument("--operator-batch-seconds", type=float, default=None,
+                        help="the operator's --batch-seconds (default: the operator's own)")
     parser.add_argument("--client-concurrency", type=int, default=16, help="the bench's creates in flight")
     parser.add_argument("--servings", type=int, default=3,
                         help="always-on ServingDeployments (2 GPUs each) beside the jobs, so that the operator "
@@ -948,6 +963,7 @@ def main() -> int:
         print(f"API server during {phase}: {r['apiserver_s_per_job']} CPU-s per job, "
               f"{r['apiserver_latency_s_per_job']} s of request durations per job; busiest: {r['api_server_requests']}")
         print(f"pod status writes per pod during {phase}, by writer: {r['pod_status_writes_per_pod']}")
+    print(f"the operator's TrainingJob status patches per job, by what they set: {flo['status_patches_per_job']}")
     print(f"report: {args.out / 'scale.json'}, plot: {args.out / 'scale.png'}")
     print(json.dumps({"nodes": nodes, "jobs": len(jobs), "rate": args.rate, "admit_per_s": flo["admit_per_s"],
                       "p99_create_to_running_s": p99, "p99_vs_direct": report["p99_vs_direct"],

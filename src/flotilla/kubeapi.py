@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import os
 import socket
+import threading
 from typing import Any, Protocol
 
 from kubernetes import client, config
@@ -71,13 +72,21 @@ def _bounded(timeout: Any, most: float) -> Any:
     return min(float(timeout), most)
 
 
+# The client writes a kubeconfig's certificates to temporary files, and remembers each file by its content
+# before it has written it: a second load of the same kubeconfig at that moment gets an empty file ("no
+# certificate or crl found" when its TLS context is made). Loads in one process take turns under this lock
+# (the operator makes its clients in threads while kopf logs in).
+CONFIG_LOCK = threading.Lock()
+
+
 def load_configuration() -> client.Configuration:
     """In-cluster when running in a pod, else KUBECONFIG / ~/.kube/config."""
-    try:
-        config.load_incluster_config()
-    except config.ConfigException:
-        config.load_kube_config()
-    return client.Configuration.get_default_copy()
+    with CONFIG_LOCK:
+        try:
+            config.load_incluster_config()
+        except config.ConfigException:
+            config.load_kube_config()
+        return client.Configuration.get_default_copy()
 
 
 def connect(component: str, identity: str | None = None, timeout: float = DEFAULT_TIMEOUT_SECONDS,

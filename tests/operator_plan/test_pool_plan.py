@@ -130,6 +130,31 @@ def test_a_serving_burst_is_met_from_a_jobs_surplus_through_a_checkpoint_then_on
     assert not any(isinstance(a, (PatchAnnotations, DeletePod)) for a in third)
 
 
+def test_a_shrink_whose_old_workers_are_still_terminating_is_not_shrunk_again():
+    """The flake of e2e/test_unified.py's borrow test under load: between the switch and its old workers'
+    end, the GPUs they hold were neither free for serving nor the job's, so the arbiter borrowed them a second
+    time (a new checkpoint request to shrink to 4) and gave them back once the workers were gone: the job
+    went 16 -> 10 -> 4 -> 10 within one scale-up of serving. They are on their way to serving: it waits."""
+    full = {"n0": 8, "n1": 8}
+    shrunk_to = {"n0": 2, "n1": 8}  # what the switch of the first test records: chat is lent 6 GPUs
+    shrunk = job(running(shrunk_to, 1, lentTo=[{"serving": "ns/chat", "gpus": 6}]))
+    old = workers(full)
+    for p in old.values():
+        p["metadata"]["deletionTimestamp"] = rfc3339(NOW)
+    leaving = run({"ns/a": shrunk}, old, {"ns/chat": chat(1, 2)}, deployments(0, 0))
+    assert not any(isinstance(a, (PatchAnnotations, DeletePod, CreatePod)) for a in leaving)
+    assert "phase" not in status_patch(leaving, "a") and "gpus" not in status_patch(leaving, "a")
+    shared = arbitrate(NOW, POLICY, {"ns/a": shrunk}, NODES, old, {"ns/chat": chat(1, 2)})
+    assert shared.jobs["ns/a"].gpus == 10 and not shared.lending
+    grant = shared.serving["ns/chat"]
+    assert (grant.gpus, grant.budget) == (6, 0)  # granted, and used once the old workers have left
+    assert replicas(leaving) == {}
+
+    gone = run({"ns/a": shrunk}, workers(shrunk_to, 1), {"ns/chat": chat(1, 2)}, deployments(0, 0))
+    assert replicas(gone) == {"chat-prefill": 1, "chat-decode": 2}
+    assert not any(isinstance(a, PatchAnnotations) for a in gone)
+
+
 def test_a_burst_that_would_break_a_guarantee_is_refused_by_policy_and_says_so():
     full = {"n0": 8, "n1": 8}
     # 100,000 steps by the deadline needs every GPU: the whole cluster is the job's guaranteed share.

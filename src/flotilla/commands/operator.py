@@ -35,6 +35,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--resync", type=float, default=10.0, metavar="SECONDS",
                         help="wake at least this often, and re-plan everything this long after the last full "
                              "re-plan ended, or longer when one is slow (default: %(default)s)")
+    parser.add_argument("--batch-seconds", type=float, default=0.5, metavar="SECONDS",
+                        help="a pass that takes newly submitted TrainingJobs starts this long after the first of "
+                             "them, so that jobs arriving together are planned in one pass; it adds up to this "
+                             "much to their admission (default: %(default)s)")
     parser.add_argument("--concurrency", type=int, default=16,
                         help="API calls in flight at once when applying a decision (default: %(default)s)")
     parser.add_argument("--qps", type=float, default=200.0,
@@ -76,12 +80,14 @@ def run(args: argparse.Namespace) -> int:
 
     for flag, value, least in (("--concurrency", args.concurrency, 1), ("--qps", args.qps, 0),
                                ("--burst", args.burst, 1), ("--api-timeout", args.api_timeout, 0.1),
-                               ("--relist-seconds", args.relist_seconds, 1), ("--agent-port", args.agent_port, 1)):
+                               ("--relist-seconds", args.relist_seconds, 1), ("--agent-port", args.agent_port, 1),
+                               ("--batch-seconds", args.batch_seconds, 0)):
         if value < least:
             raise SystemExit(f"{flag} must be at least {least}, got {value}")
     elector = _elector(args) if args.leader_elect else None
     identity = elector.identity if elector else kubeapi.default_identity()
     handlers.configure(handlers.Settings(allocator=policies.get(args.policy), resync_seconds=args.resync,
+                                         batch_seconds=args.batch_seconds,
                                          concurrency=args.concurrency, qps=args.qps, burst=args.burst,
                                          max_restarts=args.max_restarts, pool=pool_policy(args),
                                          api_timeout=args.api_timeout, relist_seconds=args.relist_seconds,

@@ -16,8 +16,12 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import json
 import logging
+import re
+import threading
 import time
+from collections import Counter
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any, Callable
@@ -44,6 +48,9 @@ class Settings:
     allocator: Allocator
     resync_seconds: float = 10.0
     debounce_seconds: float = 0.2
+    # A pass that takes newly arrived jobs starts this long after the first of them: jobs arriving meanwhile
+    # are planned in the same pass (one allocator run for them all), at this cost in admission latency.
+    batch_seconds: float = 0.5
     concurrency: int = 16
     qps: float = 200.0
     burst: int = 400
@@ -61,6 +68,10 @@ view = View()
 inference_pools = False  # the InferencePool CRD is installed (flotilla.operator.endpoint)
 in_flight: dict[tuple[str, str], asyncio.Task] = {}  # (view kind, key) -> the task writing that object's actions
 _planner = ThreadPoolExecutor(max_workers=1, thread_name_prefix="plan")
+# TrainingJob status patches answered, by what they set (`status_patch_kind`): logged now and then for the
+# benchmarks (each costs the API server more than any other request of the operator's).
+status_patches: Counter[str] = Counter()
+_status_patches_logged: tuple[float, int] = (0.0, 0)  # when, and how many there were then
 planner = Planner()
 settings: Settings | None = None
 
@@ -89,7 +100,8 @@ class _IdentifiedConnection(kopf.ConnectionInfo):
 
 @kopf.on.login()
 def login(**kwargs: Any) -> kopf.ConnectionInfo | None:
-    info = kopf.login_via_client(**kwargs)
+    with kubeapi.CONFIG_LOCK:  # not beside the operator's own clients' loads (flotilla.kubeapi)
+        info = kopf.login_via_client(**kwargs)
     if info is None or settings is None:
         return info
     fields = {f.name: getattr(info, f.name) for f in dataclasses.fields(kopf.ConnectionInfo)}
@@ -112,6 +124,7 @@ async def cleanup(memo: kopf.Memo, **_: Any) -> None:
     task = getattr(memo, "loop_task", None)
     if task:
         task.cancel()
+    _log_status_patches(every=0.0)
 
 
 def _settings() -> Settings:
@@ -188,7 +201,9 @@ async def _reconcile_forever(kube: Kube) -> None:
         # a busy machine), wait as long as it took, so that it takes at most half of the operator's CPU. (By
         # the wall clock: on a machine short of CPU, passes then slow down instead of taking more of it.)
         await asyncio.sleep(max(settings.debounce_seconds, plan_seconds))
-        view.wake.clear()
+        if view.first_arrival is not None:
+            await asyncio.sleep(view.first_arrival + settings.batch_seconds - view.clock())
+        view.taken()
         try:
             plan_seconds = await _reconcile_once(kube)
         except asyncio.CancelledError:
@@ -239,7 +254,39 @@ async def _reconcile_once(kube: Kube) -> float:
             actions, dispatched, deferred, len(in_flight), kube.requests, kube.throttled_seconds, plan_cpu * 1e3,
             len(plans),
             planner.full_passes - full_passes, f" ({planner.full_reason})" if planner.full_reason else "")
+    _log_status_patches()
     return planned - started
+
+
+def status_patch_kind(patch: dict[str, Any]) -> str:
+    """"Admitted+placement", "Succeeded", "no phase+guaranteedShare": the phase a TrainingJob status patch
+    sets, and the fields it sets that are written on their own occasions."""
+    notable = ("placement", "guaranteedShare", "progress", "checkpoint", "lentTo", "restarts")
+    return "+".join([str(patch.get("phase", "no phase")), *(f for f in notable if f in patch)])
+
+
+def _log_status_patches(every: float = 10.0) -> None:
+    global _status_patches_logged
+    now, total = time.monotonic(), sum(status_patches.values())
+    if total != _status_patches_logged[1] and now - _status_patches_logged[0] >= every:
+        log.info("TrainingJob status patches so far: %s", json.dumps(dict(status_patches.most_common())))
+        log.info("CPU seconds by thread so far: %s", json.dumps(thread_cpu_seconds()))
+        _status_patches_logged = (now, total)
+
+
+def thread_cpu_seconds() -> dict[str, float]:
+    """CPU seconds of each live thread of this process, by name (numbered names summed: kube_N)."""
+    out: dict[str, float] = {}
+    for t in threading.enumerate():
+        if t.ident is None:
+            continue
+        try:
+            seconds = time.clock_gettime(time.pthread_getcpuclockid(t.ident))
+        except (OSError, AttributeError):  # ended meanwhile, or no per-thread clocks here
+            continue
+        name = re.sub(r"\d+$", "N", t.name)
+        out[name] = round(out.get(name, 0.0) + seconds, 2)
+    return dict(sorted(out.items(), key=lambda kv: -kv[1]))
 
 
 def _timed(fn: Callable[..., Any], *args: Any) -> tuple[Any, float]:
@@ -254,6 +301,8 @@ async def _write(kube: Kube, kind: str, key: str, actions: list[Action]) -> None
         for action, result in await kube.apply(actions):
             if isinstance(action, (PatchStatus, PatchAnnotations)) and isinstance(result, dict):
                 answer = result
+                if isinstance(action, PatchStatus) and kind == "jobs":
+                    status_patches[status_patch_kind(action.status)] += 1
             elif isinstance(action, CreatePod):
                 view.created(key_of(action.manifest), time.monotonic())
             elif isinstance(action, ApplyObject):

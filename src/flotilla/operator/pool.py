@@ -22,7 +22,7 @@ from flotilla.allocation import ClusterSnapshot, JobDecision, JobState, NodeStat
 from flotilla.operator import serving, training
 from flotilla.operator.pods import holds_gpus, pod_gpus, serving_key, worker_job_uid
 from flotilla.operator.serving import ServingGrant
-from flotilla.pool import PoolDecision, PoolPolicy, PoolSnapshot, ServingState, decide
+from flotilla.pool import PoolDecision, PoolPolicy, PoolSnapshot, ServingState, decide, with_foreign_gpus
 from flotilla.resources import serving_deployment
 
 Body = Mapping[str, Any]
@@ -85,17 +85,18 @@ def arbitrate(now: float, policy: PoolPolicy, jobs: Mapping[str, Body], nodes: M
     """`state_of`: `training.job_state`, or a cache of it; `base`: `training.snapshot` of the same objects,
     when already made."""
     base = base or training.snapshot(now, jobs.values(), nodes.values(), pods.values(), state_of=state_of)
+    placement = training.placement_of if state_of is None else (lambda body: state_of(body).placement)
     usage = _pod_usage(pods, servings, training.live_by_uid(jobs.values()),
                        {n.name for n in base.nodes if n.schedulable})
     states, peaks = _serving_states(servings, usage, now, policy)
-    node_states = tuple(replace(n, foreign_gpus=n.foreign_gpus + usage.foreign.get(n.name, 0)) for n in base.nodes)
+    node_states = with_foreign_gpus(base.nodes, usage.foreign)
     # A live job's old worker set terminating on a node it has left holds GPUs nobody may be given yet
     # (`_free_now` counts them through the job's pods).
-    surplus = training.held_beyond_placement(jobs.values(), pods.values())
-    decision = decide(PoolSnapshot(now, tuple(replace(n, foreign_gpus=n.foreign_gpus + surplus.get(n.name, 0))
-                                              for n in node_states), base.jobs, tuple(states.values())), policy)
+    surplus = training.held_beyond_placement(jobs.values(), pods.values(), placement)
+    decision = decide(PoolSnapshot(now, with_foreign_gpus(node_states, surplus), base.jobs, tuple(states.values()),
+                                   releasing=surplus), policy)
     job_decisions = _no_growth_while_serving_gives_back(decision, usage.serving_bound, base.jobs)
-    free = _free_now(node_states, jobs, usage.worker_use, usage.serving_live)
+    free = _free_now(node_states, jobs, usage.worker_use, usage.serving_live, placement)
     grants = _grants(decision, states, peaks, free, usage, _borrowed(jobs))
     return PoolPlan(job_decisions, _lending(decision), grants)
 
@@ -198,7 +199,8 @@ def _grants(decision: PoolDecision, states: Mapping[str, ServingState], peaks: M
 
 
 def _free_now(nodes: tuple[NodeState, ...], jobs: Mapping[str, Body], worker_use: Mapping[str, Mapping[str, int]],
-              serving_live: Mapping[str, Mapping[str, int]]) -> dict[str, int]:
+              serving_live: Mapping[str, Mapping[str, int]],
+              placement: Callable[[Body], Mapping[str, int]] = training.placement_of) -> dict[str, int]:
     """GPUs free on each schedulable node right now: not foreign, not held by a serving pod, and per job
     not the larger of what its recorded placement and its pods (any generation, bound or pinned) take."""
     used: dict[str, int] = defaultdict(int)
@@ -206,7 +208,7 @@ def _free_now(nodes: tuple[NodeState, ...], jobs: Mapping[str, Body], worker_use
         for node, g in held.items():
             used[node] += g
     for key, body in jobs.items():
-        recorded = training.placement_of(body) if not training.is_final(body) else {}
+        recorded = placement(body) if not training.is_final(body) else {}
         pods = worker_use.get(key, {})
         for node in set(recorded) | set(pods):
             used[node] += max(recorded.get(node, 0), pods.get(node, 0))

@@ -7,12 +7,12 @@ from collections import defaultdict
 from dataclasses import dataclass, field, replace
 from typing import Any, Callable, Collection, Mapping
 
-from flotilla.allocation import Allocator, ClusterSnapshot, JobDecision, JobState
+from flotilla.allocation import Allocator, ClusterSnapshot, JobDecision, JobState, NodeState
 from flotilla.operator import serving, training
 from flotilla.operator.actions import Action
 from flotilla.operator.pods import holds_gpus, pod_gpus, serving_key, worker_job_uid
 from flotilla.operator.pool import arbitrate
-from flotilla.pool import PoolPolicy
+from flotilla.pool import PoolPolicy, with_foreign_gpus
 from flotilla.resources import names
 
 Body = Mapping[str, Any]
@@ -27,14 +27,14 @@ def training_snapshot(now: float, jobs: Mapping[str, Body], nodes: Mapping[str, 
     its to give. `base`: `training.snapshot` of the same objects, when already made."""
     snap = base or training.snapshot(now, jobs.values(), nodes.values(), pods.values(), state_of=state_of)
     live = training.live_by_uid(jobs.values())
-    foreign: dict[str, int] = defaultdict(int, training.held_beyond_placement(jobs.values(), pods.values()))
+    placement = training.placement_of if state_of is None else (lambda body: state_of(body).placement)
+    foreign: dict[str, int] = defaultdict(int, training.held_beyond_placement(jobs.values(), pods.values(), placement))
     for pod in pods.values():
         if holds_gpus(pod) and worker_job_uid(pod) not in live:
             foreign[pod["spec"]["nodeName"]] += pod_gpus(pod)
     if not foreign:
         return snap
-    return replace(snap, nodes=tuple(replace(n, foreign_gpus=n.foreign_gpus + foreign.get(n.name, 0))
-                                     for n in snap.nodes))
+    return replace(snap, nodes=with_foreign_gpus(snap.nodes, foreign))
 
 
 def reconcile(now: float, allocator: Allocator, jobs: Mapping[str, Body], nodes: Mapping[str, Body],
@@ -128,6 +128,7 @@ class Planner:
     # key -> (body, its job_state, its loans)
     _states: dict[str, tuple[Body, JobState, dict[str, int]]] = field(default_factory=dict)
     _pod_prints: dict[str, tuple[Body, tuple]] = field(default_factory=dict)
+    _node_states: dict[str, tuple[Body, NodeState]] = field(default_factory=dict)
     _inputs: tuple | None = None  # what the allocator read last
     _decided: tuple[Mapping[str, JobDecision], Mapping[str, Any], Mapping[str, Any]] = ({}, {}, {})
     _last_decisions: Mapping[str, JobDecision] = field(default_factory=dict)
@@ -151,7 +152,11 @@ class Planner:
         full = self.full_reason is not None
         self.passes += 1
         self._states = {k: self._states[k] for k in jobs if k in self._states and self._states[k][0] is jobs[k]}
-        base = training.snapshot(now, jobs.values(), nodes.values(), pods.values(), state_of=self._state_of)
+        self._node_states = {k: self._node_states[k] if k in self._node_states and self._node_states[k][0] is n
+                             else (n, training.node_state(n)) for k, n in nodes.items()}
+        node_of = {id(n): state for n, state in self._node_states.values()}
+        base = training.snapshot(now, jobs.values(), nodes.values(), pods.values(), state_of=self._state_of,
+                                 node_of=lambda n: node_of[id(n)])
         self._pod_prints = {k: self._pod_prints[k] if k in self._pod_prints and self._pod_prints[k][0] is p
                             else (p, _pod_print(p)) for k, p in pods.items()}
         # What the allocator reads: the snapshot's nodes and jobs, the jobs' loans, the pods (what they add to
@@ -164,7 +169,8 @@ class Planner:
                 shared = arbitrate(now, pool, jobs, nodes, pods, servings, state_of=self._state_of, base=base)
                 self._decided = (shared.jobs, shared.lending, shared.serving)
             else:
-                self._decided = (allocator.decide(training_snapshot(now, jobs, nodes, pods, base=base)).jobs, {}, {})
+                self._decided = (allocator.decide(training_snapshot(now, jobs, nodes, pods, state_of=self._state_of,
+                                                                    base=base)).jobs, {}, {})
             self._inputs = inputs
         decisions, lending, grants = self._decided
         pods_of = _pods_by_job(pods)

@@ -146,10 +146,11 @@ def live_by_uid(jobs: Iterable[Body]) -> dict[str, str]:
 
 
 def snapshot(now: float, jobs: Iterable[Body], nodes: Iterable[Body], pods: Iterable[Body] = (),
-             state_of: Callable[[Body], JobState] | None = None) -> ClusterSnapshot:
+             state_of: Callable[[Body], JobState] | None = None,
+             node_of: Callable[[Body], NodeState] | None = None) -> ClusterSnapshot:
     """The allocator's view. A job in `displaced(...)` is shown holding nothing, so that it is placed afresh.
-    `state_of`: `job_state`, or a cache of it."""
-    gpu_nodes = tuple(node_state(n) for n in nodes
+    `state_of`: `job_state`, or a cache of it; `node_of`: `node_state`, or a cache of it."""
+    gpu_nodes = tuple((node_of or node_state)(n) for n in nodes
                       if "kwok.x-k8s.io/node" in (n["metadata"].get("annotations") or {})
                       or names.GPU_RESOURCE in ((n.get("status") or {}).get("allocatable") or {}))
     live = [j for j in jobs if not is_final(j)]
@@ -159,12 +160,15 @@ def snapshot(now: float, jobs: Iterable[Body], nodes: Iterable[Body], pods: Iter
                            jobs=tuple(replace(s, placement={}) if s.key in moved else s for s in states))
 
 
-def held_beyond_placement(jobs: Iterable[Body], pods: Iterable[Body]) -> dict[str, int]:
+def held_beyond_placement(jobs: Iterable[Body], pods: Iterable[Body],
+                          placement: Callable[[Body], Mapping[str, int]] = placement_of) -> dict[str, int]:
     """node -> GPUs that live jobs' pods hold there beyond what their recorded placement reserves: an old
-    worker set still terminating on a node the job has left. Nobody may be given those GPUs until it is gone."""
+    worker set still terminating on a node the job has left. Nobody may be given those GPUs until it is gone.
+    `placement`: `placement_of`, or what a cache of `job_state` says it is."""
+    jobs = list(jobs)
     live = live_by_uid(jobs)
     reserved = {(uid, node): gpus for body in jobs if (uid := body["metadata"].get("uid")) in live
-                for node, gpus in placement_of(body).items()}
+                for node, gpus in placement(body).items()}
     held: dict[tuple[str, str], int] = {}
     for pod in pods:
         if (uid := worker_job_uid(pod)) in live and holds_gpus(pod):

@@ -82,6 +82,8 @@ class View:
     _created: dict[str, float] = field(default_factory=dict)  # pod key -> when this operator created it
     _applied: dict[str, tuple[str, float]] = field(default_factory=dict)  # endpoint object -> (manifest, when)
     relist_wake: asyncio.Event = field(default_factory=asyncio.Event)  # set: list every kind now
+    # When the first TrainingJob new to the view arrived since the loop last took it (`taken`); None: none.
+    first_arrival: float | None = None
 
     def record(self, kind: str, event: dict[str, Any]) -> bool:
         """A watch event; wakes the reconcile loop when it changed what planning reads (a heartbeat, a
@@ -114,6 +116,8 @@ class View:
         seen = _TRIM.get(kind, trim.other)(obj)
         written = self._written.get((kind, key))
         store = getattr(self, kind)
+        if kind == "jobs" and key not in store and self.first_arrival is None:
+            self.first_arrival = self.clock()
         if not written and (kind, key) not in self._seen and _same(store.get(key), seen):
             return False
         if written:
@@ -200,6 +204,11 @@ class View:
         if dropped or changed:  # a change the watch missed
             self.wake.set()
         return sorted(dropped)
+
+    def taken(self) -> None:
+        """A pass is about to copy the view: what woke the loop so far is in it."""
+        self.wake.clear()
+        self.first_arrival = None
 
     def created(self, pod_key: str, now: float) -> None:
         self._created[pod_key] = now

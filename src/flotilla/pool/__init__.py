@@ -1,6 +1,6 @@
 """One GPU pool shared by deadline training and SLO serving (pure): the arbiter and its types."""
 
-from flotilla.pool.arbiter import decide
+from flotilla.pool.arbiter import decide, with_foreign_gpus
 from flotilla.pool.types import (
     Loan,
     PoolDecision,
@@ -11,5 +11,5 @@ from flotilla.pool.types import (
     Transition,
 )
 
-__all__ = ["decide", "Loan", "PoolDecision", "PoolPolicy", "PoolSnapshot", "ServingDecision", "ServingState",
-           "Transition"]
+__all__ = ["decide", "with_foreign_gpus", "Loan", "PoolDecision", "PoolPolicy", "PoolSnapshot", "ServingDecision",
+           "ServingState", "Transition"]

@@ -13,7 +13,8 @@
    (ClusterSnapshot.claimed): a job is admitted, and its minimum satisfactory share
    sized, so that it meets its deadline even when serving reaches its forecast (plus
    the policy's headroom). Leftovers go to training by marginal gain, as before.
-4. Serving growth that idle GPUs cannot meet is borrowed from training: from the
+4. Serving growth that idle GPUs cannot meet goes on GPUs a shrinking job's old workers are giving
+   back (PoolSnapshot.releasing: the grant waits for them to be free), then is borrowed from training: from the
    surplus above each job's guaranteed share, cheapest shrink first (GPU-seconds the
    job loses: restore time plus the work since its last checkpoint, times its GPUs;
    ties go to the shrink that strands fewer freed GPUs outside whole serving
@@ -26,11 +27,12 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field, replace
+from typing import Mapping
 
 from flotilla.allocation.elastic import DeadlineElastic
 from flotilla.allocation.placement import free_gpus, place, shrink_in_place
 from flotilla.allocation.sizes import job_sizes
-from flotilla.allocation.snapshot import ClusterSnapshot, JobDecision, JobState, NodeState, Verdict
+from flotilla.allocation.snapshot import ClusterSnapshot, Decision, JobDecision, JobState, NodeState, Verdict
 from flotilla.pool.types import (
     Loan,
     PoolDecision,
@@ -78,31 +80,63 @@ def decide(snapshot: PoolSnapshot, policy: PoolPolicy = PoolPolicy()) -> PoolDec
     for s in servings:
         for node, g in s.placement.items():
             serving_on[node] = serving_on.get(node, 0) + g
-    training_nodes = tuple(replace(n, foreign_gpus=n.foreign_gpus + serving_on.get(n.name, 0)) for n in snapshot.nodes)
+    training_nodes = with_foreign_gpus(snapshot.nodes, serving_on)
     claimed = _claims(servings, now, policy)
     training = ClusterSnapshot(now, training_nodes, snapshot.jobs, claimed)
     decision = _ALLOCATOR.decide(training)
-    # An admitted job keeps the larger of two shares: the one it needs now with serving at its target now
-    # and at its forecast later, and the one it needs were serving to stay as it is. The second keeps
-    # its guarantee when serving outgrows what admission counted on, or when the first would let it
-    # fall behind now and count on catching up later.
-    plain = decision if not any(g for _, g in claimed) else _ALLOCATOR.decide(replace(training, claimed=()))
-    protected = {key: max(d.guaranteed_gpus, plain.jobs[key].guaranteed_gpus) if d.verdict is Verdict.ADMITTED else 0
-                 for key, d in decision.jobs.items()}
+    guarded = _Protected(decision, training)
 
     jobs = {j.key: j for j in snapshot.jobs}
     placements = {key: dict(d.placement) for key, d in decision.jobs.items()}
     free = free_gpus(snapshot.nodes, [*placements.values(), *(s.placement for s in servings)])
     loans: list[Loan] = []
+    releasing = dict(snapshot.releasing)
     for s in servings:
         _grow_on(s, free, snapshot.nodes)
+        # GPUs a shrink under way is giving back (its lender's old workers still terminating) are not borrowed
+        # a second time: decided again once they are free, the job would be shrunk now and grown back then.
+        _grow_on(s, releasing, snapshot.nodes)
         if s.need > 0:
-            loans += _borrow(s, jobs, placements, protected, free, snapshot.nodes, policy)
+            loans += _borrow(s, jobs, placements, guarded.shares(), free, snapshot.nodes, policy)
+    protected = guarded.shares() if guarded.known else {
+        key: d.guaranteed_gpus if d.verdict is Verdict.ADMITTED else 0 for key, d in decision.jobs.items()}
 
     job_decisions = {key: _job_decision(d, placements[key], protected[key], loans) for key, d in decision.jobs.items()}
     serving_decisions = {s.sd.key: _serving_decision(s, protected, placements) for s in servings}
     return PoolDecision(job_decisions, serving_decisions, tuple(loans), _transition(snapshot, job_decisions,
                                                                                     serving_decisions))
+
+
+class _Protected:
+    """What borrowing may not take from each job. An admitted job keeps the larger of two shares: the one
+    it needs now with serving at its target now and at its forecast later (the decision's), and the one it
+    needs were serving to stay as it is. The second keeps its guarantee when serving outgrows what
+    admission counted on, or when the first would let it fall behind now and count on catching up later.
+    The second takes an allocator run of its own over every job, and only a ServingDeployment short of
+    GPUs reads it: it is made on first use (most decisions borrow nothing, and their job decisions carry
+    the decision's guaranteed share)."""
+
+    def __init__(self, decision: Decision, training: ClusterSnapshot) -> None:
+        self._decision, self._training = decision, training
+        self._shares: dict[str, int] | None = None
+
+    @property
+    def known(self) -> bool:
+        return self._shares is not None
+
+    def shares(self) -> dict[str, int]:
+        if self._shares is None:
+            decision, training = self._decision, self._training
+            plain = (decision if not any(g for _, g in training.claimed)
+                     else _ALLOCATOR.decide(replace(training, claimed=())))
+            self._shares = {key: max(d.guaranteed_gpus, plain.jobs[key].guaranteed_gpus)
+                            if d.verdict is Verdict.ADMITTED else 0 for key, d in decision.jobs.items()}
+        return self._shares
+
+
+def with_foreign_gpus(nodes: tuple[NodeState, ...], extra: Mapping[str, int]) -> tuple[NodeState, ...]:
+    """`nodes` with `extra` (node -> GPUs) added to their foreign GPUs; a node given none is kept as it is."""
+    return tuple(replace(n, foreign_gpus=n.foreign_gpus + extra[n.name]) if extra.get(n.name) else n for n in nodes)
 
 
 def _instances(gpus: int, unit: int, cap: int) -> int:

@@ -97,6 +97,9 @@ class PoolSnapshot:
     nodes: tuple[NodeState, ...]
     jobs: tuple[JobState, ...]
     serving: tuple[ServingState, ...]
+    # node -> GPUs held by a shrinking job's old workers on their way out (counted in the nodes' foreign GPUs):
+    # free in a moment, so serving may be placed on them instead of borrowing again; not given to training.
+    releasing: Mapping[str, int] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -140,6 +143,8 @@ class Transition:
 
 @dataclass(frozen=True)
 class PoolDecision:
+    # A job's guaranteed_gpus: what serving may not borrow (the larger of two shares, flotilla.pool.arbiter's
+    # _Protected) when a ServingDeployment was short of GPUs in this decision, else the allocator's.
     jobs: Mapping[str, JobDecision]
     serving: Mapping[str, ServingDecision]
     loans: tuple[Loan, ...]
