@@ -36,8 +36,8 @@ def window(t: float, rate: float, attainment: float | None = None, requests: int
                           attainment=attainment, requests=requests)
 
 
-@pytest.mark.parametrize("seed", range(3))
-@pytest.mark.parametrize("rate", [20.0, 40.0])
+@pytest.mark.parametrize("seed", range(5))
+@pytest.mark.parametrize("rate", [5.0, 20.0, 40.0, 100.0])
 def test_poisson_noise_changes_nothing(rate, seed):
     replanner = make_replanner(rate)
     rng = np.random.default_rng(seed)

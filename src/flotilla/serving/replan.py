@@ -133,8 +133,12 @@ class Replanner:
         span_covered = window.time - self._since >= policy.scale_down_delay_s
         remembered = [w for w in windows if w.time >= window.time - self._memory]
         peak, peak_planned = self._peak(remembered)
-        # Never below a window in memory: that window's rate would scale the smaller plan straight back up.
-        candidate = self._plan(caps, max(peak_planned, max(w.requests_per_second for w in remembered)))
+        # Nor below any window in memory with its own margin: the smaller plan must not be scaled straight
+        # back up by the next window of the same load (the margin is the hysteresis).
+        attainment = self.template.slo.attainment
+        candidate = self._plan(caps, max(peak_planned, *(provisioned_rate(w.requests_per_second,
+                                                                           self._span(remembered, i), attainment)
+                                                          for i, w in enumerate(remembered))))
         if span_covered and candidate.gpus < self.current.gpus:
             saved = (self.current.gpus - candidate.gpus) * policy.benefit_horizon_s
             cost = _changed_gpus(self.current, candidate) * policy.change_cost_s
