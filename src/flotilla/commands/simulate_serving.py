@@ -2,7 +2,8 @@
 TTFT/TPOT percentiles, goodput and goodput per GPU.
 
 Trace CSV columns: arrival_s, prompt_tokens, output_tokens (make one with `flotilla serving-trace`).
-Policies: adaptive (the planner re-planning every --interval seconds), static-best, fixed-1-1, colocated.
+Policies: adaptive (the planner re-planning every --interval seconds, and at once when a --scrape window calls
+for a scale-up), adaptive-colocated, adaptive-disaggregated, static-peak, static-best, fixed-1-1, colocated.
 """
 
 from __future__ import annotations

@@ -388,8 +388,9 @@ def make_policy(name: str, trace: Trace, slo: SLO, profile: Profile, budget: int
     """Build one of POLICIES for a trace and a GPU budget. The adaptive ones re-plan every interval
     (adaptive-colocated and adaptive-disaggregated restricted to one mode); static-peak holds what the
     planner chose for the trace's busiest minute, static-best what it chose for the average load;
-    fixed-1-1 and colocated hold the whole budget. The adaptive ones are told the interval and the
-    instances' start time, as a user would set them (unless `replan_policy` is given)."""
+    fixed-1-1 1:1 prefill:decode pairs for the busiest minute; colocated holds the whole budget. The
+    adaptive ones are told the interval, the scrape and the instances' start time, as a user would set
+    them (unless `replan_policy` is given)."""
     average = workload_statistics(trace)
     replan_policy = replan_policy or ReplanPolicy(instance_start_s=startup_s, window_s=scrape_s or interval_s)
     if name.startswith("adaptive"):
