@@ -6,12 +6,14 @@ doubles (iteration-level batching, chunked prefill when colocated, KV cache; Dis
 timings): the plans are judged by what the engines do, not by the planner's latency formulas.
 Policies (all sized by the same planner and SLO unless said otherwise):
 
-    adaptive                re-plans every 30 s from the observed window, any mode
+    adaptive                re-plans every 30 s from the observed window (at once when a 15-s scrape
+                            window calls for a scale-up, as the controller does), any mode
     adaptive-colocated      the same, colocated plans only
     adaptive-disaggregated  the same, disaggregated plans only
     static-peak             one plan, sized for the trace's busiest minute
     static-best             one plan, sized for the trace's average rate plus the adaptive headroom
-    fixed-1-1               prefill:decode pairs filling the budget
+    fixed-1-1               1 prefill : 1 decode instance pairs, each role at the GPUs per instance the
+                            planner gives it for the busiest minute, as many pairs as that minute needs
     colocated               colocated instances (chunked prefill, vLLM's default) filling the budget
 
 Goodput counts requests that meet both TTFT and TPOT (in windows meeting the attainment target);
@@ -24,8 +26,8 @@ geometric mean. "modes" counts the adaptive policy's plans (first and changes) p
 
 Seeds: the re-planner's rules (flotilla.serving.replan) were chosen on the traces of seeds 101, 105 and
 109 (`--seed 101` ...: the four traces take seed, seed+1, seed+2, seed+3); the figures reported in
-docs/serving.md use the default seed 7, held out (except the peak memory's default, set back to 1800 s
-after the full mode's held-out bursty trace missed its SLO with 300 s; docs/serving.md says so).
+docs/serving.md use the default seed 21 (traces 21-24), held out and not looked at before the rules were
+fixed. Seeds 7-10, the held-out set of earlier rounds, were seen while earlier rules were chosen.
 """
 
 from __future__ import annotations
@@ -66,7 +68,7 @@ def plan_time_ms(repeats: int) -> float:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--quick", action="store_true", help="short traces")
-    parser.add_argument("--seed", type=int, default=7, help="the first trace's seed (default 7: held out)")
+    parser.add_argument("--seed", type=int, default=21, help="the first trace's seed (default 21: held out)")
     parser.add_argument("--baselines", nargs="*", choices=BASELINES, default=BASELINES,
                         help="baselines to run (default: all)")
     args = parser.parse_args()
@@ -96,7 +98,7 @@ def main() -> None:
             ratios[baseline].append(adaptive.goodput_per_gpu / results[baseline].goodput_per_gpu)
         print(f"{arrival:8} adaptive goodput/GPU vs " + ", ".join(
             f"{b} {ratios[b][-1]:.2f}x" for b in baselines))
-        for policy in ("adaptive", *(["static-peak"] if "static-peak" in baselines else [])):
+        for policy in ("adaptive", *(b for b in ("static-peak", "fixed-1-1") if b in baselines)):
             first = make_policy(policy, trace, SLO_TARGET, OPT_13B_A100, budget).initial_plan()
             print(f"{arrival:8} why {policy} starts {first.mode}: {first.reason}")
 

@@ -7,10 +7,12 @@ import numpy as np
 import pytest
 
 from flotilla.cli import main
-from flotilla.serving.planner import Plan
+from flotilla.serving.planner import InstanceCapacities, Plan, instance_capacities, plan_from_capacities
+from flotilla.serving.replan import ObservedWindow
 from flotilla.serving.shipped_profiles import OPT_13B_A100
 from flotilla.serving.workload import SLO
-from flotilla.sim.serving import ServingSim, StaticPolicy, simulate
+from flotilla.sim.serving import (PEAK_WINDOW_S, AdaptivePolicy, ServingSim, StaticPolicy, make_policy, peak_rate,
+                                  simulate, workload_statistics)
 from flotilla.sim.serving_trace import Trace, generate, read_csv, write_csv
 from flotilla.testing.engine import OPT_13B_A100 as ENGINE_OPT_13B_A100
 
@@ -88,6 +90,39 @@ def test_adaptive_never_holds_more_than_the_budget():
     assert result.max_gpus <= 5
 
 
+def test_adaptive_evaluates_a_scrape_window_between_intervals_only_when_it_calls_for_a_scale_up():
+    policy = make_policy("adaptive", generate("steady", "chat", 5.0, 300.0, seed=5), SLO_, OPT_13B_A100, 8)
+    assert isinstance(policy, AdaptivePolicy)
+
+    def window(t: float, rate: float) -> ObservedWindow:
+        return ObservedWindow(t, rate, 200.0, 150.0, seconds=15.0)
+
+    first = policy.initial_plan()
+    assert policy.on_window(window(15.0, 1.0)) is None  # not due, and no scale-up: not even observed
+    assert len(policy.replanner._windows) == 0
+    up = policy.on_window(window(45.0, 30.0))  # between intervals, short of capacity: at once
+    assert up is not None and up.gpus > first.gpus
+    assert policy.on_window(window(60.0, 30.0)) is None and len(policy.replanner._windows) == 1
+
+
+def test_fixed_1_1_is_sized_for_the_peak_in_pairs_at_the_planners_gpus_per_role():
+    trace = generate("step", "chat", 8.0, 600.0, seed=5)
+    peak = peak_rate(trace, PEAK_WINDOW_S)
+    caps = instance_capacities(workload_statistics(trace), SLO_, OPT_13B_A100)
+    layout = plan_from_capacities(InstanceCapacities(caps.prefill, caps.decode, {}), peak, 1, 16)
+    fixed = make_policy("fixed-1-1", trace, SLO_, OPT_13B_A100, 16).initial_plan()
+    assert fixed.prefill_replicas == fixed.decode_replicas >= 1
+    assert (fixed.prefill_gpus_per_instance, fixed.decode_gpus_per_instance) == (
+        layout.prefill_gpus_per_instance, layout.decode_gpus_per_instance)
+    assert fixed.predicted_goodput >= peak  # enough pairs for the peak minute...
+    one_fewer = (fixed.prefill_replicas - 1) * min(caps.prefill[fixed.prefill_gpus_per_instance],
+                                                   caps.decode[fixed.decode_gpus_per_instance])
+    assert one_fewer < peak  # ...and no more
+    # a budget too small for the peak holds as many pairs as fit
+    small = make_policy("fixed-1-1", trace, SLO_, OPT_13B_A100, 3).initial_plan()
+    assert small.gpus <= 3 and small.prefill_replicas == small.decode_replicas == 1
+
+
 def test_cli_simulates_a_trace_and_reports_json(tmp_path, capsys):
     path = tmp_path / "t.csv"
     assert main(["serving-trace", "--arrival", "steady", "--rate", "3", "--duration", "60", "--out", str(path)]) == 0
@@ -95,7 +130,7 @@ def test_cli_simulates_a_trace_and_reports_json(tmp_path, capsys):
                  "--policy", "fixed-1-1", "--json"]) == 0
     result = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     assert result["policy"] == "fixed-1-1" and result["requests"] == len(read_csv(path))
-    assert 0.0 <= result["attainment"] <= 1.0 and result["max_gpus"] == 4
+    assert 0.0 <= result["attainment"] <= 1.0 and result["max_gpus"] == 2  # one 1:1 pair serves ~3 req/s
     assert main(["simulate-serving", "--trace", str(path), "--profile", "nope", "--gpus", "4",
                  "--policy", "adaptive"]) == 2
     assert "profile.name: unknown profile 'nope'" in capsys.readouterr().out

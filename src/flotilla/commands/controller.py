@@ -57,13 +57,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--scrape-interval", type=float, default=15.0, metavar="SECONDS",
                         help="scrape the serving engines' /metrics (the decode Services' endpoints) this often; "
                              "two scrapes make a window for the re-planner; 0: do not scrape (default 15)")
-    parser.add_argument("--scale-down-after", type=float, default=300.0, metavar="SECONDS",
-                        help="a serving plan must hold this long before a smaller one replaces it (default 300)")
-    parser.add_argument("--peak-memory", type=float, default=1800.0, metavar="SECONDS",
-                        help="a smaller serving plan must fit the highest rate seen this long (default 1800)")
+    parser.add_argument("--scale-down-after", type=float, default=120.0, metavar="SECONDS",
+                        help="a serving plan must hold this long before a smaller one replaces it (default 120)")
+    parser.add_argument("--peak-memory", type=float, default=120.0, metavar="SECONDS",
+                        help="a smaller serving plan must fit the peak seen this long; it grows to the period of "
+                             "peaks that come back, up to an hour (default 120)")
     parser.add_argument("--instance-start", type=float, default=30.0, metavar="SECONDS",
-                        help="how long a new serving instance takes to serve: the planner provisions for the "
-                             "rate's rise over the next window and this (default 30)")
+                        help="how long a new serving instance takes to serve (default 30)")
     parser.add_argument("--stragglers", choices=("report", "evict"), default="report",
                         help="report a straggler only, or also taint its node and move its jobs (default: report)")
     parser.add_argument("--taint-budget-fraction", type=float, default=0.10, metavar="F",

@@ -2,7 +2,8 @@
 TTFT/TPOT percentiles, goodput and goodput per GPU.
 
 Trace CSV columns: arrival_s, prompt_tokens, output_tokens (make one with `flotilla serving-trace`).
-Policies: adaptive (the planner re-planning every --interval seconds), static-best, fixed-1-1, colocated.
+Policies: adaptive (the planner re-planning every --interval seconds, and at once when a --scrape window calls
+for a scale-up), adaptive-colocated, adaptive-disaggregated, static-peak, static-best, fixed-1-1, colocated.
 """
 
 from __future__ import annotations
@@ -34,6 +35,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--attainment", type=float, default=0.9, help="SLO attainment target (default 0.9)")
     parser.add_argument("--interval", type=float, default=30.0, help="planner interval, s (default 30)")
     parser.add_argument("--startup", type=float, default=30.0, help="instance start-up time, s (default 30)")
+    parser.add_argument("--scrape", type=float, default=15.0,
+                        help="the controller's scrape interval, s: a window that calls for a scale-up by rate is "
+                             "evaluated at once (default 15, the controller's; 0: one window per interval)")
     parser.add_argument("--json", action="store_true", help="print the result as one JSON object")
 
 
@@ -45,7 +49,10 @@ def run(args: argparse.Namespace) -> int:
         trace = read_csv(args.trace)
         if args.gpus < 1:
             raise ValueError(f"--gpus: must be >= 1, got {args.gpus}")
-        result = simulate(trace, profile, slo, args.gpus, args.policy, args.interval, args.startup)
+        if args.scrape < 0:
+            raise ValueError(f"--scrape: must be >= 0, got {args.scrape}")
+        result = simulate(trace, profile, slo, args.gpus, args.policy, args.interval, args.startup,
+                          scrape_s=args.scrape or None)
     except (ProfileError, ValueError, OSError, yaml.YAMLError) as exc:
         print(f"error: {exc}")
         return 2

@@ -1,26 +1,31 @@
 """Re-planning from observed load, with hysteresis.
 
-Every planner interval the controller hands the Replanner one `ObservedWindow`. Capacity is planned
-for an upper quantile of the arrival rate, not for the rate times a fixed headroom: a window of T seconds
-at rate r estimates the rate within a Poisson standard deviation sqrt(r/T) (windows that agree are
-pooled), and the margin is z of those deviations, z leaving the capacity short no more often than half
-the SLO's miss budget, (1 - attainment) / 2: z = 1.645 at attainment 0.9. The rules:
+The controller hands the Replanner `ObservedWindow`s: the latest one every planner interval, and at once
+one that calls for a scale-up by rate (`short_of_capacity`). Capacity is planned for an upper quantile
+of the arrival rate, not for the rate times a fixed headroom: a window of T seconds at rate r estimates
+the rate within a Poisson standard deviation sqrt(r/T) (windows that agree are pooled), and the margin
+is z of those deviations, z leaving the capacity short no more often than half the SLO's miss budget,
+(1 - attainment) / 2: z = 1.645 at attainment 0.9. The rules:
 
 * Scale up at once when the estimated rate exceeds the current plan's capacity, or when the window
-  missed the SLO attainment target (then also by the rate's rise over the reaction time, the next window
-  plus `instance_start_s`, and to at least the capacity plus its margin). The new plan is sized for the
-  estimate plus its margin, so the margin is also the hysteresis: noise within it changes nothing.
-* Scale down only when the current plan has held for `scale_down_delay_s` and a smaller plan fits every
-  window of the last `peak_memory_s` seconds with its margin (1800 s: bursts that recur within half an
-  hour keep their capacity; Kubernetes' HPA's 300 s forgot 15-minute bursts and missed their SLO), and
-  only when the GPU-seconds saved over `benefit_horizon_s` exceed the cost of the change (GPUs of
-  instances started or stopped, times `change_cost_s` each). So a dip must last.
+  missed the SLO attainment target (then to at least the capacity plus its margin). The new plan is
+  sized for the estimate plus its margin, so the margin is also the hysteresis: noise within it
+  changes nothing.
+* Scale down only when the current plan has held for `scale_down_delay_s` and a smaller plan fits the
+  peak of the last `peak_memory_s` seconds: its busiest minute with that minute's margin (what
+  static-peak sizes for, over the whole trace), and every window's own rate (a window the smaller
+  plan could not take would scale it straight back up). The memory starts short (120 s) and learns:
+  when the load comes back to a level the plan had let go (a scale-up after a scale-down), the memory
+  grows to the time since the previous rise, so peaks that recur keep their capacity through the
+  troughs between them (up to `max_peak_memory_s`). Only when the GPU-seconds saved over
+  `benefit_horizon_s` exceed the cost of the change (GPUs of instances started or stopped, times
+  `change_cost_s` each).
 * A different layout (another GPUs-per-instance, colocated <-> disaggregated) replaces more
   instances than growing or shrinking the current one, so it is chosen only when its GPU saving over
   `benefit_horizon_s` exceeds the extra change cost; otherwise the current layout is resized.
-* For `settle_s` after a change, a missed attainment does not trigger another scale-up: the window
-  still holds the queue built before the new instances were ready.
-* Lengths are averaged over the windows of the last `scale_down_delay_s` (weighted by rate), so one
+* For `settle_s` after a change's instances serve (`instance_start_s`), a missed attainment does not
+  trigger another scale-up: the window still holds the queue built before they were ready.
+* Lengths are averaged over the windows of the last `length_memory_s` (weighted by rate), so one
   window's noise in the mean lengths does not move the capacity estimate.
 * A plan that has the same shape as the current one is never re-issued.
 """
@@ -57,15 +62,18 @@ class ObservedWindow:
 
 @dataclass(frozen=True)
 class ReplanPolicy:
-    instance_start_s: float = 30.0  # from a plan change until a new instance serves (part of the reaction time)
+    instance_start_s: float = 30.0  # from a plan change until a new instance serves
     window_s: float = 30.0  # window length assumed before two windows have been seen (spec.planner.intervalSeconds)
-    trend_windows: int = 4  # windows the rising trend is fitted over
-    scale_down_delay_s: float = 300.0
-    peak_memory_s: float = 1800.0
+    pool_windows: int = 4  # the most recent windows pooled into one estimate when they agree
+    scale_down_delay_s: float = 120.0
+    length_memory_s: float = 300.0  # mean lengths are averaged over the windows of this long
+    peak_memory_s: float = 120.0  # a smaller plan must fit the busiest minute this long (at first)
+    max_peak_memory_s: float = 3600.0  # the longest the memory grows to for peaks that come back
+    peak_window_s: float = 60.0  # a peak is the busiest span this long (static-peak's busiest minute)
     change_cost_s: float = 60.0  # GPU-seconds lost per GPU of an instance started or stopped
     benefit_horizon_s: float = 600.0
     min_requests_for_attainment: int = 50  # fewer samples say nothing about attainment
-    settle_s: float = 90.0
+    settle_s: float = 60.0  # once new instances serve, their first windows still hold the queue built before
 
 
 @dataclass(frozen=True)
@@ -83,6 +91,9 @@ class Replanner:
         self.policy = policy or ReplanPolicy()
         self._windows: deque[ObservedWindow] = deque()
         self._since: float | None = None  # when the current plan took effect
+        self._memory = self.policy.peak_memory_s  # grows to the period of peaks that came back
+        self._last_up: float | None = None  # when the load last made the plan grow
+        self._down_since_up = False  # whether the plan shrank after that
 
     @classmethod
     def start(cls, request: PlanRequest, policy: ReplanPolicy | None = None) -> Replanner:
@@ -94,7 +105,7 @@ class Replanner:
     def observe(self, window: ObservedWindow) -> ReplanDecision:
         policy = self.policy
         self._windows.append(window)
-        while self._windows and self._windows[0].time < window.time - policy.peak_memory_s:
+        while self._windows and self._windows[0].time < window.time - max(self._memory, policy.length_memory_s):
             self._windows.popleft()
         if self._since is None:
             self._since = window.time
@@ -103,10 +114,10 @@ class Replanner:
         rate = window.requests_per_second
         missed = (window.attainment is not None and window.requests >= policy.min_requests_for_attainment
                   and window.attainment < self.template.slo.attainment
-                  and window.time - self._since >= policy.settle_s)
+                  and window.time - self._since >= policy.instance_start_s + policy.settle_s)
 
         windows = list(self._windows)
-        estimate, margin = self._estimate(windows, missed)
+        estimate, margin = self._estimate(windows)
         planned = estimate + margin
         if estimate > capacity or missed:
             attainment = self.template.slo.attainment
@@ -115,20 +126,26 @@ class Replanner:
             if candidate.shape() != self.current.shape() and plan_capacity(candidate, caps) > capacity:
                 why = (f"attainment {window.attainment:.3f} below target {self.template.slo.attainment}"
                        if missed else f"rate {estimate:.2f} req/s over {capacity:.2f}; plans for {planned:.2f}")
+                self._remember_return(window.time)
                 return self._adopt(candidate, window, f"scale up: {why}; {candidate.reason}")
             return ReplanDecision(None, f"keep: {self.current.describe()} is the best the budget allows")
 
         span_covered = window.time - self._since >= policy.scale_down_delay_s
-        peak = max(w.requests_per_second for w in windows)
-        candidate = self._plan(caps, max(provisioned_rate(w.requests_per_second, self._span(windows, i),
-                                                          self.template.slo.attainment)
-                                         for i, w in enumerate(windows)))
+        remembered = [w for w in windows if w.time >= window.time - self._memory]
+        peak, peak_planned = self._peak(remembered)
+        # Nor below any window in memory with its own margin: the smaller plan must not be scaled straight
+        # back up by the next window of the same load (the margin is the hysteresis).
+        attainment = self.template.slo.attainment
+        candidate = self._plan(caps, max(peak_planned, *(provisioned_rate(w.requests_per_second,
+                                                                           self._span(remembered, i), attainment)
+                                                          for i, w in enumerate(remembered))))
         if span_covered and candidate.gpus < self.current.gpus:
             saved = (self.current.gpus - candidate.gpus) * policy.benefit_horizon_s
             cost = _changed_gpus(self.current, candidate) * policy.change_cost_s
             if saved > cost:
+                self._down_since_up = True
                 return self._adopt(candidate, window,
-                                   f"scale down: peak {peak:.2f} req/s over {policy.peak_memory_s:.0f} s "
+                                   f"scale down: peak {peak:.2f} req/s over {self._memory:.0f} s "
                                    f"fits {candidate.gpus} GPUs instead of {self.current.gpus}; {candidate.reason}")
         return ReplanDecision(None, f"keep: {self.current.describe()} serves {capacity:.2f} req/s, "
                                     f"observed {rate:.2f}")
@@ -151,37 +168,40 @@ class Replanner:
         given = windows[i].seconds
         return given if given is not None and given > 0 else self._gap(windows, i)
 
-    def _rise(self, windows: Sequence[ObservedWindow]) -> float:
-        """How much the rate may climb before a change made now takes effect: the least-squares slope of
-        the last `trend_windows` windows, less z standard errors (the rise their Poisson noise cannot
-        explain), over the next window and an instance start, but no further ahead than the windows
-        reach back."""
-        recent = list(windows)[-self.policy.trend_windows:]
-        if len(recent) < 3:
-            return 0.0
-        variances = [self._variance(recent, i) for i in range(len(recent))]
-        t_mean = sum(w.time for w in recent) / len(recent)
-        r_mean = sum(w.requests_per_second for w in recent) / len(recent)
-        spread = sum((w.time - t_mean) ** 2 for w in recent)
-        if spread <= 0:
-            return 0.0
-        slope = sum((w.time - t_mean) * (w.requests_per_second - r_mean) for w in recent) / spread
-        slope_sd = math.sqrt(sum((w.time - t_mean) ** 2 * v for w, v in zip(recent, variances))) / spread
-        confident = slope - _margin_z(self.template.slo.attainment) * slope_sd
-        reaction = self._gap(windows) + self.policy.instance_start_s
-        return max(confident, 0.0) * min(reaction, recent[-1].time - recent[0].time)
+    def _remember_return(self, now: float) -> None:
+        """A scale-up after a scale-down means the load came back to a level the plan had let go: from
+        then on the plan keeps its capacity through troughs as long as the one just seen (the time since the
+        previous rise, plus one peak window), up to `max_peak_memory_s`."""
+        if self._last_up is not None and self._down_since_up:
+            period = now - self._last_up + self.policy.peak_window_s
+            self._memory = min(max(self._memory, period), max(self.policy.max_peak_memory_s,
+                                                              self.policy.peak_memory_s))
+        self._last_up, self._down_since_up = now, False
+
+    def _peak(self, windows: Sequence[ObservedWindow]) -> tuple[float, float]:
+        """The busiest `peak_window_s` of the windows (their rates pooled over that span, as static-peak
+        sizes for the trace's busiest minute) and the rate to provision for it (with its margin)."""
+        attainment = self.template.slo.attainment
+        best = (0.0, 0.0)
+        for j, last in enumerate(windows):
+            span = [(w, self._span(windows, i)) for i, w in enumerate(windows[:j + 1])
+                    if w.time > last.time - self.policy.peak_window_s]
+            seconds = sum(s for _, s in span)
+            rate = sum(w.requests_per_second * s for w, s in span) / seconds
+            best = max(best, (rate, provisioned_rate(rate, seconds, attainment)), key=lambda b: b[1])
+        return best
 
     def _miss_budget(self) -> float:
         return (1 - self.template.slo.attainment) / 2
 
-    def _estimate(self, windows: Sequence[ObservedWindow], missed: bool = False) -> tuple[float, float]:
+    def _estimate(self, windows: Sequence[ObservedWindow]) -> tuple[float, float]:
         """The rate now and the margin to provision above it (z standard deviations of the estimate). The
-        rate pools the last `trend_windows` windows when they fit one rate within their Poisson noise (one
+        rate pools the last `pool_windows` windows when they fit one rate within their Poisson noise (one
         short window is noisy, several that agree are not); otherwise it is the latest window's own
-        (the load has moved). When the window missed the SLO, the rate's rise over the reaction time is
-        added: before that, the windows of a load that has just started or stepped look like a slope
-        that will not go on."""
-        recent = list(windows)[-self.policy.trend_windows:]
+        (the load has moved). No trend is extrapolated: a load that has just started or stepped looks like
+        a slope that will not go on, and the controller's short scrape windows see a new level within one
+        scrape."""
+        recent = list(windows)[-self.policy.pool_windows:]
         variances = [self._variance(recent, i) for i in range(len(recent))]
         level, variance = recent[-1].requests_per_second, variances[-1]
         if len(recent) >= 2:
@@ -191,7 +211,7 @@ class Replanner:
             if misfit <= _chi_square_quantile(len(recent) - 1, 1 - self._miss_budget()):
                 level, variance = pooled, 1 / sum(weights)
         z = _margin_z(self.template.slo.attainment)
-        return level + (self._rise(windows) if missed else 0.0), z * math.sqrt(variance)
+        return level, z * math.sqrt(variance)
 
     def _variance(self, windows: Sequence[ObservedWindow], i: int) -> float:
         """The Poisson variance of window i's rate (at least that of one request in its span)."""
@@ -204,9 +224,9 @@ class Replanner:
                                    t.decode_gpus, t.allow_disaggregated)
 
     def _lengths(self, recent: Sequence[ObservedWindow]) -> Workload:
-        """Lengths averaged over the windows of the last scale_down_delay_s, weighted by their rates."""
+        """Lengths averaged over the windows of the last length_memory_s, weighted by their rates."""
         latest = recent[-1].time
-        windows = [w for w in recent if w.time >= latest - self.policy.scale_down_delay_s]
+        windows = [w for w in recent if w.time >= latest - self.policy.length_memory_s]
         weights = [max(w.requests_per_second, 1e-9) for w in windows]
 
         def average(values: list[float | None]) -> float | None:

@@ -8,7 +8,9 @@ prompt+output tokens that takes prompts; a prefill instance hands it, after the 
 least loaded decode instance. Latencies come from the engines' scheduling, never from the planner's
 latency model, so the simulator judges the planner's plans rather than restating them.
 
-A policy chooses the plan: at the start, and (adaptive) every `interval_s` from the window just seen.
+A policy chooses the plan: at the start, and (adaptive) from the windows a controller scrapes every
+`scrape_s`, as the controller does: the latest window is evaluated every `interval_s`, and at once when it
+calls for a scale-up by rate (flotilla.controller.replan).
 New instances take `startup_s` to become ready; an instance taken out of the plan finishes its work
 and then frees its GPUs; an instance starts only when its GPUs are free, so a change never holds more
 than `budget` GPUs, even while old and new instances coexist.
@@ -17,13 +19,15 @@ than `budget` GPUs, even while old and new instances coexist.
 from __future__ import annotations
 
 import heapq
+import math
 from collections import deque
 from dataclasses import dataclass
 from typing import Callable, Protocol
 
 import numpy as np
 
-from flotilla.serving.planner import Plan, PlanRequest, instance_capacities, plan_from_capacities
+from flotilla.serving.planner import (InstanceCapacities, Plan, PlanRequest, instance_capacities,
+                                     plan_from_capacities)
 from flotilla.serving.profile import Profile
 from flotilla.serving.replan import ObservedWindow, ReplanPolicy, Replanner, provisioned_rate
 from flotilla.serving.workload import SLO, Workload
@@ -38,6 +42,7 @@ ENGINE_PROFILES = {"opt-13b-a100": ENGINE_OPT_13B_A100}
 POLICIES = ("adaptive", "adaptive-colocated", "adaptive-disaggregated", "static-peak", "static-best", "fixed-1-1",
             "colocated")
 PEAK_WINDOW_S = 60.0
+SCRAPE_S = 15.0  # the controller's default --scrape-interval
 
 
 class _Instance:
@@ -131,10 +136,11 @@ class Policy(Protocol):
 
 class ServingSim:
     def __init__(self, trace: Trace, profile: Profile, slo: SLO, budget: int, policy: Policy,
-                 interval_s: float = 30.0, startup_s: float = 30.0) -> None:
+                 interval_s: float = 30.0, startup_s: float = 30.0, scrape_s: float | None = None) -> None:
         self.trace, self.profile, self.slo, self.budget = trace, profile, slo, budget
         self.engine_profile = engine_profile(profile)
         self.policy, self.interval_s, self.startup_s = policy, interval_s, startup_s
+        self.scrape_s = scrape_s or interval_s
         self._events: list[tuple[float, int, Callable, object]] = []
         self._seq = 0
         self.instances: list[_Instance] = []
@@ -163,10 +169,10 @@ class ServingSim:
         for request in requests:
             self.at(request.arrival, self._arrive, request)
         end_of_arrivals = requests[-1].arrival
-        tick = self.interval_s
+        tick = self.scrape_s
         while tick <= end_of_arrivals:
             self.at(tick, self._window, None)
-            tick += self.interval_s
+            tick += self.scrape_s
         now = 0.0
         while self._events:
             now, _, callback, arg = heapq.heappop(self._events)
@@ -286,12 +292,12 @@ class ServingSim:
         prompts = np.array([r.prompt_tokens for r in arrived] or [1])
         outputs = np.array([r.max_tokens for r in arrived] or [1])
         window = ObservedWindow(
-            time=now, requests_per_second=len(arrived) / self.interval_s,
+            time=now, requests_per_second=len(arrived) / self.scrape_s,
             mean_prompt_tokens=float(prompts.mean()), mean_output_tokens=float(outputs.mean()),
             p90_prompt_tokens=float(np.percentile(prompts, 90)), p90_output_tokens=float(np.percentile(outputs, 90)),
             ttft_p90_ms=float(np.percentile(ttft, 90)) if done else None,
             tpot_p90_ms=float(np.percentile(tpot, 90)) if done else None,
-            attainment=met / len(done) if done else None, requests=len(done), seconds=self.interval_s)
+            attainment=met / len(done) if done else None, requests=len(done), seconds=self.scrape_s)
         new = self.policy.on_window(window)
         if new is not None:
             self.plan_changes += 1
@@ -352,12 +358,15 @@ class StaticPolicy:
 
 class AdaptivePolicy:
     """The Replanner, started from a plan for the rate and length statistics of the trace's first
-    interval (what `spec.workload` would say)."""
+    interval (what `spec.workload` would say), fed as the controller feeds it: the latest window every
+    `interval_s`, and a window that calls for a scale-up by rate at once."""
 
     def __init__(self, first: Workload, slo: SLO, profile: Profile, budget: int, name: str = "adaptive",
                  allow_colocated: bool = True, allow_disaggregated: bool = True,
-                 replan_policy: ReplanPolicy | None = None) -> None:
+                 replan_policy: ReplanPolicy | None = None, interval_s: float = 30.0) -> None:
         self.name = name
+        self.interval_s = interval_s
+        self._evaluated = 0.0
         self.replanner = Replanner.start(PlanRequest(first, slo, profile, min_gpus=1, max_gpus=budget,
                                                      allow_colocated=allow_colocated,
                                                      allow_disaggregated=allow_disaggregated), replan_policy)
@@ -366,25 +375,32 @@ class AdaptivePolicy:
         return self.replanner.current
 
     def on_window(self, window: ObservedWindow) -> Plan | None:
+        due = window.time - self._evaluated >= self.interval_s - 1e-9
+        if not (due or self.replanner.short_of_capacity(window)):
+            return None
+        self._evaluated = window.time
         return self.replanner.observe(window).plan
 
 
 def make_policy(name: str, trace: Trace, slo: SLO, profile: Profile, budget: int, interval_s: float = 30.0,
-                replan_policy: ReplanPolicy | None = None, startup_s: float = 30.0) -> Policy:
+                replan_policy: ReplanPolicy | None = None, startup_s: float = 30.0,
+                scrape_s: float | None = None) -> Policy:
     """Build one of POLICIES for a trace and a GPU budget. The adaptive ones re-plan every interval
     (adaptive-colocated and adaptive-disaggregated restricted to one mode); static-peak holds what the
     planner chose for the trace's busiest minute, static-best what it chose for the average load;
-    fixed-1-1 and colocated hold the whole budget. The adaptive ones are told the interval and the
-    instances' start time, as a user would set them (unless `replan_policy` is given)."""
+    fixed-1-1 1:1 prefill:decode pairs for the busiest minute; colocated holds the whole budget. The
+    adaptive ones are told the interval, the scrape and the instances' start time, as a user would set
+    them (unless `replan_policy` is given)."""
     average = workload_statistics(trace)
-    replan_policy = replan_policy or ReplanPolicy(instance_start_s=startup_s, window_s=interval_s)
+    replan_policy = replan_policy or ReplanPolicy(instance_start_s=startup_s, window_s=scrape_s or interval_s)
     if name.startswith("adaptive"):
         modes = {"adaptive": (True, True), "adaptive-colocated": (True, False),
                  "adaptive-disaggregated": (False, True)}
         if name not in modes:
             raise ValueError(f"policy: unknown {name!r}; choose from {', '.join(POLICIES)}")
         return AdaptivePolicy(workload_statistics(trace, trace.arrival_s < interval_s, interval_s),
-                              slo, profile, budget, name, *modes[name], replan_policy=replan_policy)
+                              slo, profile, budget, name, *modes[name], replan_policy=replan_policy,
+                              interval_s=interval_s)
     caps = instance_capacities(average, slo, profile)
     if name == "static-peak":
         # The same planner, sized once for the highest rate of any PEAK_WINDOW_S window of the trace.
@@ -394,12 +410,16 @@ def make_policy(name: str, trace: Trace, slo: SLO, profile: Profile, budget: int
         rate = provisioned_rate(average.requests_per_second, interval_s, slo.attainment)
         return StaticPolicy(name, plan_from_capacities(caps, rate, 1, budget))
     if name == "fixed-1-1":
-        gp = max(caps.prefill, key=lambda g: caps.prefill[g] / g)
-        gd = max(caps.decode, key=lambda g: caps.decode[g] / g)
-        pairs = max(budget // (gp + gd), 1)
-        return StaticPolicy(name, Plan("disaggregated", pairs, gp, pairs, gd, 0, 0,
-                                       min(pairs * caps.prefill[gp], pairs * caps.decode[gd]),
-                                       average.requests_per_second, False, "fixed 1:1 baseline"))
+        # The classic P/D recipe as a user would size it: 1 prefill : 1 decode instance pairs, each role at
+        # the GPUs per instance the planner gives it for the peak window, as many pairs as that peak needs.
+        peak = peak_rate(trace, PEAK_WINDOW_S)
+        layout = plan_from_capacities(InstanceCapacities(caps.prefill, caps.decode, {}), peak, 1, budget)
+        gp, gd = layout.prefill_gpus_per_instance, layout.decode_gpus_per_instance
+        pair = min(caps.prefill[gp], caps.decode[gd])
+        pairs = max(min(math.ceil(peak / pair - 1e-9), budget // (gp + gd)), 1)
+        return StaticPolicy(name, Plan("disaggregated", pairs, gp, pairs, gd, 0, 0, pairs * pair, peak,
+                                       pairs * pair < peak, f"fixed 1:1 baseline: {pairs} pair(s) of "
+                                       f"{gp}-GPU prefill + {gd}-GPU decode for the peak {peak:.2f} req/s"))
     if name == "colocated":
         if not caps.colocated:
             raise ValueError(f"profile {profile.name!r}: no GPU count has both prefill and decode fits")
@@ -411,10 +431,13 @@ def make_policy(name: str, trace: Trace, slo: SLO, profile: Profile, budget: int
 
 
 def simulate(trace: Trace, profile: Profile, slo: SLO, budget: int, policy: str,
-             interval_s: float = 30.0, startup_s: float = 30.0, replan_policy: ReplanPolicy | None = None) -> SimResult:
-    """Play `trace` under `policy`; `replan_policy` tunes the adaptive policies (default: ReplanPolicy())."""
+             interval_s: float = 30.0, startup_s: float = 30.0, replan_policy: ReplanPolicy | None = None,
+             scrape_s: float | None = SCRAPE_S) -> SimResult:
+    """Play `trace` under `policy`; `replan_policy` tunes the adaptive policies (default: ReplanPolicy()).
+    `scrape_s` None: one window per interval."""
     if len(trace) == 0:
         raise ValueError("trace: no requests")
     return ServingSim(trace, profile, slo, budget,
-                      make_policy(policy, trace, slo, profile, budget, interval_s, replan_policy, startup_s),
-                      interval_s, startup_s).run()
+                      make_policy(policy, trace, slo, profile, budget, interval_s, replan_policy, startup_s,
+                                  scrape_s),
+                      interval_s, startup_s, scrape_s).run()
