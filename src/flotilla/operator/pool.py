@@ -85,7 +85,7 @@ def arbitrate(now: float, policy: PoolPolicy, jobs: Mapping[str, Body], nodes: M
     """`state_of`: `training.job_state`, or a cache of it; `base`: `training.snapshot` of the same objects,
     when already made."""
     base = base or training.snapshot(now, jobs.values(), nodes.values(), pods.values(), state_of=state_of)
-    placement = training.placement_of if state_of is None else (lambda body: state_of(body).placement)
+    placement = training.placement_reader(state_of)
     usage = _pod_usage(pods, servings, training.live_by_uid(jobs.values()),
                        {n.name for n in base.nodes if n.schedulable})
     states, peaks = _serving_states(servings, usage, now, policy)

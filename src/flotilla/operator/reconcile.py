@@ -27,7 +27,7 @@ def training_snapshot(now: float, jobs: Mapping[str, Body], nodes: Mapping[str, 
     its to give. `base`: `training.snapshot` of the same objects, when already made."""
     snap = base or training.snapshot(now, jobs.values(), nodes.values(), pods.values(), state_of=state_of)
     live = training.live_by_uid(jobs.values())
-    placement = training.placement_of if state_of is None else (lambda body: state_of(body).placement)
+    placement = training.placement_reader(state_of)
     foreign: dict[str, int] = defaultdict(int, training.held_beyond_placement(jobs.values(), pods.values(), placement))
     for pod in pods.values():
         if holds_gpus(pod) and worker_job_uid(pod) not in live:

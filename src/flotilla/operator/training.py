@@ -62,6 +62,11 @@ def placement_of(body: Body) -> dict[str, int]:
             if gpus}
 
 
+def placement_reader(state_of: Callable[[Body], JobState] | None) -> Callable[[Body], Mapping[str, int]]:
+    """`placement_of`, or the placement a cache of `job_state` already holds (`state_of`)."""
+    return placement_of if state_of is None else (lambda body: state_of(body).placement)
+
+
 def progress_of(body: Body) -> dict[str, Any] | None:
     """Rank 0's latest report (annotation) from the current worker set, else what status holds."""
     status = body.get("status") or {}
