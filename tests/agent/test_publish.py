@@ -67,6 +67,8 @@ class Ingest(BaseHTTPRequestHandler):
         elif cls.failures > 0:
             cls.failures -= 1
             self.send_response(503)
+        elif cls.answers:
+            self.send_response(cls.answers.pop(0))
         else:
             cls.bodies.append(json.loads(body))
             self.send_response(204)
@@ -78,7 +80,7 @@ class Ingest(BaseHTTPRequestHandler):
 
 @pytest.fixture
 def ingest_server():
-    handler = type("Handler", (Ingest,), {"failures": 0, "bodies": [], "auth": []})
+    handler = type("Handler", (Ingest,), {"failures": 0, "answers": [], "bodies": [], "auth": []})
     server = ThreadingHTTPServer(("127.0.0.1", 0), handler)
     thread = threading.Thread(target=server.serve_forever, daemon=True)
     thread.start()
@@ -110,6 +112,31 @@ def test_http_gives_up_after_the_retries_and_the_buffer_keeps_the_samples(ingest
     assert not publisher.flush() and len(publisher.buffer) == 3
     handler.failures = 0
     assert publisher.flush() and handler.bodies[0]["samples"][0]["ts"] == 0.0
+
+
+def test_a_refused_batch_is_dropped_and_counted_and_the_samples_behind_it_get_through(ingest_server):
+    url, handler = ingest_server
+    handler.answers = [403]
+    transport = HttpTransport(url, "n1", retries=3, backoff=0.01, sleep=lambda s: None)
+    publisher = BufferedPublisher(transport, capacity=10, batch_size=2)
+    publisher.add(samples(5))
+    assert not publisher.flush()  # the first batch is refused, once (no retry), and dropped
+    assert publisher.refused == 2 and [s.ts for s in publisher.buffer] == [2.0, 3.0, 4.0]
+    assert publisher.flush() and not publisher.buffer
+    assert [s["ts"] for body in handler.bodies for s in body["samples"]] == [2.0, 3.0, 4.0]
+    assert handler.answers == [] and len(handler.auth) == 3
+
+
+@pytest.mark.parametrize("status", [429, 408])
+def test_a_busy_or_timed_out_controller_is_not_a_refusal(ingest_server, status):
+    url, handler = ingest_server
+    handler.answers = [status] * 5
+    transport = HttpTransport(url, "n1", retries=1, backoff=0.01, sleep=lambda s: None)
+    publisher = BufferedPublisher(transport, capacity=10)
+    publisher.add(samples(2))
+    assert not publisher.flush() and len(publisher.buffer) == 2 and publisher.refused == 0
+    handler.answers = []
+    assert publisher.flush() and len(handler.bodies) == 1
 
 
 def test_http_controller_down_is_a_publish_error():
@@ -163,7 +190,7 @@ def test_https_controller_is_verified_against_the_ca_file(tmp_path):
     import ssl
 
     ca, cert, key = make_ca_and_server_cert(tmp_path)
-    handler = type("Handler", (Ingest,), {"failures": 0, "bodies": [], "auth": []})
+    handler = type("Handler", (Ingest,), {"failures": 0, "answers": [], "bodies": [], "auth": []})
     server = ThreadingHTTPServer(("127.0.0.1", 0), handler)
     context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
     context.load_cert_chain(cert, key)

@@ -4,7 +4,10 @@ Both transports use the encoding of `flotilla.health.samples`. A transport
 raises `PublishError` when the batch did not get through; `BufferedPublisher`
 then keeps the samples (up to `capacity`, dropping the oldest and counting
 them) and tries again at the next flush, so the agent recovers by itself when
-the transport comes back.
+the transport comes back. A batch the receiver refused for what it holds
+(`Refused`: a 4xx such as 403 for another node's samples or 422 for a bad one)
+is dropped and counted instead: kept at the head of the buffer, it would be
+refused again at every flush and hold back every sample behind it.
 """
 
 from __future__ import annotations
@@ -27,6 +30,10 @@ log = logging.getLogger(__name__)
 
 class PublishError(RuntimeError):
     pass
+
+
+class Refused(PublishError):
+    """The receiver answered and refused this batch; sending the same batch again cannot succeed."""
 
 
 class Transport(Protocol):
@@ -101,8 +108,8 @@ class HttpTransport:
             if r.status_code < 300:
                 return
             error = f"HTTP {r.status_code}: {r.text[:200]}"
-            if r.status_code < 500 and r.status_code != 429:
-                break   # the controller refused this batch; retrying cannot help
+            if r.status_code < 500 and r.status_code not in (408, 429):
+                raise Refused(f"controller: {error}")
         raise PublishError(f"controller: {error}")
 
     def close(self) -> None:
@@ -117,9 +124,11 @@ class BufferedPublisher:
             raise ValueError("buffer capacity and batch size must be at least 1")
         self.transport, self.batch_size = transport, batch_size
         self.buffer: deque[Sample] = deque(maxlen=capacity)
-        self.dropped = 0
+        self.dropped = 0   # the oldest samples, pushed out of a full buffer
+        self.refused = 0   # samples in batches the receiver refused
         self.sent = 0
         self.failing = False
+        self.refusing = False
 
     def add(self, samples: Sequence[Sample]) -> None:
         overflow = len(self.buffer) + len(samples) - (self.buffer.maxlen or 0)
@@ -133,6 +142,15 @@ class BufferedPublisher:
             batch = [self.buffer[i] for i in range(min(self.batch_size, len(self.buffer)))]
             try:
                 self.transport.send(batch)
+            except Refused as e:
+                for _ in batch:
+                    self.buffer.popleft()
+                self.refused += len(batch)
+                if not self.refusing:
+                    log.error("the receiver refused a batch of %d samples; dropped it and going on with the next "
+                              "(logged again when a batch gets through): %s", len(batch), e)
+                self.refusing = True
+                return False   # the next batch waits for the next flush: a refusing receiver is not hammered
             except PublishError as e:
                 if not self.failing:
                     log.warning("publishing failed, buffering (%d samples held, %d dropped so far): %s",
@@ -145,4 +163,7 @@ class BufferedPublisher:
             if self.failing:
                 log.info("publishing recovered; %d samples dropped while it was down", self.dropped)
                 self.failing = False
+            if self.refusing:
+                log.info("the receiver accepts batches again; %d samples refused so far", self.refused)
+                self.refusing = False
         return True

@@ -137,5 +137,6 @@ def run(args: argparse.Namespace) -> int:
     finally:
         for sig, handler in previous.items():
             signal.signal(sig, handler)
-    log.info("agent stopped: %d samples sent, %d dropped", publisher.sent, publisher.dropped)
+    log.info("agent stopped: %d samples sent, %d dropped from a full buffer, %d refused", publisher.sent,
+             publisher.dropped, publisher.refused)
     return 0
