@@ -308,13 +308,15 @@ class CapacityProfile:
         return shares, finish
 
     def reserve(self, job: JobState, deadline: float, at_least: int = 0, current: int = 0,
-                pause: float = 0.0) -> Reservation | None:
+                pause: float = 0.0, grace_steps: int = 0) -> Reservation | None:
         """Reserve the job's minimum satisfactory share to finish by `deadline`; None if it cannot.
 
         With `at_least`, the share is no smaller than that (a re-plan that
         needs the job to finish sooner, so that a later job still fits).
         `current`: the GPUs it holds now (each resize along the plan costs a restore); `pause`: seconds
-        left of a restore under way.
+        left of a restore under way. `grace_steps`: the plan may end that many steps' time (at the share's
+        rate) past `deadline` (progress is read in whole steps: a job may be up to one step further along
+        than its `done_steps`).
         """
         self.last = None
         sizes, rates = job_sizes(job)
@@ -324,7 +326,7 @@ class CapacityProfile:
         if deadline <= now:
             return None
         # No constant share below the one it needs on an empty cluster can work.
-        need_rate = job.remaining_steps / (deadline - now)
+        need_rate = max(0, job.remaining_steps - grace_steps) / (deadline - now)
         first = next((i for i, r in enumerate(rates) if r >= need_rate - 1e-12), None)
         if first is None:
             return None
@@ -333,7 +335,7 @@ class CapacityProfile:
             return None
 
         def works(i: int) -> tuple[np.ndarray, float] | None:
-            return self._plan(job, sizes[i], deadline, current, pause)
+            return self._plan(job, sizes[i], deadline + grace_steps / rates[i], current, pause)
 
         # A larger cap never gives a segment fewer GPUs, so feasibility is monotone in the share. The answer
         # is most often at or just above `first`: gallop up from it, then halve.
