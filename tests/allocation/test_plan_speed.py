@@ -93,7 +93,8 @@ def test_the_flat_plan_is_the_stepped_plan():
                 applies, flat = profile._plan_flat(j, tables, x, until, k, held, pause)
                 if not applies:
                     continue
-                stepped = profile._plan_stepped(j, tables, x, until, k, held, pause)
+                with np.errstate(invalid="ignore"):  # a finish in a period that never ends: nan (skipped below)
+                    stepped = profile._plan_stepped(j, tables, x, until, k, held, pause)
                 if flat is None:
                     assert stepped is None or stepped[1] >= until * (1 - 1e-12), seed
                     infeasible += 1
