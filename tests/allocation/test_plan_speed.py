@@ -68,3 +68,41 @@ def test_a_plan_worked_out_over_the_first_segments_is_the_plan_over_all_of_them(
                 assert got[1] == full[1] and np.array_equal(got[0], full[0]), seed
                 checked += 1
     assert checked > 100
+
+
+def test_the_flat_plan_is_the_stepped_plan():
+    """`_plan_flat` (a job that gets all x GPUs until it finishes: one restore at most, a closed-form finish)
+    against the segment-by-segment computation, on profiles with many short segments, restores and pauses:
+    the same shares, the same finish to rounding, and infeasible where that is; taken often enough to
+    matter."""
+    taken = infeasible = 0
+    for seed in range(300):
+        rng = random.Random(1000 + seed)
+        profile = _profile(rng)
+        held = rng.choice((0, 0, 1, 2, 4, 8))
+        j = job("x", rng.randrange(1, 8000), rng.uniform(5, 30000), done=rng.choice((0, 5)), max_gpus=16,
+                placement={"n0": held} if held else None, curve=rng.choice(CURVES),
+                restore=rng.choice((0.0, 0.5, 10.0, 30.0, 200.0)))
+        tables = _tables(*job_sizes(j))
+        for x in job_sizes(j)[0]:
+            for until in (j.deadline, float("inf")):
+                k = int(profile.bounds.searchsorted(until, side="left"))
+                if not k:
+                    continue
+                pause = rng.choice((0.0, 0.0, 3.0, 20.0, 500.0))
+                applies, flat = profile._plan_flat(j, tables, x, until, k, held, pause)
+                if not applies:
+                    continue
+                with np.errstate(invalid="ignore"):  # a finish in a period that never ends: nan (skipped below)
+                    stepped = profile._plan_stepped(j, tables, x, until, k, held, pause)
+                if flat is None:
+                    assert stepped is None or stepped[1] >= until * (1 - 1e-12), seed
+                    infeasible += 1
+                    continue
+                assert stepped is not None, seed
+                if np.isnan(stepped[1]):
+                    continue  # the segment-by-segment finish in a segment that never ends (until=inf) is nan
+                assert abs(flat[1] - stepped[1]) <= 1e-9 * max(1.0, abs(flat[1])), seed
+                assert np.array_equal(flat[0], stepped[0]) and flat[0].dtype == stepped[0].dtype, seed
+                taken += 1
+    assert taken > 200 and infeasible > 5, (taken, infeasible)

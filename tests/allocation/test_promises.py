@@ -71,3 +71,41 @@ def test_a_job_taken_in_without_a_replay_leaves_every_reservation_as_a_replay_gi
         assert {k: r.size for k, r in got.with_job(other).got.items()} == \
             {k: r.size for k, r in _Ledger.of(0.0, capacity, jobs + [other], held).got.items()}, seed
     assert fast >= 10, fast  # most of these take the path without a replay
+
+
+def test_a_guarantee_is_not_dropped_over_less_than_one_steps_time():
+    # Progress is read in whole steps. "a" (1 step per 5 s) was planned to finish 0.3 s before its deadline;
+    # 4.6 s before it, it reads 99 of 100 steps done although it is most of the way through the 100th. Read
+    # at its word it needs 5 s: its guarantee was dropped, "b" (admitted, later deadline) took the one GPU,
+    # and "a" got none. It keeps its guarantee and its GPU, and "b" still gets its own.
+    from builders import nodes, snapshot
+
+    from flotilla.allocation import Verdict
+    from flotilla.allocation.elastic import DeadlineElastic
+
+    slow = ScalingCurve.of({1: 0.2})
+    a = job("a", 100, 1000.0, done=99, max_gpus=1, placement={"n0": 1}, verdict=Verdict.ADMITTED, curve=slow,
+            restore=5.0, share=1)
+    b = job("b", 100, 2000.0, max_gpus=1, verdict=Verdict.ADMITTED, submit=1.0, share=1)
+    decision = DeadlineElastic().decide(snapshot(nodes(1), a, b, now=1000.0 - 4.6)).jobs
+    assert decision["a"].guaranteed_gpus == 1 and decision["a"].placement == {"n0": 1}, decision["a"].reason
+    assert "can no longer be guaranteed" not in decision["a"].reason
+    assert "can no longer be guaranteed" not in decision["b"].reason
+
+
+def test_no_admission_takes_a_job_into_its_last_steps_grace():
+    # "a" fits its deadline as it is; a newcomer with an earlier deadline would push it less than a step past
+    # it (into the grace a re-plan gives a job read in whole steps): the newcomer is rejected.
+    from builders import nodes, snapshot
+
+    from flotilla.allocation import Verdict
+    from flotilla.allocation.elastic import DeadlineElastic
+
+    slow = ScalingCurve.of({1: 0.2})
+    a = job("a", 100, 1010.0, done=98, max_gpus=1, placement={"n0": 1}, verdict=Verdict.ADMITTED, curve=slow,
+            share=1)  # 2 steps: 10 s, done at 1010 exactly
+    new = job("new", 1, 1005.0, max_gpus=1, submit=999.0)  # 1 s on the GPU: "a" would end at 1011 (< 1 step)
+    decision = DeadlineElastic().decide(snapshot(nodes(1), a, new, now=1000.0)).jobs
+    assert decision["new"].verdict is Verdict.REJECTED, decision["new"].reason
+    assert "would break the guarantee of a" in decision["new"].reason
+    assert decision["a"].guaranteed_gpus == 1

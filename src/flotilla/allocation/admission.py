@@ -121,6 +121,7 @@ class CapacityProfile:
         self._free = np.maximum(self._free, 0)
         self._segments = 1 + len(later)
         self._claims = (np.array([t for t, _ in steps], dtype=float), np.array([g for _, g in steps], dtype=np.int64))
+        self._lowest: np.ndarray | None = None  # the fewest free GPUs from now to each segment (made when asked)
         self.last: Taken | None = None  # what the last successful `reserve` took
 
     @property
@@ -130,7 +131,7 @@ class CapacityProfile:
     def copy(self) -> "CapacityProfile":
         other = CapacityProfile.__new__(CapacityProfile)
         other._bounds, other._free, other._segments = self._bounds.copy(), self._free.copy(), self._segments
-        other._claims, other.last = self._claims, None
+        other._claims, other.last, other._lowest = self._claims, None, self._lowest
         return other
 
     def fits(self, plan: Taken) -> bool:
@@ -142,6 +143,7 @@ class CapacityProfile:
     def take(self, plan: Taken) -> None:
         """Take `plan`'s GPUs out of this profile (see `fits`)."""
         self._split(plan.finish)
+        self._lowest = None
         k = int(np.searchsorted(self.bounds, plan.finish, side="left"))
         self._free[:k] -= plan.shares[np.searchsorted(plan.starts, self._bounds[:k], side="right") - 1]
 
@@ -177,6 +179,9 @@ class CapacityProfile:
         k = int(bounds.searchsorted(until, side="left"))
         if not k:
             return None
+        applies, flat = self._plan_flat(job, tables, x, until, k, current, pause)
+        if applies:
+            return flat
         end = k
         if until != float("inf") and not (current and job.restore_seconds > 0
                                           and index[min(self._free[0], x)] > index[min(current, len(index) - 1)]):
@@ -185,14 +190,73 @@ class CapacityProfile:
             earliest = bounds[0] + job.remaining_steps / rates0[index[min(x, len(index) - 1)]]
             first = int(bounds.searchsorted(earliest, side="right"))
             end = min(k, first + max(16, first // 4))
-        plan = self._plan_over(job, tables, x, until, end, current, pause)
+        plan = self._plan_stepped(job, tables, x, until, end, current, pause)
         if plan is None and end < k:
-            plan = self._plan_over(job, tables, x, until, k, current, pause)
+            plan = self._plan_stepped(job, tables, x, until, k, current, pause)
         return plan
 
     def _plan_over(self, job: JobState, tables: tuple[np.ndarray, np.ndarray, np.ndarray], x: int, until: float,
                    k: int, current: int, pause: float) -> tuple[np.ndarray, float] | None:
         """`_plan` over the first k segments (the last one cut at `until`)."""
+        applies, flat = self._plan_flat(job, tables, x, until, k, current, pause)
+        if applies:
+            return flat
+        return self._plan_stepped(job, tables, x, until, k, current, pause)
+
+    def _plan_flat(self, job: JobState, tables: tuple[np.ndarray, np.ndarray, np.ndarray], x: int, until: float,
+                   k: int, current: int, pause: float) -> tuple[bool, tuple[np.ndarray, float] | None]:
+        """The plan of a job that gets all x GPUs from the first segment where it can get any until it
+        finishes (most plans at scale: it starts now, or waits for GPUs to be given back), in a few passes
+        over the segments at most instead of twenty: it pays at most one restore (on starting, or the one
+        under way) and finishes at its start + that restore + remaining steps / rate. (False, None) where
+        that does not hold within the first k segments, or where `_stay` might keep the job at the size it
+        holds: then `_plan_stepped` works it out. (True, None): it cannot finish by `until` (a plan with
+        fewer GPUs somewhere or more restores cannot either)."""
+        free = self._free
+        sizes0, rates0, index = tables
+        if free[0] >= x:
+            a = 0
+        elif free[0] >= sizes0[1]:
+            return False, None  # a smaller share now
+        else:
+            usable = free[:k] >= sizes0[1]
+            a = int(usable.argmax())
+            if not usable[a]:
+                return True, None  # no GPUs it can use before `until`
+            if free[a] < x:
+                return False, None
+        xi = int(index[x])
+        rate = float(rates0[xi])
+        restore = job.restore_seconds
+        if rate <= 0 or (not a and restore > 0 and current
+                         and sizes0[held := int(index[min(current, len(index) - 1)])] == current and xi > held):
+            return False, None
+        share = int(sizes0[xi])
+        if restore > 0 and (current or job.done_steps) and share != (current if not a else 0):
+            lost = restore  # on entering the share (a job's first start restores nothing)
+        else:
+            lost = pause if not a else 0.0  # the restore under way runs on the GPUs it keeps
+        bounds = self._bounds
+        finish = float(bounds[a]) + lost + job.remaining_steps / rate
+        if finish > until:
+            return True, None
+        j = int(bounds[: self._segments + 1].searchsorted(finish, side="left")) - 1  # the segment it ends in
+        if j >= k:
+            return False, None
+        if not a:
+            if self._lowest is None:
+                self._lowest = np.minimum.accumulate(free[: self._segments])
+            if self._lowest[j] < x:
+                return False, None
+        elif free[a : j + 1].min() < x:
+            return False, None
+        shares = np.full(j + 1, share, dtype=sizes0.dtype)
+        shares[:a] = 0
+        return True, (shares, finish)
+
+    def _plan_stepped(self, job: JobState, tables: tuple[np.ndarray, np.ndarray, np.ndarray], x: int,
+                      until: float, k: int, current: int, pause: float) -> tuple[np.ndarray, float] | None:
+        """`_plan_over` in general: a share per segment, restores wherever it changes."""
         sizes0, rates0, index = tables
         starts = self._bounds[: k + 1]
         idx = index[np.minimum(self._free[:k], x)]
@@ -244,13 +308,15 @@ class CapacityProfile:
         return shares, finish
 
     def reserve(self, job: JobState, deadline: float, at_least: int = 0, current: int = 0,
-                pause: float = 0.0) -> Reservation | None:
+                pause: float = 0.0, grace_steps: int = 0) -> Reservation | None:
         """Reserve the job's minimum satisfactory share to finish by `deadline`; None if it cannot.
 
         With `at_least`, the share is no smaller than that (a re-plan that
         needs the job to finish sooner, so that a later job still fits).
         `current`: the GPUs it holds now (each resize along the plan costs a restore); `pause`: seconds
-        left of a restore under way.
+        left of a restore under way. `grace_steps`: the plan may end that many steps' time (at the share's
+        rate) past `deadline` (progress is read in whole steps: a job may be up to one step further along
+        than its `done_steps`).
         """
         self.last = None
         sizes, rates = job_sizes(job)
@@ -260,7 +326,7 @@ class CapacityProfile:
         if deadline <= now:
             return None
         # No constant share below the one it needs on an empty cluster can work.
-        need_rate = job.remaining_steps / (deadline - now)
+        need_rate = max(0, job.remaining_steps - grace_steps) / (deadline - now)
         first = next((i for i, r in enumerate(rates) if r >= need_rate - 1e-12), None)
         if first is None:
             return None
@@ -269,7 +335,7 @@ class CapacityProfile:
             return None
 
         def works(i: int) -> tuple[np.ndarray, float] | None:
-            return self._plan(job, sizes[i], deadline, current, pause)
+            return self._plan(job, sizes[i], deadline + grace_steps / rates[i], current, pause)
 
         # A larger cap never gives a segment fewer GPUs, so feasibility is monotone in the share. The answer
         # is most often at or just above `first`: gallop up from it, then halve.
@@ -322,6 +388,7 @@ class CapacityProfile:
         n = len(shares)
         self.last = Taken(self._bounds[:n].copy(), shares.copy(), finish)
         self._split(finish)
+        self._lowest = None
         self._free[:n] -= shares
 
     def _split(self, t: float) -> None:
@@ -337,3 +404,4 @@ class CapacityProfile:
         self._bounds[n] = t
         self._free[n : end + 1] = self._free[n - 1 : end].copy()
         self._segments += 1
+        self._lowest = None

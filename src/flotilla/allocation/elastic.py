@@ -88,7 +88,7 @@ class DeadlineElastic:
         candidates.sort(key=lambda j: (j.submit_time, j.key))
         eligible = [j for j in candidates if j.deadline > now and job_sizes(j)[0]]
         ledger = _Ledger.of(now, capacity, admitted + eligible, held, snapshot.claimed)
-        if all(k in ledger.got for k in admitted_keys | {j.key for j in eligible}):
+        if all(k in ledger.got for k in admitted_keys | {j.key for j in eligible}) and not ledger.late:
             # Every guarantee holds with every newcomer admitted (the usual case): one layout of the ledger,
             # the one admitting them one by one would end with.
             for job in eligible:
@@ -260,6 +260,8 @@ class _Ledger:
         self.order: list[JobState] = []
         self.keys: list[tuple[float, float, str]] = []  # _edf of each job in order, for bisect
         self.got: dict[str, Reservation] = {}
+        # Jobs whose reservation ends less than one step's time past their deadline (`_reserve`).
+        self.late: set[str] = set()
         # checkpoints[c]: the profile before order[at[c]] (at[0] == 0; ascending).
         self.checkpoints: list[CapacityProfile] = []
         self.at: list[int] = []
@@ -276,7 +278,7 @@ class _Ledger:
 
     def _derived(self, floor: dict[str, int]) -> "_Ledger":
         other = _Ledger(self.now, self.capacity, self.held, self.claimed, floor)
-        other.order, other.keys, other.got = self.order, self.keys, dict(self.got)
+        other.order, other.keys, other.got, other.late = self.order, self.keys, dict(self.got), set(self.late)
         other.checkpoints, other.at, other.profile = list(self.checkpoints), list(self.at), self.profile
         return other
 
@@ -441,7 +443,16 @@ class _Ledger:
                 self.at.append(i)
                 last = i
             job = self.order[i]
+            self.late.discard(job.key)
             r = self._reserve(profile, job)
+            if r is None and job.done_steps and job.deadline > self.now:
+                # Progress is read in whole steps: a job planned to finish just before its deadline may
+                # be read as up to a step short of where it is. Its guarantee is not dropped over less
+                # than one step's time (it would then get no GPU at all); no admission may cause this.
+                r = profile.reserve(job, job.deadline, current=self.held.get(job.key, 0),
+                                    pause=_pause(job, self.now), grace_steps=1)
+                if r is not None:
+                    self.late.add(job.key)
             if r is not None:
                 self.got[job.key] = r
             else:
@@ -469,16 +480,16 @@ def _admit(ledger: _Ledger, job: JobState, must: set[str]) -> _Ledger | str:
     if position == len(ledger.order) and ledger.push(job):
         return ledger
     trial = ledger.with_job(job)
-    if job.key in trial.got and all(k in trial.got for k in must):
+    if job.key in trial.got and all(k in trial.got for k in must) and trial.late <= ledger.late:
         return trial
     # It does not fit as the others are reserved: re-plan their reservations (keep running jobs as they
     # are, raise earlier jobs' shares so that they finish sooner) and admit it if every guarantee and its
     # own then hold.
     packed = trial.repair(must | {job.key})
-    if all(k in packed.got for k in must | {job.key}):
+    if all(k in packed.got for k in must | {job.key}) and packed.late <= ledger.late:
         return packed
     if job.key in trial.got:
-        lost = sorted(k for k in must if k not in trial.got)
+        lost = sorted(k for k in must if k not in trial.got or k in trial.late - ledger.late)
         return f"admitting it would break the guarantee of {', '.join(lost)}"
     # Judge the job against what the others leave, without it.
     return ledger.profile.shortfall(job, _plan_deadline(job, ledger.now)).describe()
