@@ -27,7 +27,8 @@ geometric mean. "modes" counts the adaptive policy's plans (first and changes) p
 Seeds: the re-planner's rules (flotilla.serving.replan) were chosen on the traces of seeds 101, 105 and
 109 (`--seed 101` ...: the four traces take seed, seed+1, seed+2, seed+3); the figures reported in
 docs/serving.md use the default seed 21 (traces 21-24), held out and not looked at before the rules were
-fixed. Seeds 7-10, the held-out set of earlier rounds, were seen while earlier rules were chosen.
+fixed, and `--seed 31` (traces 31-34), fresh seeds looked at once after 21-24 had been run twice. Seeds
+7-10, the held-out set of earlier rounds, were seen while earlier rules were chosen.
 """
 
 from __future__ import annotations

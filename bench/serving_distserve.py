@@ -208,6 +208,11 @@ def main() -> None:
     parser.add_argument("--distserve", required=True, help="a checkout of github.com/LLMServe/DistServe")
     parser.add_argument("--duration", type=float, default=100.0)
     parser.add_argument("--seed", type=int, default=11)
+    parser.add_argument("--seeds", type=int, nargs="+",
+                        help="bracket check only: request samples; a row's verdict is on the mean miss fraction "
+                             "over them (default: --seed alone)")
+    parser.add_argument("--only", nargs="*", default=[],
+                        help="bracket check only: rows to run, as slo:role:gpus, e.g. ttft400-tpot60:prefill:1")
     parser.add_argument("--bisect", action="store_true",
                         help="find DistServe's capacity per configuration and report the prediction error")
     parser.add_argument("--resolution", type=float, default=0.02, help="bisection: stop when high/low < 1 + this")
@@ -220,10 +225,14 @@ def main() -> None:
     args = parser.parse_args()
     sys.path.insert(0, args.distserve)
 
-    trace = generate("steady", "chat", 1.0, 300.0 * args.duration, args.seed)
-    unit, prompts, outputs = trace.arrival_s, trace.prompt_tokens, trace.output_tokens
-    workload = Workload.from_means(1.0, float(prompts.mean()), float(outputs.mean()),
-                                   float(np.percentile(prompts, 90)), float(np.percentile(outputs, 90)))
+    samples = []
+    for seed in args.seeds or [args.seed]:
+        trace = generate("steady", "chat", 1.0, 300.0 * args.duration, seed)
+        unit, prompts, outputs = trace.arrival_s, trace.prompt_tokens, trace.output_tokens
+        workload = Workload.from_means(1.0, float(prompts.mean()), float(outputs.mean()),
+                                       float(np.percentile(prompts, 90)), float(np.percentile(outputs, 90)))
+        samples.append((seed, unit, prompts, outputs, workload))
+    _, unit, prompts, outputs, workload = samples[0]
     if args.at_capacity:
         at_capacity(unit, prompts, outputs, workload, args.duration, {args.slo: SLOS[args.slo]} if args.slo else SLOS,
                     (args.role,) if args.role else ("prefill", "decode"))
@@ -232,27 +241,39 @@ def main() -> None:
         bisect(unit, prompts, outputs, workload, args.duration, args.resolution,
                {args.slo: SLOS[args.slo]} if args.slo else SLOS, args.variants.split(","))
         return
-    print(f"{'slo':16} {'config':12} {'predicted':>9}  {'misses at C/1.15':>17}  {'misses at C/0.85':>17}  verdict")
+    print(f"{'slo':16} {'config':12} {'predicted':>9}  {'misses at C/1.15':>17}  {'misses at C/0.85':>17}  verdict"
+          + ("  (mean over seeds " + " ".join(str(s[0]) for s in samples) + "; per seed below/above)"
+             if len(samples) > 1 else ""))
     table = []
     for slo_name, slo in SLOS.items():
         budget = (1.0 - slo.attainment) / 2.0
         for role in ("prefill", "decode"):
             for gpus in DEGREES:
-                capacity = predicted(role, gpus, workload, slo)
+                if args.only and f"{slo_name}:{role}:{gpus}" not in args.only:
+                    continue
                 phase = 0 if role == "prefill" else 1
-                low = distserve_misses(role, gpus, unit, prompts, outputs, capacity / (1 + PREDICTION_TOLERANCE), slo,
-                                       args.duration)[phase]
-                high = distserve_misses(role, gpus, unit, prompts, outputs, capacity / (1 - PREDICTION_TOLERANCE),
-                                        slo, args.duration)[phase]
+                capacities, lows, highs = [], [], []
+                for _, unit, prompts, outputs, workload in samples:
+                    capacity = predicted(role, gpus, workload, slo)
+                    capacities.append(capacity)
+                    lows.append(distserve_misses(role, gpus, unit, prompts, outputs,
+                                                 capacity / (1 + PREDICTION_TOLERANCE), slo, args.duration)[phase])
+                    highs.append(distserve_misses(role, gpus, unit, prompts, outputs,
+                                                  capacity / (1 - PREDICTION_TOLERANCE), slo, args.duration)[phase])
+                capacity, low, high = (sum(capacities) / len(samples), sum(lows) / len(samples),
+                                       sum(highs) / len(samples))
                 verdict = ("within" if low <= budget < high else
                            "over-predicts" if low > budget else "under-predicts")
                 table.append({"slo": slo_name, "role": role, "gpus": gpus,
                               "predicted_per_gpu": round(capacity / gpus, 3),
-                              "miss_below": round(low, 4), "miss_above": round(high, 4), "verdict": verdict})
+                              "miss_below": round(low, 4), "miss_above": round(high, 4), "verdict": verdict,
+                              **({"per_seed": [[round(lo, 4), round(hi, 4)] for lo, hi in zip(lows, highs)]}
+                                 if len(samples) > 1 else {})})
                 print(f"{slo_name:16} {role + ' x' + str(gpus):12} {capacity / gpus:9.3f}  {low:17.3f}  {high:17.3f}  "
-                      f"{verdict} {PREDICTION_TOLERANCE:.0%}", flush=True)
+                      f"{verdict} {PREDICTION_TOLERANCE:.0%}" + ("  " + " ".join(
+                          f"{lo:.3f}/{hi:.3f}" for lo, hi in zip(lows, highs)) if len(samples) > 1 else ""),
+                      flush=True)
     print(json.dumps({"errors": table}))
-
 
 if __name__ == "__main__":
     main()

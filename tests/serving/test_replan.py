@@ -48,6 +48,23 @@ def test_poisson_noise_changes_nothing(rate, seed):
     assert replanner.current is start
 
 
+
+@pytest.mark.parametrize("rate, seed", [(5.0, 2), (100.0, 1), (100.0, 2), (100.0, 4)])
+def test_poisson_noise_in_short_scrape_windows_changes_nothing_when_their_length_is_given(rate, seed):
+    # The controller's cadence: a 15-s scrape window looked at every 30 s, its `seconds` set from the two
+    # scrapes (as flotilla.controller.vllm and the simulator set it). These seeds flapped (one change and
+    # its reversal in 100 minutes) when the windows' length was left to be inferred from the 30-s gap between
+    # them: margins for 30 s of arrivals on 15 s of noise.
+    replanner = Replanner.start(PlanRequest(Workload.from_means(rate, 300.0, 200.0), SLO_, OPT_13B_A100,
+                                            min_gpus=1, max_gpus=64), ReplanPolicy())
+    start = replanner.current
+    rng = np.random.default_rng(seed)
+    decisions = [replanner.observe(ObservedWindow(time=i * INTERVAL, requests_per_second=rng.poisson(rate * 15) / 15,
+                                                  mean_prompt_tokens=300.0, mean_output_tokens=200.0, seconds=15.0))
+                 for i in range(1, 200)]
+    assert [d.reason for d in decisions if d.plan is not None] == []
+    assert replanner.current is start
+
 def test_windows_that_agree_are_pooled_and_a_new_level_is_taken_at_once():
     steady, rising, jumped = make_replanner(10.0), make_replanner(10.0), make_replanner(10.0)
     for i, rate in enumerate([10.0, 13.0, 16.0, 19.0, 22.0]):  # +0.1 req/s per second, far above the noise
