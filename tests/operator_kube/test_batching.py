@@ -1,5 +1,6 @@
-"""Passes while jobs arrive: a pass that takes newly arrived TrainingJobs starts `batch_seconds` after the first
-of them, so that 20 arrivals a second make a few passes, not one every debounce."""
+"""Passes while jobs arrive: passes that take newly arrived TrainingJobs are at least `batch_seconds` apart, so
+that 20 arrivals a second make a few passes, not one every debounce; a job arriving after a quiet spell is
+planned at once."""
 
 from __future__ import annotations
 
@@ -27,8 +28,10 @@ def test_a_new_job_marks_its_arrival_until_a_pass_takes_the_view():
     assert view.first_arrival is None
 
 
-def passes_while_jobs_arrive(monkeypatch, batch_seconds: float, rate: float = 20.0, seconds: float = 2.0):
-    """(passes, the longest wait of a job from its arrival to the pass that took it) with jobs arriving at `rate`."""
+def passes_while_jobs_arrive(monkeypatch, batch_seconds: float, rate: float = 20.0, seconds: float = 2.0,
+                             quiet_before: float = 0.0) -> tuple[int, list[float]]:
+    """(passes, each job's wait from its arrival to the pass that took it, in order of arrival) with jobs arriving
+    at `rate`, the first of them `quiet_before` seconds after the loop started."""
     world, view = World(seed=2, nodes=2), View()
     monkeypatch.setattr(handlers, "view", view)
     monkeypatch.setattr(handlers, "settings", handlers.Settings(
@@ -41,14 +44,15 @@ def passes_while_jobs_arrive(monkeypatch, batch_seconds: float, rate: float = 20
         nonlocal passes
         passes += 1
         now = asyncio.get_running_loop().time()
-        waits.extend(now - arrived.pop(key) for key in list(arrived) if key in view.jobs)
+        waits.extend(now - arrived.pop(key) for key in list(arrived) if key in view.jobs)  # in arrival order
         return 0.0
 
     async def run():
         monkeypatch.setattr(handlers, "_reconcile_once", reconcile_once)
         loop = asyncio.get_running_loop()
         reconciling = loop.create_task(handlers._reconcile_forever(None))
-        for _ in range(int(rate * seconds)):
+        await asyncio.sleep(quiet_before)
+        for _ in range(max(1, int(rate * seconds))):
             body = world.new_job()
             arrived[f"{body['metadata']['namespace']}/{body['metadata']['name']}"] = loop.time()
             view.record("jobs", {"type": "ADDED", "object": body})
@@ -58,13 +62,22 @@ def passes_while_jobs_arrive(monkeypatch, batch_seconds: float, rate: float = 20
         reconciling.cancel()
 
     asyncio.run(run())
-    return passes, max(waits)
+    return passes, waits
 
 
 def test_arrivals_are_batched_into_few_passes(monkeypatch):
-    passes, longest = passes_while_jobs_arrive(monkeypatch, batch_seconds=0.5)
+    passes, waits = passes_while_jobs_arrive(monkeypatch, batch_seconds=0.5)
     assert passes <= 6, passes  # 40 jobs in 2 s: a pass about every half second
-    assert longest >= 0.45  # the first job of a batch waited for the batch
+    assert waits[0] < 0.15, waits[0]  # the burst's first job came after a quiet spell: planned at once
+    assert max(waits) >= 0.4, waits  # the next ones waited for a batch (due 0.5 s after the first pass)
+    assert max(waits) < 0.5 + 0.3, waits  # and not much longer (the 0.3: the loop's own latency, loaded)
     unbatched, _ = passes_while_jobs_arrive(monkeypatch, batch_seconds=0.0)
     assert unbatched > passes  # one every debounce (0.2 s)
+
+
+def test_a_lone_arrival_after_a_quiet_spell_is_planned_at_once(monkeypatch):
+    passes, waits = passes_while_jobs_arrive(monkeypatch, batch_seconds=0.5, seconds=0.0, quiet_before=0.6)
+    assert passes == 1 and len(waits) == 1
+    # Neither the batch (0.5 s) nor the debounce (0.2 s) is waited for.
+    assert waits[0] < 0.15, waits
 

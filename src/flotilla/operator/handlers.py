@@ -48,8 +48,9 @@ class Settings:
     allocator: Allocator
     resync_seconds: float = 10.0
     debounce_seconds: float = 0.2
-    # A pass that takes newly arrived jobs starts this long after the first of them: jobs arriving meanwhile
-    # are planned in the same pass (one allocator run for them all), at this cost in admission latency.
+    # Passes that take newly arrived jobs start at least this far apart: while jobs keep arriving, those
+    # that came meanwhile are planned in one pass (one allocator run for them all), at up to this cost in
+    # admission latency. A job arriving after a quiet spell of this length is planned at once.
     batch_seconds: float = 0.5
     concurrency: int = 16
     qps: float = 200.0
@@ -192,17 +193,28 @@ async def _discover_inference_pools(api: kubeapi.ApiClient) -> None:
 async def _reconcile_forever(kube: Kube) -> None:
     assert settings is not None
     plan_seconds = 0.0
+    passed = batched = -float("inf")  # when the last pass ended; when the last one that took arrivals began
     while True:
         try:
             await asyncio.wait_for(view.wake.wait(), timeout=settings.resync_seconds)
         except asyncio.TimeoutError:
             pass
         # Every watch event that changes what planning reads wakes the loop: when planning is slow (many jobs,
-        # a busy machine), wait as long as it took, so that it takes at most half of the operator's CPU. (By
-        # the wall clock: on a machine short of CPU, passes then slow down instead of taking more of it.)
-        await asyncio.sleep(max(settings.debounce_seconds, plan_seconds))
+        # a busy machine), the next pass waits as long as the last took, so that planning takes at most half of
+        # the operator's CPU. (By the wall clock: on a machine short of CPU, passes then slow down instead of
+        # taking more of it.)
+        arrival = view.first_arrival
+        if arrival is not None and arrival - batched >= settings.batch_seconds:
+            # A job arriving after a quiet spell is planned at once: no debounce, no batch to wait for.
+            await asyncio.sleep(passed + plan_seconds - view.clock())
+        else:
+            await asyncio.sleep(max(settings.debounce_seconds, plan_seconds))
+            if view.first_arrival is not None:
+                # Arrivals keep coming: they are taken at most once every `batch_seconds` (one allocator run
+                # for all that came meanwhile), at that cost in admission latency.
+                await asyncio.sleep(batched + settings.batch_seconds - view.clock())
         if view.first_arrival is not None:
-            await asyncio.sleep(view.first_arrival + settings.batch_seconds - view.clock())
+            batched = view.clock()
         view.taken()
         try:
             plan_seconds = await _reconcile_once(kube)
@@ -210,6 +222,7 @@ async def _reconcile_forever(kube: Kube) -> None:
             raise
         except Exception:
             log.exception("reconcile pass failed; retrying at the next wake-up")
+        passed = view.clock()
 
 
 async def _reconcile_once(kube: Kube) -> float:
