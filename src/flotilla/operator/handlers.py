@@ -204,8 +204,9 @@ async def _reconcile_forever(kube: Kube) -> None:
         # the operator's CPU. (By the wall clock: on a machine short of CPU, passes then slow down instead of
         # taking more of it.)
         arrival = view.first_arrival
-        if arrival is not None and arrival - batched >= settings.batch_seconds:
-            # A job arriving after a quiet spell is planned at once: no debounce, no batch to wait for.
+        if arrival is not None and arrival - view.taken_arrival >= settings.batch_seconds:
+            # A job arriving after a quiet spell (no other arrival for `batch_seconds`) is planned at once: no
+            # debounce, no batch to wait for.
             await asyncio.sleep(passed + plan_seconds - view.clock())
         else:
             await asyncio.sleep(max(settings.debounce_seconds, plan_seconds))
