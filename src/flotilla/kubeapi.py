@@ -16,7 +16,8 @@ import json
 import os
 import socket
 import threading
-from typing import Any, Protocol
+import time
+from typing import Any, Callable, Protocol
 from urllib.parse import urlencode
 
 from kubernetes import client, config
@@ -87,6 +88,13 @@ def _bounded(timeout: Any, most: float) -> Any:
 CONFIG_LOCK = threading.Lock()
 
 
+# How often a request may have the client refresh its credentials. The client's hook (a kubeconfig's token, or
+# in a pod the ServiceAccount token file) runs before every request and sets every connection setting again,
+# the host among them, whose setter scans the environment for proxies: most of the CPU of a request that it
+# does not send. A token is re-read within this long of the client's own refresh time.
+CREDENTIALS_REFRESH_SECONDS = 1.0
+
+
 def load_configuration() -> client.Configuration:
     """In-cluster when running in a pod, else KUBECONFIG / ~/.kube/config."""
     with CONFIG_LOCK:
@@ -94,7 +102,25 @@ def load_configuration() -> client.Configuration:
             config.load_incluster_config()
         except config.ConfigException:
             config.load_kube_config()
-        return client.Configuration.get_default_copy()
+        configuration = client.Configuration.get_default_copy()
+    if configuration.refresh_api_key_hook is not None:
+        configuration.refresh_api_key_hook = _at_most_every(CREDENTIALS_REFRESH_SECONDS,
+                                                            configuration.refresh_api_key_hook)
+    return configuration
+
+
+def _at_most_every(seconds: float, hook: Callable[[client.Configuration], None],
+                   clock: Callable[[], float] = time.monotonic) -> Callable[[client.Configuration], None]:
+    last = -float("inf")
+
+    def refresh(configuration: client.Configuration) -> None:
+        nonlocal last
+        now = clock()
+        if now - last >= seconds:
+            last = now
+            hook(configuration)
+            configuration.refresh_api_key_hook = refresh  # the client's hook sets itself again each time
+    return refresh
 
 
 def connect(component: str, identity: str | None = None, timeout: float = DEFAULT_TIMEOUT_SECONDS,
