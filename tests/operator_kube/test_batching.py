@@ -1,6 +1,6 @@
-"""Passes while jobs arrive: passes that take newly arrived TrainingJobs are at least `batch_seconds` apart, so
-that 20 arrivals a second make a few passes, not one every debounce; a job arriving after a quiet spell is
-planned at once."""
+"""Passes while jobs arrive: a pass that takes newly arrived TrainingJobs starts `batch_seconds` after the first
+of them, so that 20 arrivals a second make a few passes, not one every debounce; a job arriving after a quiet spell
+is planned at once (`handlers.QUIET_BATCHES`)."""
 
 from __future__ import annotations
 
@@ -69,15 +69,18 @@ def test_arrivals_are_batched_into_few_passes(monkeypatch):
     passes, waits = passes_while_jobs_arrive(monkeypatch, batch_seconds=0.5)
     assert passes <= 6, passes  # 40 jobs in 2 s: a pass about every half second
     assert waits[0] < 0.15, waits[0]  # the burst's first job came after a quiet spell: planned at once
-    assert max(waits) >= 0.4, waits  # the next ones waited for a batch (due 0.5 s after the first pass)
+    assert max(waits) >= 0.4, waits  # the next ones waited for a batch (due 0.5 s after the first of them)
     assert max(waits) < 0.5 + 0.3, waits  # and not much longer (the 0.3: the loop's own latency, loaded)
     unbatched, _ = passes_while_jobs_arrive(monkeypatch, batch_seconds=0.0)
     assert unbatched > passes  # one every debounce (0.2 s)
 
 
 def test_a_lone_arrival_after_a_quiet_spell_is_planned_at_once(monkeypatch):
-    passes, waits = passes_while_jobs_arrive(monkeypatch, batch_seconds=0.5, seconds=0.0, quiet_before=0.6)
-    assert passes == 1 and len(waits) == 1
-    # Neither the batch (0.5 s) nor the debounce (0.2 s) is waited for.
-    assert waits[0] < 0.15, waits
-
+    # Two jobs 1.2 s apart (more than QUIET_BATCHES x 0.5 s): neither the batch (0.5 s) nor the debounce
+    # (0.2 s) is waited for, by either.
+    passes, waits = passes_while_jobs_arrive(monkeypatch, batch_seconds=0.5, rate=1 / 1.2, seconds=2.4)
+    assert passes == 2 and len(waits) == 2
+    assert max(waits) < 0.15, waits
+    # 0.7 s apart: the second came in a stream (bursts a second apart are batched), and waits for its batch.
+    _, waits = passes_while_jobs_arrive(monkeypatch, batch_seconds=0.5, rate=1 / 0.7, seconds=1.4)
+    assert waits[0] < 0.15 and waits[1] >= 0.45, waits

@@ -48,9 +48,9 @@ class Settings:
     allocator: Allocator
     resync_seconds: float = 10.0
     debounce_seconds: float = 0.2
-    # Passes that take newly arrived jobs start at least this far apart: while jobs keep arriving, those
-    # that came meanwhile are planned in one pass (one allocator run for them all), at up to this cost in
-    # admission latency. A job arriving after a quiet spell of this length is planned at once.
+    # A pass that takes newly arrived jobs starts this long after the first of them: jobs arriving meanwhile
+    # are planned in the same pass (one allocator run for them all), at up to this cost in admission latency.
+    # A job arriving after a quiet spell (QUIET_BATCHES times this) is planned at once.
     batch_seconds: float = 0.5
     concurrency: int = 16
     qps: float = 200.0
@@ -190,10 +190,16 @@ async def _discover_inference_pools(api: kubeapi.ApiClient) -> None:
         await asyncio.sleep(s.relist_seconds)
 
 
+# A job arriving this many `batch_seconds` after the previous arrival is planned at once. Twice: jobs submitted
+# in bursts a second apart (a client's waves, a pipeline's steps) are batched, not planned a pass for the head
+# of each burst and another for the rest.
+QUIET_BATCHES = 2.0
+
+
 async def _reconcile_forever(kube: Kube) -> None:
     assert settings is not None
     plan_seconds = 0.0
-    passed = batched = -float("inf")  # when the last pass ended; when the last one that took arrivals began
+    passed = -float("inf")  # when the last pass ended
     while True:
         try:
             await asyncio.wait_for(view.wake.wait(), timeout=settings.resync_seconds)
@@ -204,18 +210,15 @@ async def _reconcile_forever(kube: Kube) -> None:
         # the operator's CPU. (By the wall clock: on a machine short of CPU, passes then slow down instead of
         # taking more of it.)
         arrival = view.first_arrival
-        if arrival is not None and arrival - view.taken_arrival >= settings.batch_seconds:
-            # A job arriving after a quiet spell (no other arrival for `batch_seconds`) is planned at once: no
-            # debounce, no batch to wait for.
+        if arrival is not None and arrival - view.taken_arrival >= QUIET_BATCHES * settings.batch_seconds:
+            # A job arriving after a quiet spell is planned at once: no debounce, no batch to wait for.
             await asyncio.sleep(passed + plan_seconds - view.clock())
         else:
             await asyncio.sleep(max(settings.debounce_seconds, plan_seconds))
             if view.first_arrival is not None:
-                # Arrivals keep coming: they are taken at most once every `batch_seconds` (one allocator run
-                # for all that came meanwhile), at that cost in admission latency.
-                await asyncio.sleep(batched + settings.batch_seconds - view.clock())
-        if view.first_arrival is not None:
-            batched = view.clock()
+                # Jobs arriving in a stream or a burst: the pass that takes them starts `batch_seconds` after the
+                # first, with those that came meanwhile (one allocator run for them all).
+                await asyncio.sleep(view.first_arrival + settings.batch_seconds - view.clock())
         view.taken()
         try:
             plan_seconds = await _reconcile_once(kube)
