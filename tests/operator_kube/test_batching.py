@@ -29,9 +29,10 @@ def test_a_new_job_marks_its_arrival_until_a_pass_takes_the_view():
 
 
 def passes_while_jobs_arrive(monkeypatch, batch_seconds: float, rate: float = 20.0, seconds: float = 2.0,
-                             quiet_before: float = 0.0) -> tuple[int, list[float]]:
+                             quiet_before: float = 0.0, woken_before: float | None = None) -> tuple[int, list[float]]:
     """(passes, each job's wait from its arrival to the pass that took it, in order of arrival) with jobs arriving
-    at `rate`, the first of them `quiet_before` seconds after the loop started."""
+    at `rate`, the first of them `quiet_before` seconds after the loop started; `woken_before`: each comes that
+    long after something else woke the loop (a pod's event)."""
     world, view = World(seed=2, nodes=2), View()
     monkeypatch.setattr(handlers, "view", view)
     monkeypatch.setattr(handlers, "settings", handlers.Settings(
@@ -53,6 +54,9 @@ def passes_while_jobs_arrive(monkeypatch, batch_seconds: float, rate: float = 20
         reconciling = loop.create_task(handlers._reconcile_forever(None))
         await asyncio.sleep(quiet_before)
         for _ in range(max(1, int(rate * seconds))):
+            if woken_before is not None:
+                view.wake.set()
+                await asyncio.sleep(woken_before)
             body = world.new_job()
             arrived[f"{body['metadata']['namespace']}/{body['metadata']['name']}"] = loop.time()
             view.record("jobs", {"type": "ADDED", "object": body})
@@ -84,3 +88,7 @@ def test_a_lone_arrival_after_a_quiet_spell_is_planned_at_once(monkeypatch):
     # 0.7 s apart: the second came in a stream (bursts a second apart are batched), and waits for its batch.
     _, waits = passes_while_jobs_arrive(monkeypatch, batch_seconds=0.5, rate=1 / 0.7, seconds=1.4)
     assert waits[0] < 0.15 and waits[1] >= 0.45, waits
+    # Woken by another event 0.1 s before it came: the loop was already in its debounce (0.2 s), and the
+    # lone job is taken when that ends, not a batch after it came.
+    _, waits = passes_while_jobs_arrive(monkeypatch, batch_seconds=0.5, rate=1 / 1.2, seconds=2.4, woken_before=0.1)
+    assert max(waits) < 0.25, waits

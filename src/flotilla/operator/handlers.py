@@ -196,6 +196,12 @@ async def _discover_inference_pools(api: kubeapi.ApiClient) -> None:
 QUIET_BATCHES = 2.0
 
 
+def _lone_arrival() -> bool:
+    """A TrainingJob new to the view came QUIET_BATCHES x `batch_seconds` or more after the previous one."""
+    arrival = view.first_arrival
+    return arrival is not None and arrival - view.taken_arrival >= QUIET_BATCHES * _settings().batch_seconds
+
+
 async def _reconcile_forever(kube: Kube) -> None:
     assert settings is not None
     plan_seconds = 0.0
@@ -209,13 +215,12 @@ async def _reconcile_forever(kube: Kube) -> None:
         # a busy machine), the next pass waits as long as the last took, so that planning takes at most half of
         # the operator's CPU. (By the wall clock: on a machine short of CPU, passes then slow down instead of
         # taking more of it.)
-        arrival = view.first_arrival
-        if arrival is not None and arrival - view.taken_arrival >= QUIET_BATCHES * settings.batch_seconds:
+        if _lone_arrival():
             # A job arriving after a quiet spell is planned at once: no debounce, no batch to wait for.
             await asyncio.sleep(passed + plan_seconds - view.clock())
         else:
             await asyncio.sleep(max(settings.debounce_seconds, plan_seconds))
-            if view.first_arrival is not None:
+            if view.first_arrival is not None and not _lone_arrival():
                 # Jobs arriving in a stream or a burst: the pass that takes them starts `batch_seconds` after the
                 # first, with those that came meanwhile (one allocator run for them all).
                 await asyncio.sleep(view.first_arrival + settings.batch_seconds - view.clock())
