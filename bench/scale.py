@@ -323,6 +323,8 @@ class Seen:
     generation: int = 0
     running: float | None = None  # a pod: the first event showing its container started (or already ended)
     phase: str = ""
+    bound: float | None = None  # a pod: the first event showing it on a node (spec.nodeName)
+    admitted: float | None = None  # a TrainingJob: the first event showing it admitted (phase past Pending)
 
 
 class WatchLog(threading.Thread):
@@ -377,6 +379,10 @@ class WatchLog(threading.Thread):
             seen = self.seen[meta["name"]] = Seen(now, labels.get(names.LABEL_JOB, meta["name"]),
                                                   int(labels.get(names.LABEL_GENERATION, 0)))
         seen.phase = status.get("phase", seen.phase)
+        if seen.admitted is None and obj.get("kind") == "TrainingJob" and seen.phase not in ("", "Pending"):
+            seen.admitted = now
+        if seen.bound is None and (obj.get("spec") or {}).get("nodeName"):
+            seen.bound = now
         if seen.running is None and obj.get("kind", "Pod") == "Pod":
             state = ((status.get("containerStatuses") or [{}])[0].get("state") or {})
             if "running" in state or "terminated" in state:
@@ -436,6 +442,29 @@ def watch_latency(seen: dict[str, Seen], submitted: dict[str, float] | None = No
             if start is not None:
                 out.append(max(p.running for p in pods) - start)  # type: ignore[type-var]
     return out
+
+
+def stages(pods: dict[str, Seen], jobs: dict[str, Seen] | None = None) -> dict[str, dict[str, float | None]]:
+    """Each job's way to Running in stages, by the bench's receive times (p50/p90/p99 of each, s): submitted
+    (its TrainingJob seen, Flotilla; else its first pod seen) -> admitted (the TrainingJob seen Admitted: the
+    operator saw it, planned it and its status patch was answered) -> its first pod seen (the operator's create
+    answered) -> the last of its last worker set's pods seen on a node -> seen running."""
+    out: dict[str, list[float]] = {}
+    for job, mine in last_worker_sets(pods.values()).items():
+        if any(p.running is None or p.bound is None for p in mine):
+            continue
+        created, bound = min(p.first for p in mine), max(p.bound for p in mine)  # type: ignore[type-var]
+        running = max(p.running for p in mine)  # type: ignore[type-var]
+        steps: list[tuple[str, float | None]] = []
+        if jobs is not None:
+            tj = jobs.get(job)
+            if tj is None or tj.admitted is None:
+                continue
+            steps += [("submitted", tj.first), ("admitted", tj.admitted)]
+        steps += [("pods_created", created), ("bound", bound), ("running", running)]
+        for (a, t0), (b, t1) in zip(steps, steps[1:]):
+            out.setdefault(f"{a}->{b}", []).append(t1 - t0)  # type: ignore[operator]
+    return {name: percentiles(values, 3) for name, values in out.items()}
 
 
 # --- submitting and waiting ----------------------------------------------------------------------------
@@ -626,6 +655,7 @@ def run_direct(api: Any, namespace: str, jobs: list[Job], args: argparse.Namespa
         "wall_s": round(end - started, 1),
         "pod_create_to_running_s": percentiles(pod_latency(pods)),
         "job_create_to_running_s": percentiles(watch_latency(watch.seen), 3),
+        "stages_s": stages(watch.seen),
         "job_create_to_running_api_s": percentiles(job_latency_direct(pods)),
         "control_plane_cpu_s": cpu,
         "api_server_requests": busiest(requests),
@@ -718,6 +748,7 @@ def run_flotilla(api: Any, namespace: str, jobs: list[Job], cluster: Cluster, ou
         "pod_create_to_running_s": percentiles(pod_latency(pods)),
         "job_create_to_running_s": percentiles(
             watch_latency(watches[0].seen, {name: seen.first for name, seen in watches[1].seen.items()}), 3),
+        "stages_s": stages(watches[0].seen, watches[1].seen),
         "job_create_to_running_api_s": percentiles(job_latency_flotilla(items, pods)),
         "job_create_to_recorded_running_s": percentiles(job_recorded_running),
         "job_create_to_admitted_s": percentiles(job_admitted),
@@ -950,6 +981,8 @@ def main() -> int:
         r = report[phase]
         print(f"{phase:9s} wall {r['wall_s']:7.1f} s  pod create->Running {r['pod_create_to_running_s']}  "
               f"job submit->Running {r['job_create_to_running_s']}")
+        print(f"{phase:9s} stages (s): " + ", ".join(f"{stage} p50 {v['p50']} p99 {v['p99']}"
+                                                      for stage, v in r["stages_s"].items()))
     print(f"flotilla: {flo['phases']}, submit->Admitted {flo['job_create_to_admitted_s']}, "
           f"submit->recorded Running {flo['job_create_to_recorded_running_s']}, "
           f"admitted {flo['admit_per_s']} jobs/s (all in {flo['admission_wall_s']} s), "

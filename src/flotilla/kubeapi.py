@@ -12,10 +12,13 @@ the write's timeout so that it ends before the Lease could be taken by another r
 
 from __future__ import annotations
 
+import json
 import os
 import socket
 import threading
-from typing import Any, Protocol
+import time
+from typing import Any, Callable, Protocol
+from urllib.parse import urlencode
 
 from kubernetes import client, config
 from kubernetes.client import rest
@@ -53,13 +56,19 @@ class ApiClient(client.ApiClient):
 
     def call_api(self, method: str, url: str, header_params: Any = None, body: Any = None,
                  post_params: Any = None, _request_timeout: Any = None) -> Any:
-        timeout = self.timeout if _request_timeout is None else _request_timeout
-        if self.fence is not None and method.upper() not in READS:
-            timeout = _bounded(timeout, self.fence.bound(_total(timeout)))
+        timeout = self.timeout_of(method, _request_timeout)
         try:
             return super().call_api(method, url, header_params, body, post_params, _request_timeout=timeout)
         except rest.urllib3.exceptions.TimeoutError as e:  # the urllib3 the client sends with
             raise ApiTimeout(f"{method} {url.split('?')[0]}: no answer within {_total(timeout):.1f} s") from e
+
+    def timeout_of(self, method: str, timeout: Any) -> Any:
+        """The timeout a request sent now gets (the default unless it names one, a write's bounded by the
+        fence); raises NotLeader when it is a write that may not be sent."""
+        timeout = self.timeout if timeout is None else timeout
+        if self.fence is not None and method.upper() not in READS:
+            timeout = _bounded(timeout, self.fence.bound(_total(timeout)))
+        return timeout
 
 
 def _total(timeout: Any) -> float:
@@ -79,6 +88,13 @@ def _bounded(timeout: Any, most: float) -> Any:
 CONFIG_LOCK = threading.Lock()
 
 
+# How often a request may have the client refresh its credentials. The client's hook (a kubeconfig's token, or
+# in a pod the ServiceAccount token file) runs before every request and sets every connection setting again,
+# the host among them, whose setter scans the environment for proxies: most of the CPU of a request that it
+# does not send. A token is re-read within this long of the client's own refresh time.
+CREDENTIALS_REFRESH_SECONDS = 1.0
+
+
 def load_configuration() -> client.Configuration:
     """In-cluster when running in a pod, else KUBECONFIG / ~/.kube/config."""
     with CONFIG_LOCK:
@@ -86,7 +102,25 @@ def load_configuration() -> client.Configuration:
             config.load_incluster_config()
         except config.ConfigException:
             config.load_kube_config()
-        return client.Configuration.get_default_copy()
+        configuration = client.Configuration.get_default_copy()
+    if configuration.refresh_api_key_hook is not None:
+        configuration.refresh_api_key_hook = _at_most_every(CREDENTIALS_REFRESH_SECONDS,
+                                                            configuration.refresh_api_key_hook)
+    return configuration
+
+
+def _at_most_every(seconds: float, hook: Callable[[client.Configuration], None],
+                   clock: Callable[[], float] = time.monotonic) -> Callable[[client.Configuration], None]:
+    last = -float("inf")
+
+    def refresh(configuration: client.Configuration) -> None:
+        nonlocal last
+        now = clock()
+        if now - last >= seconds:
+            last = now
+            hook(configuration)
+            configuration.refresh_api_key_hook = refresh  # the client's hook sets itself again each time
+    return refresh
 
 
 def connect(component: str, identity: str | None = None, timeout: float = DEFAULT_TIMEOUT_SECONDS,
@@ -120,19 +154,42 @@ JSON = "application/json"
 
 def send(api: client.ApiClient, method: str, path: str, body: Any = None, *,
          query: list[tuple[str, Any]] | None = None, content_type: str = JSON, timeout: Any = None) -> Any:
-    """One request through `api` (its connections, credentials, User-Agent, and with `ApiClient` its timeout
-    and fence) without the client's typed API classes, which validate every argument and build a typed
-    model of every reply (and cost a second of CPU to import): the reply as urllib3 gives it, unread (read
-    it or iterate its lines, then `release_conn()`). A reply other than 2xx raises ApiException (status,
-    reason, body), as the typed calls do. `body`: plain JSON values, serialised as they are."""
-    method, url, headers, _, _ = api.param_serialize(
-        method=method, resource_path=path, query_params=query or [], auth_settings=["BearerToken"],
-        header_params={"Content-Type": content_type, "Accept": JSON})
-    response = api.call_api(method, url, header_params=headers, body=body, _request_timeout=timeout)
+    """One request through `api`'s connections (its urllib3 pool: TLS, credentials, connection count, retries)
+    with its User-Agent and, with `ApiClient`, its timeout and fence, but none of the client's per-request
+    machinery: the typed API classes validate every argument and build a typed model of every reply (and cost
+    a second of CPU to import), and even its untyped path walks the body to serialise it and wraps the reply.
+    Returns the reply as urllib3 gives it, unread (read it or iterate its lines, then `release_conn()`). A
+    reply other than 2xx raises ApiException (status, reason, body), as the typed calls do. `body`: plain JSON
+    values."""
+    configuration = api.configuration
+    headers = {**api.default_headers, "Content-Type": content_type, "Accept": JSON}
+    for auth in configuration.auth_settings().values():  # a bearer token, refreshed where the config says so
+        if auth["in"] == "header" and auth["value"]:
+            headers[auth["key"]] = auth["value"]
+    if isinstance(api, ApiClient):
+        timeout = api.timeout_of(method, timeout)
+    url = configuration.host + path + ("?" + urlencode(query) if query else "")
+    try:
+        response = api.rest_client.pool_manager.request(
+            method, url, body=None if body is None else json.dumps(body), headers=headers,
+            timeout=_urllib3_timeout(timeout), preload_content=False)
+    except rest.urllib3.exceptions.TimeoutError as e:
+        raise ApiTimeout(f"{method} {path}: no answer within {_total(timeout):.1f} s") from e
+    except rest.urllib3.exceptions.SSLError as e:  # as the client reports it
+        raise rest.ApiException(status=0, reason=f"{type(e).__name__}\n{e}") from e
     if not 200 <= response.status <= 299:
         try:
-            response.read()
+            reply = rest.RESTResponse(response)
+            reply.read()
         finally:
-            response.response.release_conn()
-        raise client.ApiException(http_resp=response)
-    return response.response
+            response.release_conn()
+        raise client.ApiException(http_resp=reply)
+    return response
+
+
+def _urllib3_timeout(timeout: Any) -> Any:
+    if timeout is None:
+        return None
+    if isinstance(timeout, tuple):
+        return rest.urllib3.Timeout(connect=timeout[0], read=timeout[1])
+    return rest.urllib3.Timeout(total=timeout)

@@ -1,5 +1,6 @@
 """Passes while jobs arrive: a pass that takes newly arrived TrainingJobs starts `batch_seconds` after the first
-of them, so that 20 arrivals a second make a few passes, not one every debounce."""
+of them, so that 20 arrivals a second make a few passes, not one every debounce; a job arriving after a quiet spell
+is planned at once (`handlers.QUIET_BATCHES`)."""
 
 from __future__ import annotations
 
@@ -27,8 +28,11 @@ def test_a_new_job_marks_its_arrival_until_a_pass_takes_the_view():
     assert view.first_arrival is None
 
 
-def passes_while_jobs_arrive(monkeypatch, batch_seconds: float, rate: float = 20.0, seconds: float = 2.0):
-    """(passes, the longest wait of a job from its arrival to the pass that took it) with jobs arriving at `rate`."""
+def passes_while_jobs_arrive(monkeypatch, batch_seconds: float, rate: float = 20.0, seconds: float = 2.0,
+                             quiet_before: float = 0.0, woken_before: float | None = None) -> tuple[int, list[float]]:
+    """(passes, each job's wait from its arrival to the pass that took it, in order of arrival) with jobs arriving
+    at `rate`, the first of them `quiet_before` seconds after the loop started; `woken_before`: each comes that
+    long after something else woke the loop (a pod's event)."""
     world, view = World(seed=2, nodes=2), View()
     monkeypatch.setattr(handlers, "view", view)
     monkeypatch.setattr(handlers, "settings", handlers.Settings(
@@ -41,14 +45,18 @@ def passes_while_jobs_arrive(monkeypatch, batch_seconds: float, rate: float = 20
         nonlocal passes
         passes += 1
         now = asyncio.get_running_loop().time()
-        waits.extend(now - arrived.pop(key) for key in list(arrived) if key in view.jobs)
+        waits.extend(now - arrived.pop(key) for key in list(arrived) if key in view.jobs)  # in arrival order
         return 0.0
 
     async def run():
         monkeypatch.setattr(handlers, "_reconcile_once", reconcile_once)
         loop = asyncio.get_running_loop()
         reconciling = loop.create_task(handlers._reconcile_forever(None))
-        for _ in range(int(rate * seconds)):
+        await asyncio.sleep(quiet_before)
+        for _ in range(max(1, int(rate * seconds))):
+            if woken_before is not None:
+                view.wake.set()
+                await asyncio.sleep(woken_before)
             body = world.new_job()
             arrived[f"{body['metadata']['namespace']}/{body['metadata']['name']}"] = loop.time()
             view.record("jobs", {"type": "ADDED", "object": body})
@@ -58,13 +66,29 @@ def passes_while_jobs_arrive(monkeypatch, batch_seconds: float, rate: float = 20
         reconciling.cancel()
 
     asyncio.run(run())
-    return passes, max(waits)
+    return passes, waits
 
 
 def test_arrivals_are_batched_into_few_passes(monkeypatch):
-    passes, longest = passes_while_jobs_arrive(monkeypatch, batch_seconds=0.5)
+    passes, waits = passes_while_jobs_arrive(monkeypatch, batch_seconds=0.5)
     assert passes <= 6, passes  # 40 jobs in 2 s: a pass about every half second
-    assert longest >= 0.45  # the first job of a batch waited for the batch
+    assert waits[0] < 0.15, waits[0]  # the burst's first job came after a quiet spell: planned at once
+    assert max(waits) >= 0.4, waits  # the next ones waited for a batch (due 0.5 s after the first of them)
+    assert max(waits) < 0.5 + 0.3, waits  # and not much longer (the 0.3: the loop's own latency, loaded)
     unbatched, _ = passes_while_jobs_arrive(monkeypatch, batch_seconds=0.0)
     assert unbatched > passes  # one every debounce (0.2 s)
 
+
+def test_a_lone_arrival_after_a_quiet_spell_is_planned_at_once(monkeypatch):
+    # Two jobs 1.2 s apart (more than QUIET_BATCHES x 0.5 s): neither the batch (0.5 s) nor the debounce
+    # (0.2 s) is waited for, by either.
+    passes, waits = passes_while_jobs_arrive(monkeypatch, batch_seconds=0.5, rate=1 / 1.2, seconds=2.4)
+    assert passes == 2 and len(waits) == 2
+    assert max(waits) < 0.15, waits
+    # 0.7 s apart: the second came in a stream (bursts a second apart are batched), and waits for its batch.
+    _, waits = passes_while_jobs_arrive(monkeypatch, batch_seconds=0.5, rate=1 / 0.7, seconds=1.4)
+    assert waits[0] < 0.15 and waits[1] >= 0.45, waits
+    # Woken by another event 0.1 s before it came: the loop was already in its debounce (0.2 s), and the
+    # lone job is taken when that ends, not a batch after it came.
+    _, waits = passes_while_jobs_arrive(monkeypatch, batch_seconds=0.5, rate=1 / 1.2, seconds=2.4, woken_before=0.1)
+    assert max(waits) < 0.25, waits

@@ -19,7 +19,7 @@ from flotilla import kubeapi
 PEM = b"-----BEGIN CERTIFICATE-----\nMIIB\n-----END CERTIFICATE-----\n"
 
 
-def test_concurrent_loads_get_whole_certificate_files(tmp_path, monkeypatch):
+def a_kubeconfig(tmp_path, monkeypatch) -> None:
     path = tmp_path / "kubeconfig"
     path.write_text(yaml.safe_dump({
         "apiVersion": "v1", "kind": "Config", "current-context": "c",
@@ -30,6 +30,10 @@ def test_concurrent_loads_get_whole_certificate_files(tmp_path, monkeypatch):
     monkeypatch.setattr(kube_config, "KUBE_CONFIG_DEFAULT_LOCATION", str(path))
     monkeypatch.delenv("KUBERNETES_SERVICE_HOST", raising=False)
     monkeypatch.setattr(kube_config, "_temp_files", {})
+
+
+def test_concurrent_loads_get_whole_certificate_files(tmp_path, monkeypatch):
+    a_kubeconfig(tmp_path, monkeypatch)
 
     def slow_open(name, mode="r", *args, **kwargs):  # the file is registered; its content comes a moment later
         if "w" in mode:
@@ -48,3 +52,25 @@ def test_concurrent_loads_get_whole_certificate_files(tmp_path, monkeypatch):
     for t in threads:
         t.join()
     assert found == [PEM] * 4
+
+
+def test_credentials_are_refreshed_at_most_once_a_second_not_before_every_request(tmp_path, monkeypatch):
+    """The client's refresh hook sets every connection setting again before each request (the host's setter
+    scans the environment for proxies): most of a request's CPU. It runs at most once a second."""
+    a_kubeconfig(tmp_path, monkeypatch)
+    configuration = kubeapi.load_configuration()
+    scans = 0
+    real = kube_config.KubeConfigLoader._set_config
+
+    def counted(self, client_configuration):
+        nonlocal scans
+        scans += 1
+        return real(self, client_configuration)
+
+    monkeypatch.setattr(kube_config.KubeConfigLoader, "_set_config", counted)
+    for _ in range(100):
+        assert configuration.auth_settings()["BearerToken"]["value"] == "Bearer t"
+    assert scans == 1
+    time.sleep(kubeapi.CREDENTIALS_REFRESH_SECONDS)
+    configuration.auth_settings()
+    assert scans == 2

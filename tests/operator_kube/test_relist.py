@@ -124,21 +124,20 @@ def test_a_pod_deleted_during_an_outage_goes_at_the_first_list_after_it(monkeypa
 
 
 class Pages:
-    """Stands in for urllib3 behind the real client: answers lists page by page, recording the URLs."""
+    """Stands in for urllib3's pool behind the real client: answers lists page by page, recording the URLs and
+    the total timeout of each request."""
 
     def __init__(self, pages):
         self.pages, self.urls = list(pages), []
 
-    def request(self, method, url, headers=None, body=None, post_params=None, _request_timeout=None):
+    def request(self, method, url, body=None, headers=None, timeout=None, preload_content=True):
         import json
 
         import urllib3
-        from kubernetes.client import rest
 
-        self.urls.append((method, url, _request_timeout))
-        return rest.RESTResponse(urllib3.HTTPResponse(body=json.dumps(self.pages.pop(0)).encode(), status=200,
-                                                      headers={"Content-Type": "application/json"},
-                                                      preload_content=False))
+        self.urls.append((method, url, timeout.total))
+        return urllib3.HTTPResponse(body=json.dumps(self.pages.pop(0)).encode(), status=200,
+                                    headers={"Content-Type": "application/json"}, preload_content=False)
 
 
 def test_the_lister_pages_through_with_the_watch_selector_and_names_each_items_kind():
@@ -148,7 +147,7 @@ def test_the_lister_pages_through_with_the_watch_selector_and_names_each_items_k
     from flotilla.operator.relist import Lister
 
     api = ApiClient(client.Configuration(host="http://127.0.0.1:1"), timeout=7)
-    api.rest_client = Pages([
+    pages = api.rest_client.pool_manager = Pages([
         {"apiVersion": "v1", "kind": "PodList", "metadata": {"continue": "tok"},
          "items": [{"metadata": {"name": "a", "namespace": "ns"}}]},
         {"apiVersion": "v1", "kind": "PodList", "metadata": {}, "items": [{"metadata": {"name": "b", "namespace": "ns"}}]},
@@ -159,8 +158,8 @@ def test_the_lister_pages_through_with_the_watch_selector_and_names_each_items_k
     pods = lister.list("pods")
     assert [(p["kind"], p["apiVersion"], p["metadata"]["name"]) for p in pods] == [("Pod", "v1", "a"), ("Pod", "v1", "b")]
     assert [j["kind"] for j in lister.list("jobs")] == ["TrainingJob"]
-    first, second, jobs = api.rest_client.urls
+    first, second, jobs = pages.urls
     assert "/api/v1/namespaces/team/pods?" in first[1] and "labelSelector=app.kubernetes.io" in first[1]
     assert "limit=500" in first[1] and "continue=" not in first[1] and "continue=tok" in second[1]
     assert "/apis/flotilla.dev/v1alpha1/namespaces/team/trainingjobs?" in jobs[1]
-    assert {t for _, _, t in api.rest_client.urls} == {7}
+    assert {t for _, _, t in pages.urls} == {7}

@@ -44,6 +44,19 @@ class Recorder:
         return rest.RESTResponse(urllib3.HTTPResponse(body=b"{}", status=200, preload_content=False,
                                                       headers={"Content-Type": "application/json"}))
 
+    @property
+    def pool_manager(self):
+        """urllib3's pool, which `flotilla.kubeapi.send` sends through (the operator's writes)."""
+        recorder = self
+
+        class Pool:
+            def request(self, method, url, body=None, headers=None, timeout=None, preload_content=True):
+                recorder.sent.append((method, url, timeout.total))
+                return urllib3.HTTPResponse(body=b"{}", status=200, preload_content=False,
+                                            headers={"Content-Type": "application/json"})
+
+        return Pool()
+
 
 def fenced_client(fence, timeout=10.0):
     api = ApiClient(client.Configuration(host="http://127.0.0.1:1"), timeout=timeout, fence=fence,
@@ -75,6 +88,13 @@ def test_the_executor_sends_nothing_once_fenced_and_its_chain_fails():
     fence.renewed(sent_at=0.0)
     api = fenced_client(fence)
     kube = Kube(api, concurrency=2)
+    clock.t = 8.0  # the executor's writes (flotilla.kubeapi.send, past the client's machinery) are fenced too:
+    bound = fence.bound(10.0)  # sent, with a timeout that ends before the Lease could be taken
+    assert bound < 10.0
+    patch = PatchStatus("trainingjobs", "ns", "j", {"message": "stale"})
+    assert [a for a, _ in asyncio.run(kube.apply([patch]))] == [patch]
+    assert [(m, t) for m, _, t in api.rest_client.sent] == [("PATCH", bound)]
+    api.rest_client.sent.clear()
     clock.t = 12.0
     patch = PatchStatus("trainingjobs", "ns", "j", {"message": "stale"})
     assert asyncio.run(kube.apply([patch])) == []

@@ -38,7 +38,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--batch-seconds", type=float, default=0.5, metavar="SECONDS",
                         help="a pass that takes newly submitted TrainingJobs starts this long after the first of "
                              "them, so that jobs arriving together are planned in one pass; it adds up to this "
-                             "much to their admission (default: %(default)s)")
+                             "much to their admission, nothing to a job arriving twice as long after the previous "
+                             "one (default: %(default)s)")
     parser.add_argument("--concurrency", type=int, default=16,
                         help="API calls in flight at once when applying a decision (default: %(default)s)")
     parser.add_argument("--qps", type=float, default=200.0,

@@ -49,7 +49,8 @@ class Settings:
     resync_seconds: float = 10.0
     debounce_seconds: float = 0.2
     # A pass that takes newly arrived jobs starts this long after the first of them: jobs arriving meanwhile
-    # are planned in the same pass (one allocator run for them all), at this cost in admission latency.
+    # are planned in the same pass (one allocator run for them all), at up to this cost in admission latency.
+    # A job arriving after a quiet spell (QUIET_BATCHES times this) is planned at once.
     batch_seconds: float = 0.5
     concurrency: int = 16
     qps: float = 200.0
@@ -189,20 +190,40 @@ async def _discover_inference_pools(api: kubeapi.ApiClient) -> None:
         await asyncio.sleep(s.relist_seconds)
 
 
+# A job arriving this many `batch_seconds` after the previous arrival is planned at once. Twice: jobs submitted
+# in bursts a second apart (a client's waves, a pipeline's steps) are batched, not planned a pass for the head
+# of each burst and another for the rest.
+QUIET_BATCHES = 2.0
+
+
+def _lone_arrival() -> bool:
+    """A TrainingJob new to the view came QUIET_BATCHES x `batch_seconds` or more after the previous one."""
+    arrival = view.first_arrival
+    return arrival is not None and arrival - view.taken_arrival >= QUIET_BATCHES * _settings().batch_seconds
+
+
 async def _reconcile_forever(kube: Kube) -> None:
     assert settings is not None
     plan_seconds = 0.0
+    passed = -float("inf")  # when the last pass ended
     while True:
         try:
             await asyncio.wait_for(view.wake.wait(), timeout=settings.resync_seconds)
         except asyncio.TimeoutError:
             pass
         # Every watch event that changes what planning reads wakes the loop: when planning is slow (many jobs,
-        # a busy machine), wait as long as it took, so that it takes at most half of the operator's CPU. (By
-        # the wall clock: on a machine short of CPU, passes then slow down instead of taking more of it.)
-        await asyncio.sleep(max(settings.debounce_seconds, plan_seconds))
-        if view.first_arrival is not None:
-            await asyncio.sleep(view.first_arrival + settings.batch_seconds - view.clock())
+        # a busy machine), the next pass waits as long as the last took, so that planning takes at most half of
+        # the operator's CPU. (By the wall clock: on a machine short of CPU, passes then slow down instead of
+        # taking more of it.)
+        if _lone_arrival():
+            # A job arriving after a quiet spell is planned at once: no debounce, no batch to wait for.
+            await asyncio.sleep(passed + plan_seconds - view.clock())
+        else:
+            await asyncio.sleep(max(settings.debounce_seconds, plan_seconds))
+            if view.first_arrival is not None and not _lone_arrival():
+                # Jobs arriving in a stream or a burst: the pass that takes them starts `batch_seconds` after the
+                # first, with those that came meanwhile (one allocator run for them all).
+                await asyncio.sleep(view.first_arrival + settings.batch_seconds - view.clock())
         view.taken()
         try:
             plan_seconds = await _reconcile_once(kube)
@@ -210,6 +231,7 @@ async def _reconcile_forever(kube: Kube) -> None:
             raise
         except Exception:
             log.exception("reconcile pass failed; retrying at the next wake-up")
+        passed = view.clock()
 
 
 async def _reconcile_once(kube: Kube) -> float:

@@ -84,6 +84,9 @@ class View:
     relist_wake: asyncio.Event = field(default_factory=asyncio.Event)  # set: list every kind now
     # When the first TrainingJob new to the view arrived since the loop last took it (`taken`); None: none.
     first_arrival: float | None = None
+    # When the latest TrainingJob new to the view arrived, and the latest of those a pass has taken.
+    last_arrival: float = -float("inf")
+    taken_arrival: float = -float("inf")
 
     def record(self, kind: str, event: dict[str, Any]) -> bool:
         """A watch event; wakes the reconcile loop when it changed what planning reads (a heartbeat, a
@@ -116,8 +119,10 @@ class View:
         seen = _TRIM.get(kind, trim.other)(obj)
         written = self._written.get((kind, key))
         store = getattr(self, kind)
-        if kind == "jobs" and key not in store and self.first_arrival is None:
-            self.first_arrival = self.clock()
+        if kind == "jobs" and key not in store:
+            self.last_arrival = self.clock()
+            if self.first_arrival is None:
+                self.first_arrival = self.last_arrival
         if not written and (kind, key) not in self._seen and _same(store.get(key), seen):
             return False
         if written:
@@ -209,6 +214,7 @@ class View:
         """A pass is about to copy the view: what woke the loop so far is in it."""
         self.wake.clear()
         self.first_arrival = None
+        self.taken_arrival = self.last_arrival
 
     def created(self, pod_key: str, now: float) -> None:
         self._created[pod_key] = now
