@@ -195,14 +195,6 @@ class CapacityProfile:
             plan = self._plan_stepped(job, tables, x, until, k, current, pause)
         return plan
 
-    def _plan_over(self, job: JobState, tables: tuple[np.ndarray, np.ndarray, np.ndarray], x: int, until: float,
-                   k: int, current: int, pause: float) -> tuple[np.ndarray, float] | None:
-        """`_plan` over the first k segments (the last one cut at `until`)."""
-        applies, flat = self._plan_flat(job, tables, x, until, k, current, pause)
-        if applies:
-            return flat
-        return self._plan_stepped(job, tables, x, until, k, current, pause)
-
     def _plan_flat(self, job: JobState, tables: tuple[np.ndarray, np.ndarray, np.ndarray], x: int, until: float,
                    k: int, current: int, pause: float) -> tuple[bool, tuple[np.ndarray, float] | None]:
         """The plan of a job that gets all x GPUs from the first segment where it can get any until it
@@ -256,7 +248,7 @@ class CapacityProfile:
 
     def _plan_stepped(self, job: JobState, tables: tuple[np.ndarray, np.ndarray, np.ndarray], x: int,
                       until: float, k: int, current: int, pause: float) -> tuple[np.ndarray, float] | None:
-        """`_plan_over` in general: a share per segment, restores wherever it changes."""
+        """`_plan` over the first k segments in general: a share per segment, restores wherever it changes."""
         sizes0, rates0, index = tables
         starts = self._bounds[: k + 1]
         idx = index[np.minimum(self._free[:k], x)]
