@@ -323,6 +323,14 @@ def stage_of(rank: int, world: int, stages: int) -> int:
     return rank * stages // world
 
 
+def worker_names(body: Body, placement: Mapping[str, int], generation: int) -> list[str]:
+    """The names of `worker_pods(body, placement, generation)`, by rank, without making the pods."""
+    meta = body["metadata"]
+    per_worker = int(body["spec"]["elasticity"].get("gpusPerWorker", 1))
+    world = sum(gpus // per_worker for gpus in placement.values())
+    return [pod_name(meta["name"], meta["uid"], generation, rank) for rank in range(world)]
+
+
 def worker_pods(body: Body, placement: Mapping[str, int], generation: int,
                 agent_port: int = names.DEFAULT_AGENT_PORT) -> list[dict[str, Any]]:
     """The worker pods for a placement: one per `gpusPerWorker` GPUs, ranks in node order. Each gets the
@@ -723,9 +731,11 @@ def _keep_running(plan: _Plan, state: JobState, by_gen: Mapping[int, list[Body]]
     status, name = plan.status, plan.name
     _retire_old(plan, by_gen, generation)
     mine = {p["metadata"]["name"]: p for p in by_gen.get(generation, [])}
-    expected = worker_pods(plan.body, current, generation, plan.agent_port)
-    held_up = _create_when_free(plan, by_gen, generation,
-                                (m for m in expected if m["metadata"]["name"] not in mine))
+    expected = worker_names(plan.body, current, generation)
+    missing = [n for n in expected if n not in mine]
+    held_up = _create_when_free(plan, by_gen, generation, (
+        m for m in (worker_pods(plan.body, current, generation, plan.agent_port) if missing else [])
+        if m["metadata"]["name"] not in mine))
     pod_phase = {n: (p.get("status") or {}).get("phase", "Pending") for n, p in mine.items()}
     failed = sorted(n for n, ph in pod_phase.items() if ph == "Failed")
     if failed:
