@@ -217,8 +217,6 @@ class Planner:
                   inference_pools: bool) -> str | None:
         if not self.passes:
             return "first"
-        if now >= self._next_full:
-            return "time"
         if inference_pools != self._inference_pools:
             return "inference-pools"
         if not _same_objects(nodes, self._nodes):
@@ -227,6 +225,8 @@ class Planner:
         if any(_generation(body) != _generation(was) for key, body in jobs.items()
                if (was := self._jobs.get(key)) is not None and body is not was and "spec" in body and "spec" in was):
             return "spec"
+        if now >= self._next_full:  # after the global reasons: those plan every job, a time-driven pass does not
+            return "time"
         return None
 
     def _changed(self, key: str, body: Body, pod_ids: tuple[int, ...], decisions: Mapping[str, JobDecision],
