@@ -4,7 +4,8 @@
   python bench/replan.py [SNAPSHOT ...] [--passes 60] [--seed 1]
 
 A snapshot (tests/data/world-*.json.gz, recorded by `python -m tests.operator_plan.world`: nodes, jobs
-brought to a steady state by the operator's own full passes, their pods) is played forward pass by pass,
+brought to a steady state by the operator's own full passes, their pods; one full re-plan's writes applied to
+it first, as the snapshot predates some status fields) is played forward pass by pass,
 one simulated second apart. Between two passes (seeded): 0-3 jobs arrive, rank 0 of 1-2 running jobs
 exits (its pods Succeeded), 3 running jobs report progress, and the last pass's actions are applied as
 the API server would (status and annotation patches merged, pods created bound and Running, deleted).
@@ -16,13 +17,17 @@ Prints per snapshot the live jobs, p50/p99/max of both, and as its last line one
                 "p99_ratio": full p99 / incremental p99, "differing_passes": k}, ...}
 (`incremental_only_ms`: the incremental planner's passes that were not full; `*_cpu_ms`: the same passes'
 CPU time in this thread, the figure to read on a shared machine; `differing_passes`: passes whose actions
-differed between the two, expected 0.)
+differed between the two, expected 0; `first_pass_cpu_ms`: the planner's first pass, which plans every job,
+as after a restart (not in the percentiles); `slowest_passes`: the incremental planner's four slowest passes as
+[CPU ms, pass, why it was full or null, jobs planned]; `actions_sha256`: a digest of the full re-plans'
+actions, pass after pass, equal for two versions of the code that decide and act alike.)
 """
 
 from __future__ import annotations
 
 import argparse
 import gzip
+import hashlib
 import json
 import random
 import statistics
@@ -143,7 +148,15 @@ def run(path: Path, passes: int, seed: int, full_every: float) -> dict:
     planner = Planner(full_every=full_every)
     inc, full_ms, inc_only, differing = [], [], [], 0
     inc_cpu, full_cpu = [], []  # this thread's CPU time: on a shared machine the wall clock also counts waiting
-    planner.plan(T0, allocator, *cluster.views())  # the first pass after a start is full: not counted
+    slowest = []  # (CPU ms, pass, why full, jobs planned) of the incremental planner's passes
+    digest = hashlib.sha256()  # of the full re-plans' actions, pass after pass: to compare two versions of the code
+    # The recorded snapshot predates status.guaranteedShare: brought up to date by a full re-plan's writes,
+    # as an operator that restarts finds its cluster (else every job is patched by the first pass and
+    # planned again by the next).
+    cluster.apply(plan(T0 - 1, allocator, *cluster.views()))
+    started_cpu = time.thread_time()
+    planner.plan(T0, allocator, *cluster.views())  # the first pass after a start plans every job: not counted
+    first_cpu = (time.thread_time() - started_cpu) * 1e3
     for i in range(1, passes + 1):
         now = T0 + i
         cluster.news(now)
@@ -155,18 +168,21 @@ def run(path: Path, passes: int, seed: int, full_every: float) -> dict:
         inc_cpu.append((time.thread_time() - started_cpu) * 1e3)
         if planner.full_passes == fulls:
             inc_only.append(inc[-1])
+        slowest.append((round(inc_cpu[-1]), i, planner.full_reason, sum(1 for kind, _, _ in mine if kind == "jobs")))
         started, started_cpu = time.perf_counter(), time.thread_time()
         theirs = plan(now, allocator, *views)
         full_ms.append((time.perf_counter() - started) * 1e3)
         full_cpu.append((time.thread_time() - started_cpu) * 1e3)
         got = {(kind, k): a for kind, k, a in mine}
         differing += any(got.get((kind, k), []) != a for kind, k, a in theirs)
+        digest.update(repr(theirs).encode())
         cluster.apply(theirs)
     return {"live_jobs": cluster.live(), "jobs": len(cluster.jobs), "incremental_ms": percentiles(inc),
             "full_ms": percentiles(full_ms), "incremental_only_ms": percentiles(inc_only),
             "incremental_cpu_ms": percentiles(inc_cpu), "full_cpu_ms": percentiles(full_cpu),
             "p99_ratio": round(percentiles(full_ms)["p99"] / percentiles(inc)["p99"], 2),
-            "differing_passes": differing}
+            "differing_passes": differing, "first_pass_cpu_ms": round(first_cpu, 1), "slowest_passes": sorted(slowest, reverse=True)[:4],
+            "actions_sha256": digest.hexdigest()[:16]}
 
 
 def main() -> int:
@@ -183,7 +199,10 @@ def main() -> int:
         print(f"{path.name}: {row['jobs']} jobs, {row['live_jobs']} live; re-plan ms incremental "
               f"{row['incremental_ms']} (not full: {row['incremental_only_ms']}), full {row['full_ms']}; CPU ms "
               f"incremental {row['incremental_cpu_ms']}, full {row['full_cpu_ms']}; "
-              f"p99 x{row['p99_ratio']}; passes whose actions differed: {row['differing_passes']}", flush=True)
+              f"p99 x{row['p99_ratio']}; passes whose actions differed: {row['differing_passes']}; first pass (a "
+              f"restart: every job planned) CPU ms {row['first_pass_cpu_ms']}; slowest incremental "
+              f"passes (CPU ms, pass, why full, jobs planned): {row['slowest_passes']}; full re-plans' actions "
+              f"sha256 {row['actions_sha256']}", flush=True)
     print(json.dumps(summary))
     return 0
 

@@ -167,3 +167,25 @@ def test_pushing_jobs_that_go_last_equals_reserving_all_from_scratch():
     # A later job added through the checkpoints behaves as on a ledger built from scratch.
     late = job("late", 300, 1000, max_gpus=8)
     assert ledger.with_job(late).got == scratch.with_job(late).got
+
+
+def test_a_ledger_without_some_jobs_equals_reserving_the_others_from_scratch():
+    """`without` (the newcomers that do not all fit left out) replays only from the last profile kept before
+    the first of them: the same reservations, lateness and free GPUs as a ledger of the others from scratch,
+    and a job added to either afterwards gets the same."""
+    from flotilla.allocation.elastic import _Ledger
+
+    rng = random.Random(17)
+    for trial in range(6):
+        jobs = [job(f"j{i}", rng.randint(50, 2000), rng.uniform(50, 800), max_gpus=8, restore=rng.uniform(0, 20),
+                    done=rng.choice((0, 0, rng.randint(1, 40)))) for i in range(70)]
+        held = {j.key: 0 for j in jobs}
+        left_out = {j.key for j in rng.sample(jobs, rng.randint(1, 6))}
+        kept = [j for j in jobs if j.key not in left_out]
+        derived = _Ledger.of(0.0, 24, jobs, held).without(left_out)
+        scratch = _Ledger.of(0.0, 24, kept, held)
+        assert derived.got == scratch.got and derived.late == scratch.late
+        assert [j.key for j in derived.order] == [j.key for j in scratch.order] and derived.at == scratch.at
+        assert (derived.profile._free == scratch.profile._free).all()
+        late = job("late", 300, 900, max_gpus=8)
+        assert derived.with_job(late).got == scratch.with_job(late).got

@@ -177,7 +177,7 @@ def test_a_jobs_quiet_start_ends_without_a_full_pass(monkeypatch):
     assert world.jobs[placed]["status"]["phase"] == "Running"
 
     # The same with a planner that keeps no timers: the end of the quiet start is missed.
-    monkeypatch.setattr(training, "replan_at", lambda body, pods: None)
+    monkeypatch.setattr(training, "replan_at", lambda body, pods, now, state=None: None)
     world.jobs = {k: b for k, b in world.jobs.items() if k != waiting}
     planner = Planner(full_every=float("inf"))
     planner.plan(NOW + 40, allocator, *world.views())
@@ -194,9 +194,9 @@ def test_replan_at_a_checkpoint_acknowledgements_timeout():
     asked = NOW - 30
     body = trainingjob("j", status={"phase": "Resharding", "reshards": 0, "checkpoint": {
         "requestedGeneration": 2, "generation": 1, "requestedAt": rfc3339(asked)}})
-    assert training.replan_at(body, []) == asked + training.ACK_TIMEOUT_SECONDS
+    assert training.replan_at(body, [], NOW) == asked + training.ACK_TIMEOUT_SECONDS
     body["status"]["checkpoint"]["generation"] = 2  # acknowledged: only news moves it on
-    assert training.replan_at(body, []) is None
+    assert training.replan_at(body, [], NOW) is None
 
 
 def test_a_busy_job_is_planned_in_the_first_pass_after_its_writes():

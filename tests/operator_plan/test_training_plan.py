@@ -356,3 +356,12 @@ def test_the_promised_share_is_written_and_read_back_and_keeps_a_waiting_job_adm
     moved = JobDecision("ns/job", Verdict.ADMITTED, {}, "admitted; still no GPUs now", share=2)
     assert status_patch(training.plan_job(trainingjob(status=written), [], moved, NOW + 60,
                                           "elastic-deadline"))["guaranteedShare"] == 2
+
+
+@pytest.mark.parametrize("per_worker, placement", [(1, {"n0": 3}), (2, {"n1": 4, "n0": 2}), (8, {"n2": 8, "n0": 16}),
+                                                   (4, {"n0": 4, "n1": 4, "n10": 8})])
+def test_worker_names_are_the_worker_pods_names(per_worker, placement):
+    body = trainingjob(min_gpus=1, max_gpus=32, per_worker=per_worker)
+    for generation in (0, 3):
+        assert training.worker_names(body, placement, generation) == [
+            p["metadata"]["name"] for p in training.worker_pods(body, placement, generation)]

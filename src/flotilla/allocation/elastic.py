@@ -95,7 +95,7 @@ class DeadlineElastic:
                 plans[job.key] = _Plan(job, Verdict.ADMITTED, "admitted")
             candidates = [j for j in candidates if j.key not in plans]
         elif eligible:
-            ledger = _Ledger.of(now, capacity, admitted, held, snapshot.claimed)
+            ledger = ledger.without({j.key for j in eligible})
         promised = {j.key: j.share for j in admitted if j.share}
         if any(k not in ledger.got for k in admitted_keys):
             # Minimum shares re-derived in deadline order lost a guarantee that another plan keeps.
@@ -313,6 +313,21 @@ class _Ledger:
             self.checkpoints[d].take(plan)
             self.at[d] += 1
         return True
+
+    def without(self, keys: set[str]) -> "_Ledger":
+        """A new ledger of this one's jobs but `keys`: what `_Ledger.of` over the others gives, replayed only
+        from the last profile kept before the first of them in deadline order (the jobs ahead of it are
+        reserved alike in both)."""
+        first = next((i for i, j in enumerate(self.order) if j.key in keys), len(self.order))
+        other = self._derived(self.floor)
+        other.order = [j for j in self.order if j.key not in keys]
+        other.keys = [_edf(j) for j in other.order]
+        other.got = {k: r for k, r in self.got.items() if k not in keys}
+        other.late = self.late - keys
+        c = bisect.bisect_right(self.at, first) - 1
+        other.checkpoints, other.at = other.checkpoints[:c + 1], other.at[:c + 1]
+        other._run(other.at[c])
+        return other
 
     def raised(self, changes: dict[str, int], start: int) -> "_Ledger":
         """A new ledger with the shares in `changes` raised, replayed from position `start` on."""

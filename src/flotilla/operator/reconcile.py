@@ -97,18 +97,20 @@ def _plan_servings(now: float, servings: Mapping[str, Body], deployments: Mappin
 class Planner:
     """`plan` that re-plans only what changed since its last pass.
 
-    A pass is *full* (every job planned, the allocator run) on the first call, whenever something global
-    changed (a node added, lost, cordoned, its capacity or labels; a job's spec: deadline, curve,
-    elasticity, its generation; the InferencePool API) and, for what only time changes (the allocator's
-    view of deadlines, a not-started job's deadline outlook), `full_every` seconds after the end of the
-    last full pass, or longer when full passes are slow: the gap is at least (1 - full_share) / full_share
-    times what the last one took, so that time-driven full passes take at most `full_share` of the
-    planner's time however many jobs there are. Otherwise a pass runs the allocator (or the pool's
-    arbiter) only when what it reads changed (a job's state or loans, a GPU-holding pod, a
-    ServingDeployment), else keeps its last decisions; and it plans only the jobs whose object, pods,
-    decision or loans changed, that had actions the last time (they may not have been sent yet) or were
-    busy (writes on their way: not planned until they are answered), or whose own timer is due
-    (`training.replan_at`: the end of a job's quiet start, a checkpoint acknowledgement's timeout).
+    A pass is *full* (the allocator run) on the first call, whenever something global changed (a node
+    added, lost, cordoned, its capacity or labels; a job's spec: deadline, curve, elasticity, its
+    generation; the InferencePool API), and those plan every job. For what only time changes (the
+    allocator's view of deadlines), a pass is full `full_every` seconds after the end of the last full
+    pass, or longer when full passes are slow: the gap is at least (1 - full_share) / full_share times
+    what the last one took, so that time-driven full passes take at most `full_share` of the planner's
+    time however many jobs there are. A time-driven pass runs the allocator but plans, as any other
+    pass, only the jobs below: what time alone changes in a job's own plan is its timer. Otherwise a pass
+    runs the allocator (or the pool's arbiter) only when what it reads changed (a job's state or loans,
+    a GPU-holding pod, a ServingDeployment), else keeps its last decisions; and it plans only the jobs
+    whose object, pods, decision or loans changed, that had actions the last time (they may not have
+    been sent yet) or were busy (writes on their way: not planned until they are answered), or whose
+    own timer is due (`training.replan_at`: the end of a job's quiet start, workers recorded Running, a
+    checkpoint acknowledgement's timeout, a placed job's deadline outlook turning).
     ServingDeployments (a handful) are planned every pass, with their Deployments. Objects are
     told changed by identity: the view replaces an object that changed and keeps one that did not
     (flotilla.operator.view)."""
@@ -150,6 +152,8 @@ class Planner:
         jobs = {k: body for k, body in jobs.items() if not training.is_final(body)}
         self.full_reason = self._why_full(now, jobs, nodes, inference_pools)
         full = self.full_reason is not None
+        # Time alone changes the allocator's decisions, and a job's plan only where its own timer says so.
+        plan_all = full and self.full_reason != "time"
         self.passes += 1
         self._states = {k: self._states[k] for k in jobs if k in self._states and self._states[k][0] is jobs[k]}
         self._node_states = {k: self._node_states[k] if k in self._node_states and self._node_states[k][0] is n
@@ -183,16 +187,18 @@ class Planner:
                 acted.add(key)
                 continue
             uid = body["metadata"].get("uid")
-            if not (full or self._changed(key, body, ids.get(uid, ()), decisions, lending)
+            if not (plan_all or self._changed(key, body, ids.get(uid, ()), decisions, lending)
                     or timers.get(key, now + 1) <= now):
                 continue
             mine = pods_of.get(uid, [])
+            state = self._state_of(body)
             actions = training.plan_job(body, mine, decisions.get(key), now, allocator.name,
-                                        max_restarts=max_restarts, lending=lending.get(key), agent_port=agent_port)
+                                        max_restarts=max_restarts, lending=lending.get(key), agent_port=agent_port,
+                                        state=state)
             if actions:
                 acted.add(key)
             out.append(("jobs", key, actions))
-            if (when := training.replan_at(body, mine)) is not None:
+            if (when := training.replan_at(body, mine, now, state)) is not None:
                 timers[key] = when
             else:
                 timers.pop(key, None)
@@ -211,8 +217,6 @@ class Planner:
                   inference_pools: bool) -> str | None:
         if not self.passes:
             return "first"
-        if now >= self._next_full:
-            return "time"
         if inference_pools != self._inference_pools:
             return "inference-pools"
         if not _same_objects(nodes, self._nodes):
@@ -221,6 +225,8 @@ class Planner:
         if any(_generation(body) != _generation(was) for key, body in jobs.items()
                if (was := self._jobs.get(key)) is not None and body is not was and "spec" in body and "spec" in was):
             return "spec"
+        if now >= self._next_full:  # after the global reasons: those plan every job, a time-driven pass does not
+            return "time"
         return None
 
     def _changed(self, key: str, body: Body, pod_ids: tuple[int, ...], decisions: Mapping[str, JobDecision],

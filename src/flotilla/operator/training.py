@@ -323,6 +323,14 @@ def stage_of(rank: int, world: int, stages: int) -> int:
     return rank * stages // world
 
 
+def worker_names(body: Body, placement: Mapping[str, int], generation: int) -> list[str]:
+    """The names of `worker_pods(body, placement, generation)`, by rank, without making the pods."""
+    meta = body["metadata"]
+    per_worker = int(body["spec"]["elasticity"].get("gpusPerWorker", 1))
+    world = sum(gpus // per_worker for gpus in placement.values())
+    return [pod_name(meta["name"], meta["uid"], generation, rank) for rank in range(world)]
+
+
 def worker_pods(body: Body, placement: Mapping[str, int], generation: int,
                 agent_port: int = names.DEFAULT_AGENT_PORT) -> list[dict[str, Any]]:
     """The worker pods for a placement: one per `gpusPerWorker` GPUs, ranks in node order. Each gets the
@@ -502,7 +510,7 @@ class _Plan:
 def plan_job(body: Body, pods: Iterable[Body], decision: JobDecision | None, now: float,
              policy: str, ack_timeout: float = ACK_TIMEOUT_SECONDS, max_restarts: int = 3,
              lending: Mapping[str, int] | None = None,
-             agent_port: int = names.DEFAULT_AGENT_PORT) -> list[Action]:
+             agent_port: int = names.DEFAULT_AGENT_PORT, state: JobState | None = None) -> list[Action]:
     """Actions that bring one TrainingJob's pods and status in line with the decision.
 
     A running job changes placement only through the resharding protocol: ask rank 0
@@ -513,12 +521,13 @@ def plan_job(body: Body, pods: Iterable[Body], decision: JobDecision | None, now
     `lending` (unified pool): the ServingDeployments the decision's shrink lends GPUs to; recorded in
     `status.lentTo` when the job switches to the smaller worker set, and paid back as it grows again.
     `agent_port`: the node agents' step-time port, given to the worker pods.
+    `state`: `job_state(body)`, when already made (the planner caches it).
     """
     if is_final(body):
         return []
     plan = _Plan(body, now, lending, agent_port)
     meta, status = plan.meta, plan.status
-    state = job_state(body)
+    state = state or job_state(body)
     if status.get("observedGeneration") != meta.get("generation"):
         plan.patch["observedGeneration"] = meta.get("generation")
     if not status.get("deadline"):
@@ -571,6 +580,7 @@ def plan_job(body: Body, pods: Iterable[Body], decision: JobDecision | None, now
         if _ready_to_switch(plan, reason, ack_timeout):
             _switch(plan, state, by_gen, want, generation + 1, reason)
             return plan.done()
+        return _keep_running(plan, state, by_gen, current, generation, max_restarts, resharding=True)
     return _keep_running(plan, state, by_gen, current, generation, max_restarts)
 
 
@@ -715,14 +725,17 @@ def ref(kind: str, key: str, namespace: str) -> str:
 
 
 def _keep_running(plan: _Plan, state: JobState, by_gen: Mapping[int, list[Body]], current: Mapping[str, int],
-                  generation: int, max_restarts: int) -> list[Action]:
-    """On the recorded placement: keep the pod set whole and derive the phase from it."""
+                  generation: int, max_restarts: int, resharding: bool = False) -> list[Action]:
+    """On the recorded placement: keep the pod set whole and derive the phase from it. `resharding`: the
+    workers wait for rank 0's checkpoint to move (phase Resharding, not Running again)."""
     status, name = plan.status, plan.name
     _retire_old(plan, by_gen, generation)
     mine = {p["metadata"]["name"]: p for p in by_gen.get(generation, [])}
-    expected = worker_pods(plan.body, current, generation, plan.agent_port)
-    held_up = _create_when_free(plan, by_gen, generation,
-                                (m for m in expected if m["metadata"]["name"] not in mine))
+    expected = worker_names(plan.body, current, generation)
+    missing = [n for n in expected if n not in mine]
+    held_up = _create_when_free(plan, by_gen, generation, (
+        m for m in (worker_pods(plan.body, current, generation, plan.agent_port) if missing else [])
+        if m["metadata"]["name"] not in mine))
     pod_phase = {n: (p.get("status") or {}).get("phase", "Pending") for n, p in mine.items()}
     failed = sorted(n for n, ph in pod_phase.items() if ph == "Failed")
     if failed:
@@ -753,7 +766,7 @@ def _keep_running(plan: _Plan, state: JobState, by_gen: Mapping[int, list[Body]]
                        f"finished; deadline {'met' if met else 'missed'}")
         return plan.done(keep_creates=False)
     all_running = len(mine) == len(expected) and all(ph == "Running" for ph in pod_phase.values())
-    waiting = plan.patch.get("phase") == phases.RESHARDING
+    waiting = resharding or plan.patch.get("phase") == phases.RESHARDING
     if held_up and not waiting:
         msg = f"waiting for the previous worker set's pods to terminate on {', '.join(held_up)}"
         if status.get("message") != msg:
@@ -801,23 +814,66 @@ def _mirror_progress(plan: _Plan) -> None:
         plan.checkpoint(step=int(progress["checkpointStep"]), time=progress.get("updatedAt"))
 
 
-def replan_at(body: Body, pods: Iterable[Body]) -> float | None:
-    """When time alone next changes what `plan_job` does for this job (its objects unchanged), None if
-    only news does: the end of a job's quiet start (Pending written, or its workers recorded Running)
-    and the checkpoint acknowledgement's timeout. (The deadline outlook of a job not started yet also
-    moves with time: it is refreshed by the planner's full passes.)"""
+def replan_at(body: Body, pods: Iterable[Body], now: float, state: JobState | None = None) -> float | None:
+    """When time alone next changes what `plan_job` does for this job (its objects and its decision
+    unchanged), after it was planned at `now`; None if only news does. The earliest of `TIMERS`, the
+    places where `plan_job` reads the clock (each gives None once what it times was seen at `now`).
+    `state`: `job_state(body)`, when already made."""
     if is_final(body):
         return None
-    status, meta = body.get("status") or {}, body["metadata"]
-    if not status.get("phase"):
-        return to_unix(meta["creationTimestamp"]) + QUIET_SECONDS
-    ckpt = status.get("checkpoint") or {}
+    pods = list(pods)
+    return min((t for timer in TIMERS if (t := timer(body, pods, now, state)) is not None), default=None)
+
+
+def _quiet_start_ends(body: Body, pods: list[Body], now: float, state: JobState | None) -> float | None:
+    """A job's first status (Pending) is written QUIET_SECONDS after its creation."""
+    if (body.get("status") or {}).get("phase"):
+        return None
+    ends = to_unix(body["metadata"]["creationTimestamp"]) + QUIET_SECONDS
+    return ends if ends > now else None
+
+
+def _ack_times_out(body: Body, pods: list[Body], now: float, state: JobState | None) -> float | None:
+    """The workers are replaced once ACK_TIMEOUT_SECONDS have passed since an unacknowledged checkpoint request."""
+    ckpt = (body.get("status") or {}).get("checkpoint") or {}
     if int(ckpt.get("requestedGeneration", 0)) > int(ckpt.get("generation", 0)) and ckpt.get("requestedAt"):
-        return to_unix(ckpt["requestedAt"]) + ACK_TIMEOUT_SECONDS
-    if status.get("phase") != phases.RUNNING:
-        generation = str(status.get("reshards", 0))
-        mine = [p for p in pods if p["metadata"]["labels"].get(names.LABEL_GENERATION) == generation]
-        if mine and all((p.get("status") or {}).get("phase") == "Running" for p in mine):
-            started = workers_started(mine)
-            return None if started is None else started + QUIET_SECONDS
+        out = to_unix(ckpt["requestedAt"]) + ACK_TIMEOUT_SECONDS
+        return out if out >= now else None  # `_ready_to_switch`: strictly more than the timeout
     return None
+
+
+def _running_recorded_at(body: Body, pods: list[Body], now: float, state: JobState | None) -> float | None:
+    """Workers all running are recorded Running QUIET_SECONDS after the last of them started (a job still
+    not Running after that waits for something else: a checkpoint, a patch)."""
+    status = body.get("status") or {}
+    if status.get("phase") in (None, "", phases.RUNNING):
+        return None
+    generation = str(status.get("reshards", 0))
+    mine = [p for p in pods if p["metadata"]["labels"].get(names.LABEL_GENERATION) == generation]
+    if mine and all((p.get("status") or {}).get("phase") == "Running" for p in mine):
+        if (started := workers_started(mine)) is not None and started + QUIET_SECONDS > now:
+            return started + QUIET_SECONDS
+    return None
+
+
+def _outlook_turns_at(body: Body, pods: list[Body], now: float, state: JobState | None) -> float | None:
+    """A placed job that has neither started nor reported progress is predicted to finish `now` plus what
+    is left at its rate (`_outlook`): its `deadlineMet` turns false when that passes the deadline (and is
+    written then: a time past it is the next pass)."""
+    status = body.get("status") or {}
+    placement = placement_of(body)
+    if not placement or status.get("startedAt") or status.get("deadlineMet") is False:
+        return None
+    progress = progress_of(body) or {}
+    if progress.get("updatedAt"):
+        return None
+    state = state or job_state(body)
+    rate = float(progress.get("stepsPerSecond") or 0.0) or state.curve.rate(sum(placement.values()))
+    if rate <= 0:
+        return None
+    # A hair early: `now + left <= deadline` is read in floating point, and a pass too early only plans it again.
+    return state.deadline - state.remaining_steps / rate - 1e-6
+
+
+TIMERS: tuple[Callable[[Body, list[Body], float, JobState | None], float | None], ...] = (
+    _quiet_start_ends, _ack_times_out, _running_recorded_at, _outlook_turns_at)

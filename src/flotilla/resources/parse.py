@@ -108,7 +108,7 @@ def conditions(status: Mapping[str, Any]) -> tuple[Mapping[str, Any], ...]:
     raw = status.get("conditions") or []
     if not isinstance(raw, list):
         return ()
-    return tuple(c for c in raw if isinstance(c, Mapping))
+    return tuple(c for c in raw if isinstance(c, dict | Mapping))  # dict first: the ABC's check is slow
 
 
 def last_condition(found: tuple[Mapping[str, Any], ...]) -> str:
