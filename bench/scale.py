@@ -2,7 +2,10 @@
 
   python bench/scale.py [--quick] [--nodes N] [--jobs M] [--rate R] [--keep-cluster]
 
-Brings up (or reuses) the local control plane of e2e/cluster.sh with N KWOK nodes x 8 GPUs. Without --rate, a
+Brings up (or reuses) the local control plane of e2e/cluster.sh with N KWOK nodes x 8 GPUs, its KWOK playing pod
+stages with --kwok-pod-workers workers (32; KWOK's default of 4, each waiting for its patch's answer, fell behind
+on the busier API server of the Flotilla phase: pods started seconds late, jobs ran past the operator's 10 s before
+it records Running, whose patches loaded the API server more). Without --rate, a
 ramp on the direct path finds the highest rate (jobs/s, halving from 160) at which its submission-to-Running p99
 stays within --target-p99, each trial lasting until its jobs would fill the cluster; then two phases run on the
 same cluster at that rate, one after the other (the first one's pods deleted in between), with the same client
@@ -18,7 +21,7 @@ and the same job mix:
 Latencies come from the bench's own watches (receive times, millisecond resolution, the same on both paths);
 the API server's 1 s timestamps give the secondary figures. The operator's re-plan time and request count
 come from its per-pass log line; its CPU seconds and peak RSS, and the API server's CPU seconds, from /proc;
-who wrote pods' status from the API server's audit log. Writes a JSON report and a PNG plot into --out and
+who wrote pods' status, and how far KWOK was behind (`kwok`), from the API server's audit log. Writes a JSON report and a PNG plot into --out and
 prints, as its last line:
 {"nodes", "jobs", "rate", "admit_per_s", "p99_create_to_running_s", "p99_vs_direct", "operator_rss_mb",
  "writes_per_job", "apiserver_s_per_job_vs_direct", "apiserver_latency_s_per_job_vs_direct",
