@@ -43,7 +43,6 @@ API_PORT=$((BASE + 3)) ETCD_PORT=$((BASE + 4)) ETCD_PEER=$((BASE + 5))
 KCM_PORT=$((BASE + 6)) SCHED_PORT=$((BASE + 7)) KWOK_PORT=$((BASE + 8))
 LEASE=${FLOTILLA_NODE_LEASE_SECONDS:-40}
 KWOK_POD_WORKERS=${FLOTILLA_KWOK_POD_WORKERS:-4}
-[[ $KWOK_POD_WORKERS =~ ^[1-9][0-9]*$ ]] || { echo "[cluster] error: FLOTILLA_KWOK_POD_WORKERS must be a positive integer, not '$KWOK_POD_WORKERS'" >&2; exit 2; }
 # Pod IPs in 127.0.0.0/8: every 127.x.y.z is loopback on Linux, so the e2e tests' kubelet double
 # (e2e/serving_pods.py) can start a serving engine at each pod's own address. One /16 per port base, so
 # that clusters of different port bases on one machine do not hand out the same addresses.
@@ -185,6 +184,8 @@ POLICY
 }
 
 write_kwok_config() {  # KWOK's own settings that have no flag (the flags it is started with override the rest)
+  [[ $KWOK_POD_WORKERS =~ ^[1-9][0-9]*$ ]] ||
+    die "FLOTILLA_KWOK_POD_WORKERS must be a positive whole number, not '$KWOK_POD_WORKERS'"
   cat >"$STATE/kwok-config.yaml" <<CONF
 apiVersion: config.kwok.x-k8s.io/v1alpha1
 kind: KwokConfiguration
