@@ -2,7 +2,10 @@
 
   python bench/scale.py [--quick] [--nodes N] [--jobs M] [--rate R] [--keep-cluster]
 
-Brings up (or reuses) the local control plane of e2e/cluster.sh with N KWOK nodes x 8 GPUs. Without --rate, a
+Brings up (or reuses) the local control plane of e2e/cluster.sh with N KWOK nodes x 8 GPUs, its KWOK playing pod
+stages with --kwok-pod-workers workers (32; KWOK's default of 4, each waiting for its patch's answer, fell behind
+on the busier API server of the Flotilla phase: pods started seconds late, jobs ran past the operator's 10 s before
+it records Running, whose patches loaded the API server more). Without --rate, a
 ramp on the direct path finds the highest rate (jobs/s, halving from 160) at which its submission-to-Running p99
 stays within --target-p99, each trial lasting until its jobs would fill the cluster; then two phases run on the
 same cluster at that rate, one after the other (the first one's pods deleted in between), with the same client
@@ -18,7 +21,7 @@ and the same job mix:
 Latencies come from the bench's own watches (receive times, millisecond resolution, the same on both paths);
 the API server's 1 s timestamps give the secondary figures. The operator's re-plan time and request count
 come from its per-pass log line; its CPU seconds and peak RSS, and the API server's CPU seconds, from /proc;
-who wrote pods' status from the API server's audit log. Writes a JSON report and a PNG plot into --out and
+who wrote pods' status, and how far KWOK was behind (`kwok`), from the API server's audit log. Writes a JSON report and a PNG plot into --out and
 prints, as its last line:
 {"nodes", "jobs", "rate", "admit_per_s", "p99_create_to_running_s", "p99_vs_direct", "operator_rss_mb",
  "writes_per_job", "apiserver_s_per_job_vs_direct", "apiserver_latency_s_per_job_vs_direct",
@@ -160,12 +163,13 @@ def direct_serving_pods(i: int) -> list[dict[str, Any]]:
 class Cluster:
     """e2e/cluster.sh with a state dir, kubeconfig and port base of the bench's own."""
 
-    def __init__(self, state: Path, port_base: int, nodes: int, lease_seconds: int):
+    def __init__(self, state: Path, port_base: int, nodes: int, lease_seconds: int, kwok_pod_workers: int):
         self.state = state
         self.kubeconfig = state.parent / "kubeconfig"
         self.env = {**os.environ, "FLOTILLA_STATE": str(state), "FLOTILLA_KUBECONFIG": str(self.kubeconfig),
                     "FLOTILLA_PORT_BASE": str(port_base), "FLOTILLA_NODES": str(nodes),
                     "FLOTILLA_GPUS_PER_NODE": str(GPUS_PER_NODE), "FLOTILLA_NODE_LEASE_SECONDS": str(lease_seconds),
+                    "FLOTILLA_KWOK_POD_WORKERS": str(kwok_pod_workers),
                     # Pod IPs off the loopback (e2e/cluster.sh's default, for the e2e serving engines): the
                     # Endpoints and EndpointSlice controllers refuse loopback addresses and retry, with a
                     # Warning Event each time, for every Service that selects pods.
@@ -189,6 +193,10 @@ class Cluster:
             log(f"starting a cluster in {self.state} with {self.nodes} nodes")
             self.started = True  # from here on, down() cleans up whatever part of it came up
             self._sh("up")
+        wanted, running = self.env["FLOTILLA_KWOK_POD_WORKERS"], self.kwok_pod_workers()
+        if str(running) != wanted:
+            log(f"warning: the reused cluster's KWOK has {running} pod stage workers, not {wanted} (--kwok-pod-workers "
+                "applies to a cluster this run starts)")
         kubectl = Path(self._sh("bin").stdout.strip().splitlines()[-1]) / "kubectl"
         self.kubectl = [str(kubectl), "--kubeconfig", str(self.kubeconfig)]
         subprocess.run([*self.kubectl, "apply", "--server-side", "--force-conflicts", "-f", str(ROOT / "crds")],
@@ -199,6 +207,12 @@ class Cluster:
 
     def down(self) -> None:
         self._sh("down", check=False)
+
+    def kwok_pod_workers(self) -> int | None:
+        """KWOK's podPlayStageParallelism as e2e/cluster.sh configured it (None: a cluster from before that)."""
+        found = re.search(r"podPlayStageParallelism: (\d+)", (self.state / "kwok-config.yaml").read_text()) \
+            if (self.state / "kwok-config.yaml").exists() else None
+        return int(found.group(1)) if found else None
 
 
 class Process:
@@ -249,6 +263,48 @@ def pod_status_writers(state: Path, namespace: str) -> dict[str, float]:
                     writer = agent.split("/")[0] + ("/" + agent.rsplit("/", 1)[1] if agent.count("/") > 2 else "")
                     writes[writer] = writes.get(writer, 0) + 1
     return {w: round(n / max(1, len(pods)), 2) for w, n in sorted(writes.items())}
+
+
+def audit_time(value: str) -> float:
+    return datetime.fromisoformat(value.replace("Z", "+00:00")).timestamp()
+
+
+def kwok_lag(state: Path, namespace: str) -> dict[str, Any]:
+    """How far KWOK was behind in `namespace`, from the API server's audit log (microsecond timestamps):
+    `running_patch_wait_s`, from a pod's binding (kube-scheduler's, on both paths) to KWOK's first status
+    patch of it arriving (the Running stage: the time the pod waited in KWOK's queue for a free worker);
+    `patch_s`, how long the API server took over each of KWOK's status patches (a worker waits that long for
+    the answer before it takes the next pod); `backlog_max`, the most pods bound and not yet patched at once."""
+    bound: dict[str, float] = {}
+    patches: dict[str, list[tuple[float, float]]] = {}
+    for path in sorted((state / "logs").glob("audit*.log")):
+        with open(path, errors="replace") as f:
+            for line in f:
+                if f'"namespace":"{namespace}"' not in line or '"resource":"pods"' not in line:
+                    continue
+                event = json.loads(line)
+                ref = event.get("objectRef") or {}
+                if (event.get("responseStatus") or {}).get("code", 200) >= 300:
+                    continue
+                if ref.get("subresource") == "binding" and event.get("verb") == "create":
+                    bound[ref["name"]] = audit_time(event["stageTimestamp"])
+                elif (ref.get("subresource") == "status" and event.get("verb") == "patch"
+                      and event.get("userAgent", "").startswith("kwok/")):
+                    patches.setdefault(ref["name"], []).append(
+                        (audit_time(event["requestReceivedTimestamp"]), audit_time(event["stageTimestamp"])))
+    waits, steps = [], []
+    for name, at in bound.items():
+        if patches.get(name):
+            first = min(patches[name])[0]
+            waits.append(first - at)
+            steps += [(at, 1), (first, -1)]
+    backlog = peak = 0
+    for _, step in sorted(steps):
+        backlog += step
+        peak = max(peak, backlog)
+    return {"pods": len(waits), "running_patch_wait_s": percentiles(waits, 3),
+            "patch_s": percentiles([done - got for p in patches.values() for got, done in p], 3),
+            "backlog_max": peak}
 
 
 def component_cpu(state: Path) -> dict[str, float]:
@@ -661,6 +717,7 @@ def run_direct(api: Any, namespace: str, jobs: list[Job], args: argparse.Namespa
         "api_server_requests": busiest(requests),
         **apiserver_per_job(cpu, requests, len(jobs)),
         "pod_status_writes_per_pod": pod_status_writers(args.state, namespace),
+        "kwok": kwok_lag(args.state, namespace),
         "gpus_in_use": gpus_in_use(pods, started, end),
     }
 
@@ -766,6 +823,7 @@ def run_flotilla(api: Any, namespace: str, jobs: list[Job], cluster: Cluster, ou
         "api_server_requests": busiest(api_requests),
         **apiserver_per_job(cpu, api_requests, len(jobs)),
         "pod_status_writes_per_pod": pod_status_writers(args.state, namespace),
+        "kwok": kwok_lag(args.state, namespace),
         "status_patches_per_job": {kind: round(n / len(jobs), 3) for kind, n in
                                    last_logged(out / "operator.log", "TrainingJob status patches").items()},
         "admitted_over_time": [round(t - first, 1) for t in admitted],
@@ -773,6 +831,8 @@ def run_flotilla(api: Any, namespace: str, jobs: list[Job], cluster: Cluster, ou
     }
 
 
+# KWOK's pod stage workers on the bench's cluster (docs/scale.md: measured against 4, KWOK's default).
+KWOK_POD_WORKERS = 32
 # Jobs/s offered on the direct path, from the top down, until one keeps its p99 within the target.
 RAMP = (160.0, 80.0, 40.0, 20.0, 10.0)
 # --quick's rate: what the ramp found for 100 nodes on this 2-core machine (docs/scale.md); the ramp would add a
@@ -905,6 +965,10 @@ def main() -> int:
     parser.add_argument("--node-lease-seconds", type=int, default=240,
                         help="KWOK's node lease for a cluster this run starts (e2e/cluster.sh's default is 40 s: "
                              "1,000 nodes would renew ~100 leases a second on the same 2 cores as everything else)")
+    parser.add_argument("--kwok-pod-workers", type=int, default=KWOK_POD_WORKERS,
+                        help="KWOK's pod stage workers (podPlayStageParallelism) for a cluster this run starts: each "
+                             "waits for its status patch's answer, so KWOK's own default, 4, falls behind on a busy API "
+                             "server and pods start late, unlike a cluster with a kubelet per node (default: %(default)s)")
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--profile-operator", action="store_true",
                         help="run the operator under cProfile (its event-loop thread) into OUT/operator.prof")
@@ -929,7 +993,7 @@ def main() -> int:
     args.out.mkdir(parents=True, exist_ok=True)
     args.state = args.state.resolve()
     jobs = workload(args.jobs, args.seed)
-    cluster = Cluster(args.state, args.port_base, args.nodes, args.node_lease_seconds)
+    cluster = Cluster(args.state, args.port_base, args.nodes, args.node_lease_seconds, args.kwok_pod_workers)
     run_id = time.strftime("%H%M%S")
     spaces = {phase: f"scale-{phase}-{run_id}" for phase in ("direct", "flotilla")}
     try:
@@ -950,6 +1014,7 @@ def main() -> int:
         per_wave = max(1, round(args.rate))
         args.waves, args.wave_gap = -(-len(jobs) // per_wave), per_wave / args.rate
         report: dict[str, Any] = {"nodes": nodes, "jobs": len(jobs), "rate": args.rate, "ramp": ramp,
+                                  "kwok_pod_workers": cluster.kwok_pod_workers(),
                                   "workers": args.workers, "speed": args.speed,
                                   "policy": args.policy, "node_lease_s": args.node_lease_seconds,
                                   "gpus_requested": sum(j.gpus for j in jobs),
@@ -975,6 +1040,8 @@ def main() -> int:
     report["p99_vs_direct"] = round(p99 / max(p99_direct, 0.1), 2) if p99 is not None else None
     for figure in ("apiserver_s_per_job", "apiserver_latency_s_per_job"):
         report[f"{figure}_vs_direct"] = round(flo[figure] / max(direct[figure], 1e-6), 2)
+    if report["ramp"]:  # the direct phase confirms the ramp's rate: that rate sustained over the whole run
+        report["ramp_rate_held"] = p99_direct is not None and p99_direct <= args.target_p99
     (args.out / "scale.json").write_text(json.dumps(report, indent=1))
     plot(report, args.out / "scale.png")
     for phase in ("direct", "flotilla"):
@@ -989,13 +1056,18 @@ def main() -> int:
           f"re-plan {flo['replan_ms']} ms (max {flo['replan_ms_max']}), operator {flo['operator']}, "
           f"of which planning {flo['planning_cpu_s']} CPU-s in {flo['passes']} passes")
     if report["ramp"]:
-        print(f"ramp (direct path, p99 target {args.target_p99} s): {report['ramp']} -> {args.rate:g} jobs/s")
+        print(f"ramp (direct path, p99 target {args.target_p99} s): {report['ramp']} -> {args.rate:g} jobs/s; "
+              f"over the run the direct p99 was {p99_direct} s: "
+              + ("held" if report["ramp_rate_held"] else "NOT held"))
     for phase in ("direct", "flotilla"):
         r = report[phase]
         print(f"CPU seconds during {phase}: {r['control_plane_cpu_s']}")
         print(f"API server during {phase}: {r['apiserver_s_per_job']} CPU-s per job, "
               f"{r['apiserver_latency_s_per_job']} s of request durations per job; busiest: {r['api_server_requests']}")
         print(f"pod status writes per pod during {phase}, by writer: {r['pod_status_writes_per_pod']}")
+        print(f"KWOK during {phase} ({report['kwok_pod_workers']} pod stage workers): binding -> its Running patch "
+              f"{r['kwok']['running_patch_wait_s']} s, each status patch {r['kwok']['patch_s']} s, "
+              f"at most {r['kwok']['backlog_max']} pods waiting")
     print(f"the operator's TrainingJob status patches per job, by what they set: {flo['status_patches_per_job']}")
     print(f"report: {args.out / 'scale.json'}, plot: {args.out / 'scale.png'}")
     print(json.dumps({"nodes": nodes, "jobs": len(jobs), "rate": args.rate, "admit_per_s": flo["admit_per_s"],

@@ -22,6 +22,11 @@
 #   FLOTILLA_POD_CIDR=127.N.0.1/16     KWOK's pod IPs (loopback: the e2e serving engines bind them); N from the port base
 #   FLOTILLA_NODE_LEASE_SECONDS=40     KWOK's node lease; longer means fewer lease renewals (bench/scale.py's
 #                                      1,000 nodes), and the node lifecycle controller then waits as long
+#   FLOTILLA_KWOK_POD_WORKERS=4        KWOK's pod stage workers (its podPlayStageParallelism). Each sends one
+#                                      pod's status patch and waits for the answer, so this many patches are
+#                                      in flight at most: on a busy API server a few workers fall behind and
+#                                      pods start late (a real cluster has a kubelet per node). bench/scale.py
+#                                      raises it; 4 is KWOK's own default
 # The kubeconfig is written to .flotilla/kubeconfig. The API server writes an audit log of every
 # write (create/update/patch/delete, Metadata level: who, which User-Agent, when, the answer's code)
 # to $FLOTILLA_STATE/logs/audit.log; the chaos suite reads it to see which operator wrote what.
@@ -37,6 +42,7 @@ BASE=${FLOTILLA_PORT_BASE:-16440}
 API_PORT=$((BASE + 3)) ETCD_PORT=$((BASE + 4)) ETCD_PEER=$((BASE + 5))
 KCM_PORT=$((BASE + 6)) SCHED_PORT=$((BASE + 7)) KWOK_PORT=$((BASE + 8))
 LEASE=${FLOTILLA_NODE_LEASE_SECONDS:-40}
+KWOK_POD_WORKERS=${FLOTILLA_KWOK_POD_WORKERS:-4}
 # Pod IPs in 127.0.0.0/8: every 127.x.y.z is loopback on Linux, so the e2e tests' kubelet double
 # (e2e/serving_pods.py) can start a serving engine at each pod's own address. One /16 per port base, so
 # that clusters of different port bases on one machine do not hand out the same addresses.
@@ -177,6 +183,17 @@ rules:
 POLICY
 }
 
+write_kwok_config() {  # KWOK's own settings that have no flag (the flags it is started with override the rest)
+  [[ $KWOK_POD_WORKERS =~ ^[1-9][0-9]*$ ]] ||
+    die "FLOTILLA_KWOK_POD_WORKERS must be a positive whole number, not '$KWOK_POD_WORKERS'"
+  cat >"$STATE/kwok-config.yaml" <<CONF
+apiVersion: config.kwok.x-k8s.io/v1alpha1
+kind: KwokConfiguration
+options:
+  podPlayStageParallelism: $KWOK_POD_WORKERS
+CONF
+}
+
 start_component() {  # name: start it with its flags; etcd and kube-apiserver are waited for
   local pki=$STATE/pki
   case $1 in
@@ -226,7 +243,9 @@ start_component() {  # name: start it with its flags; etcd and kube-apiserver ar
         --kube-api-qps 500 --kube-api-burst 1000
       ;;
     kwok)
+      [ -f "$STATE/kwok-config.yaml" ] || write_kwok_config  # `start kwok` keeps what `up` set
       start kwok "$BIN/kwok" --kubeconfig "$KUBECONFIG_OUT" --config "$ROOT/e2e/kwok-stages.yaml" \
+        --config "$STATE/kwok-config.yaml" \
         --manage-all-nodes=false --manage-nodes-with-annotation-selector kwok.x-k8s.io/node=fake \
         --cidr "$POD_CIDR" --node-ip 10.0.0.1 --server-address "127.0.0.1:$KWOK_PORT" \
         --node-lease-duration-seconds "$LEASE"
@@ -244,6 +263,7 @@ up() {
   write_kubeconfig
 
   write_audit_policy
+  write_kwok_config
   local c
   for c in "${COMPONENTS[@]}"; do start_component "$c"; done
 

@@ -63,3 +63,36 @@ def test_jobs_past_the_target_count_those_still_waiting():
             "c-w0": _pod("c", 0, 11.0, None),  # waiting for 9 s at t=20
             "d-w0": _pod("d", 0, 19.0, None)}  # waiting for 1 s
     assert scale.beyond_target(seen, 20.0, 3.0) == 2
+
+
+def test_kwok_lag_is_binding_to_its_first_status_patch_from_the_audit_log(tmp_path):
+    logs = tmp_path / "logs"
+    logs.mkdir()
+
+    def event(verb, name, subresource, received, done, agent="kwok/v0.7.0 (linux/amd64)", code=200, ns="ns1"):
+        ref = {"resource": "pods", "namespace": ns, "name": name, "subresource": subresource}
+        return json.dumps({"verb": verb, "objectRef": ref, "userAgent": agent, "responseStatus": {"code": code},
+                           "requestReceivedTimestamp": f"2026-11-23T10:00:{received}Z",
+                           "stageTimestamp": f"2026-11-23T10:00:{done}Z"}, separators=(",", ":"))
+
+    sched = "kube-scheduler/v1.31.0 (linux/amd64) kubernetes/abc/scheduler"
+    lines = [event("create", "p0", "binding", "00.000000", "00.100000", sched),
+             event("create", "p1", "binding", "00.100000", "00.200000", sched),
+             event("patch", "p0", "status", "00.600000", "00.650000"),   # Running: 0.5 s after p0's binding
+             event("patch", "p1", "status", "01.200000", "01.300000"),   # Running: 1.0 s after p1's binding
+             event("patch", "p0", "status", "05.000000", "05.050000"),   # the exit: a patch, not a wait
+             event("patch", "p1", "status", "00.300000", "00.400000", code=409),  # refused: not a write
+             event("patch", "p2", "status", "00.300000", "00.400000", ns="other")]
+    (logs / "audit.log").write_text("\n".join(lines) + "\n")
+    lag = scale.kwok_lag(tmp_path, "ns1")
+    assert lag["pods"] == 2 and lag["backlog_max"] == 2  # both bound before either was patched
+    assert lag["running_patch_wait_s"] == scale.percentiles([0.5, 1.0], 3)
+    assert lag["patch_s"] == scale.percentiles([0.05, 0.1, 0.05], 3)
+
+
+def test_the_kwok_pod_workers_a_cluster_was_started_with_are_read_from_its_state(tmp_path):
+    cluster = scale.Cluster(tmp_path, 19440, 2, 40, 32)
+    assert cluster.env["FLOTILLA_KWOK_POD_WORKERS"] == "32"
+    assert cluster.kwok_pod_workers() is None  # no cluster there
+    (tmp_path / "kwok-config.yaml").write_text("kind: KwokConfiguration\noptions:\n  podPlayStageParallelism: 8\n")
+    assert cluster.kwok_pod_workers() == 8
