@@ -1,6 +1,7 @@
-"""Passes while jobs arrive: a pass that takes newly arrived TrainingJobs starts `batch_seconds` after the first
-of them, so that 20 arrivals a second make a few passes, not one every debounce; a job arriving after a quiet spell
-is planned at once (`handlers.QUIET_BATCHES`)."""
+"""Passes while jobs arrive: a pass that takes newly arrived TrainingJobs starts once arrivals pause for the
+debounce, or `batch_seconds` after the first of them if sooner, so that 20 arrivals a second make a few passes, not
+one every debounce, and a burst is taken when it ends; a job arriving after a quiet spell is planned at once
+(`handlers.QUIET_BATCHES`)."""
 
 from __future__ import annotations
 
@@ -29,10 +30,12 @@ def test_a_new_job_marks_its_arrival_until_a_pass_takes_the_view():
 
 
 def passes_while_jobs_arrive(monkeypatch, batch_seconds: float, rate: float = 20.0, seconds: float = 2.0,
-                             quiet_before: float = 0.0, woken_before: float | None = None) -> tuple[int, list[float]]:
+                             quiet_before: float = 0.0, woken_before: float | None = None,
+                             gaps: list[float] | None = None) -> tuple[int, list[float]]:
     """(passes, each job's wait from its arrival to the pass that took it, in order of arrival) with jobs arriving
     at `rate`, the first of them `quiet_before` seconds after the loop started; `woken_before`: each comes that
-    long after something else woke the loop (a pod's event)."""
+    long after something else woke the loop (a pod's event); `gaps`: the seconds after each job before the next
+    (instead of `rate` and `seconds`)."""
     world, view = World(seed=2, nodes=2), View()
     monkeypatch.setattr(handlers, "view", view)
     monkeypatch.setattr(handlers, "settings", handlers.Settings(
@@ -53,14 +56,14 @@ def passes_while_jobs_arrive(monkeypatch, batch_seconds: float, rate: float = 20
         loop = asyncio.get_running_loop()
         reconciling = loop.create_task(handlers._reconcile_forever(None))
         await asyncio.sleep(quiet_before)
-        for _ in range(max(1, int(rate * seconds))):
+        for gap in gaps if gaps is not None else [1 / rate] * max(1, int(rate * seconds)):
             if woken_before is not None:
                 view.wake.set()
                 await asyncio.sleep(woken_before)
             body = world.new_job()
             arrived[f"{body['metadata']['namespace']}/{body['metadata']['name']}"] = loop.time()
             view.record("jobs", {"type": "ADDED", "object": body})
-            await asyncio.sleep(1 / rate)
+            await asyncio.sleep(gap)
         while arrived:
             await asyncio.sleep(0.05)
         reconciling.cancel()
@@ -85,10 +88,23 @@ def test_a_lone_arrival_after_a_quiet_spell_is_planned_at_once(monkeypatch):
     passes, waits = passes_while_jobs_arrive(monkeypatch, batch_seconds=0.5, rate=1 / 1.2, seconds=2.4)
     assert passes == 2 and len(waits) == 2
     assert max(waits) < 0.15, waits
-    # 0.7 s apart: the second came in a stream (bursts a second apart are batched), and waits for its batch.
+    # 0.7 s apart: the second is not alone (it came within QUIET_BATCHES x 0.5 s of the first), but nothing comes
+    # after it: it is taken once arrivals have paused for the debounce (0.2 s), not a whole batch (0.5 s) later.
     _, waits = passes_while_jobs_arrive(monkeypatch, batch_seconds=0.5, rate=1 / 0.7, seconds=1.4)
-    assert waits[0] < 0.15 and waits[1] >= 0.45, waits
+    assert waits[0] < 0.15 and 0.15 <= waits[1] < 0.4, waits
     # Woken by another event 0.1 s before it came: the loop was already in its debounce (0.2 s), and the
     # lone job is taken when that ends, not a batch after it came.
     _, waits = passes_while_jobs_arrive(monkeypatch, batch_seconds=0.5, rate=1 / 1.2, seconds=2.4, woken_before=0.1)
     assert max(waits) < 0.25, waits
+
+
+def test_a_burst_is_taken_in_one_pass_when_it_ends(monkeypatch):
+    # Waves of 10 jobs 5 ms apart, a second apart (a client's waves, bench/scale.py's): after the first wave (whose
+    # head, after a quiet spell, is planned at once), each wave is one pass, taken once it has paused for the
+    # debounce: its first job waits ~0.05 + 0.2 s, not the whole batch (0.5 s).
+    wave = [0.005] * 9 + [1.0 - 0.045]
+    passes, waits = passes_while_jobs_arrive(monkeypatch, batch_seconds=0.5, gaps=wave * 4)
+    assert passes <= 2 + 3, passes  # the first wave's head and the rest of it, then one pass a wave
+    later = waits[10:]
+    assert max(later) < 0.45, later  # the whole batch (0.5 s) waited for nothing: the wave had ended
+    assert min(later) >= 0.15, later  # and the pass still waited for the wave's end (the debounce after its last)

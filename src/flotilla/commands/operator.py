@@ -36,8 +36,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="wake at least this often, and re-plan everything this long after the last full "
                              "re-plan ended, or longer when one is slow (default: %(default)s)")
     parser.add_argument("--batch-seconds", type=float, default=0.5, metavar="SECONDS",
-                        help="a pass that takes newly submitted TrainingJobs starts this long after the first of "
-                             "them, so that jobs arriving together are planned in one pass; it adds up to this "
+                        help="a pass that takes newly submitted TrainingJobs starts once submissions pause, or "
+                             "at the latest this long after the first of them, so that jobs arriving together are "
+                             "planned in one pass; it adds up to this "
                              "much to their admission, nothing to a job arriving twice as long after the previous "
                              "one (default: %(default)s)")
     parser.add_argument("--concurrency", type=int, default=16,

@@ -48,9 +48,10 @@ class Settings:
     allocator: Allocator
     resync_seconds: float = 10.0
     debounce_seconds: float = 0.2
-    # A pass that takes newly arrived jobs starts this long after the first of them: jobs arriving meanwhile
-    # are planned in the same pass (one allocator run for them all), at up to this cost in admission latency.
-    # A job arriving after a quiet spell (QUIET_BATCHES times this) is planned at once.
+    # A pass that takes newly arrived jobs starts once arrivals pause for the debounce, or at the latest this
+    # long after the first of them: jobs arriving meanwhile are planned in the same pass (one allocator run for
+    # them all), at up to this cost in admission latency. A job arriving after a quiet spell (QUIET_BATCHES
+    # times this) is planned at once.
     batch_seconds: float = 0.5
     concurrency: int = 16
     qps: float = 200.0
@@ -221,9 +222,11 @@ async def _reconcile_forever(kube: Kube) -> None:
         else:
             await asyncio.sleep(max(settings.debounce_seconds, plan_seconds))
             if view.first_arrival is not None and not _lone_arrival():
-                # Jobs arriving in a stream or a burst: the pass that takes them starts `batch_seconds` after the
-                # first, with those that came meanwhile (one allocator run for them all).
-                await asyncio.sleep(view.first_arrival + settings.batch_seconds - view.clock())
+                # Jobs arriving in a stream or a burst: the pass that takes them (one allocator run for them all)
+                # starts once arrivals pause for the debounce, or `batch_seconds` after the first, if sooner.
+                while (wait := min(view.first_arrival + settings.batch_seconds,
+                                   view.last_arrival + settings.debounce_seconds) - view.clock()) > 0:
+                    await asyncio.sleep(wait)
         view.taken()
         try:
             plan_seconds = await _reconcile_once(kube)
