@@ -26,7 +26,7 @@ import bisect
 import heapq
 from dataclasses import dataclass
 
-from flotilla.allocation.admission import CapacityProfile, Reservation, Taken
+from flotilla.allocation.admission import CapacityProfile, Reservation, Taken, first_share
 from flotilla.allocation.placement import domains, free_gpus, place, shrink_in_place
 from flotilla.allocation.sizes import fit_size, job_sizes, tiling_sizes
 from flotilla.allocation.snapshot import ClusterSnapshot, Decision, JobDecision, JobState, Verdict
@@ -103,7 +103,7 @@ class DeadlineElastic:
         if promised and any(k not in ledger.got for k in admitted_keys):
             # The shares the jobs were promised at (no smaller) give back the plan every later admission was
             # checked against.
-            ledger = _Ledger.of(now, capacity, admitted, held, snapshot.claimed, promised)
+            ledger = ledger.refloored(promised)
             if any(k not in ledger.got for k in admitted_keys):
                 ledger = ledger.repair(admitted_keys)
         must = {k for k in admitted_keys if k in ledger.got}
@@ -262,6 +262,10 @@ class _Ledger:
         self.got: dict[str, Reservation] = {}
         # Jobs whose reservation ends less than one step's time past their deadline (`_reserve`).
         self.late: set[str] = set()
+        # How `_reserve` went for jobs laid out by `_run` (see `refloored`): the first try gave the
+        # reservation (`direct`), or every try failed (`failed`).
+        self.direct: set[str] = set()
+        self.failed: set[str] = set()
         # checkpoints[c]: the profile before order[at[c]] (at[0] == 0; ascending).
         self.checkpoints: list[CapacityProfile] = []
         self.at: list[int] = []
@@ -279,6 +283,7 @@ class _Ledger:
     def _derived(self, floor: dict[str, int]) -> "_Ledger":
         other = _Ledger(self.now, self.capacity, self.held, self.claimed, floor)
         other.order, other.keys, other.got, other.late = self.order, self.keys, dict(self.got), set(self.late)
+        other.direct, other.failed = set(self.direct), set(self.failed)
         other.checkpoints, other.at, other.profile = list(self.checkpoints), list(self.at), self.profile
         return other
 
@@ -286,6 +291,8 @@ class _Ledger:
         """A new ledger with `job` added in deadline order (this one is unchanged)."""
         position = self.position(job)
         other = self._derived(self.floor)
+        other.direct.discard(job.key)
+        other.failed.discard(job.key)
         other.order = self.order[:position] + [job] + self.order[position:]
         other.keys = self.keys[:position] + [_edf(job)] + self.keys[position:]
         c = bisect.bisect_right(self.at, position) - 1
@@ -295,6 +302,10 @@ class _Ledger:
         r = self._reserve(profile, job)
         if r is not None and position < len(self.order) and other._take_in(position, c, profile.last):
             other.got[job.key] = r
+            # The jobs after it keep their reservations, but how `_reserve` got them is not known again.
+            after = {j.key for j in self.order[position:]}
+            other.direct -= after
+            other.failed -= after
             return other
         # It takes GPUs that a job after it counts on (or does not fit there): replay those.
         other.checkpoints, other.at = other.checkpoints[:c + 1], other.at[:c + 1]
@@ -324,10 +335,51 @@ class _Ledger:
         other.keys = [_edf(j) for j in other.order]
         other.got = {k: r for k, r in self.got.items() if k not in keys}
         other.late = self.late - keys
+        other.direct -= keys
+        other.failed -= keys
         c = bisect.bisect_right(self.at, first) - 1
         other.checkpoints, other.at = other.checkpoints[:c + 1], other.at[:c + 1]
         other._run(other.at[c])
         return other
+
+    def refloored(self, floor: dict[str, int]) -> "_Ledger":
+        """What `_Ledger.of` over this ledger's jobs with `floor` instead of this one's gives, replayed only from
+        the last profile kept before the first job that the new floor may reserve differently (`_same_under`):
+        the jobs ahead of it are reserved alike in both, on the same profile."""
+        start = next((i for i, j in enumerate(self.order) if not self._same_under(j, floor.get(j.key, 0))),
+                     len(self.order))
+        other = self._derived(dict(floor))
+        c = bisect.bisect_right(self.at, start) - 1
+        other.checkpoints, other.at = other.checkpoints[:c + 1], other.at[:c + 1]
+        other._run(other.at[c])
+        return other
+
+    def _same_under(self, job: JobState, at_least: int) -> bool:
+        """Whether `_reserve` makes the same reservation of `job` (on the same profile) with the floor
+        `at_least` as it did here. `_reserve` tries `CapacityProfile.reserve` up to three times, and each try
+        is a function of the profile and its arguments; a share floor enters them only through where the
+        search starts (`first_share`) and which tries are made. So: the same if the first try gave the
+        reservation here and starts at the same place under the new floor; or if every try failed here and
+        the new floor makes no try that was not made here."""
+        old = self.floor.get(job.key, 0)
+        if old == at_least:
+            return True
+        if job.key not in self.direct and job.key not in self.failed:
+            return False
+        first = first_share(job, self.now, job.deadline, old)
+        if job.key in self.direct:
+            return first == first_share(job, self.now, job.deadline, at_least)
+        return self._tries(job, at_least) <= self._tries(job, old)
+
+    def _tries(self, job: JobState, at_least: int) -> set[tuple[str, int | None]]:
+        """The distinct `CapacityProfile.reserve` calls `_reserve` makes with the floor `at_least` if each fails."""
+        held = self.held.get(job.key, 0)
+        tries: set[tuple[str, int | None]] = {("from", first_share(job, self.now, job.deadline, at_least))}
+        if held > at_least:
+            tries.add(("held", held))
+        if at_least:
+            tries.add(("from", first_share(job, self.now, job.deadline)))
+        return tries
 
     def raised(self, changes: dict[str, int], start: int) -> "_Ledger":
         """A new ledger with the shares in `changes` raised, replayed from position `start` on."""
@@ -353,6 +405,8 @@ class _Ledger:
         self.order.append(job)
         self.keys.append(_edf(job))
         self.got[job.key] = r
+        self.direct.discard(job.key)
+        self.failed.discard(job.key)
         self.profile = profile
         self._checkpoint()
         return r
@@ -425,10 +479,16 @@ class _Ledger:
         return ledger
 
     def _reserve(self, profile: CapacityProfile, job: JobState) -> Reservation | None:
+        return self._reserve_how(profile, job)[0]
+
+    def _reserve_how(self, profile: CapacityProfile, job: JobState) -> tuple[Reservation | None, bool]:
+        """The job's reservation (None if none), and whether the first try gave it."""
         at_least, held = self.floor.get(job.key, 0), self.held.get(job.key, 0)
         pause = _pause(job, self.now)
         r = profile.reserve(job, job.deadline, at_least=at_least, current=held, pause=pause)
-        if r is None and held > at_least:
+        if r is not None:
+            return r, True
+        if held > at_least:
             # Each resize costs a restore, so a share that is not enough at the smallest size that works
             # without them may be enough at the size it holds now (no resize): try from there.
             r = profile.reserve(job, job.deadline, at_least=held, current=held, pause=pause)
@@ -436,7 +496,7 @@ class _Ledger:
             # Restores make a larger share not always better (a share that follows the free GPUs up and
             # down pays more of them): a smaller one may still work.
             r = profile.reserve(job, job.deadline, current=held, pause=pause)
-        return r
+        return r, False
 
     def _checkpoint(self) -> None:
         """Keep the profile as it is now, before the next job, if the last kept one is far enough back."""
@@ -459,7 +519,13 @@ class _Ledger:
                 last = i
             job = self.order[i]
             self.late.discard(job.key)
-            r = self._reserve(profile, job)
+            self.direct.discard(job.key)
+            self.failed.discard(job.key)
+            r, direct = self._reserve_how(profile, job)
+            if direct:
+                self.direct.add(job.key)
+            elif r is None:
+                self.failed.add(job.key)
             if r is None and job.done_steps and job.deadline > self.now:
                 # Progress is read in whole steps: a job planned to finish just before its deadline may
                 # be read as up to a step short of where it is. Its guarantee is not dropped over less
