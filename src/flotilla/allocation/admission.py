@@ -58,9 +58,7 @@ def first_share(job: JobState, now: float, deadline: float, at_least: int = 0, g
         return None
     # No constant share below the one it needs on an empty cluster can work.
     need_rate = max(0, job.remaining_steps - grace_steps) / (deadline - now)
-    first = next((i for i, r in enumerate(rates) if r >= need_rate - 1e-12), None)
-    if first is None:
-        return None
+    first = bisect_left(rates, need_rate - 1e-12)  # rates rise with the size (job_sizes)
     first = max(first, bisect_left(sizes, at_least))
     return first if first < len(sizes) else None
 

@@ -371,14 +371,15 @@ class _Ledger:
             return first == first_share(job, self.now, job.deadline, at_least)
         return self._tries(job, at_least) <= self._tries(job, old)
 
-    def _tries(self, job: JobState, at_least: int) -> set[tuple[str, int | None]]:
-        """The distinct `CapacityProfile.reserve` calls `_reserve` makes with the floor `at_least` if each fails."""
+    def _tries(self, job: JobState, at_least: int) -> set[int | None]:
+        """The `CapacityProfile.reserve` calls `_reserve` makes with the floor `at_least` if each fails, each as
+        where its search starts: they differ only in their own floor, which enters only through that."""
         held = self.held.get(job.key, 0)
-        tries: set[tuple[str, int | None]] = {("from", first_share(job, self.now, job.deadline, at_least))}
+        tries = {first_share(job, self.now, job.deadline, at_least)}
         if held > at_least:
-            tries.add(("held", held))
+            tries.add(first_share(job, self.now, job.deadline, held))
         if at_least:
-            tries.add(("from", first_share(job, self.now, job.deadline)))
+            tries.add(first_share(job, self.now, job.deadline))
         return tries
 
     def raised(self, changes: dict[str, int], start: int) -> "_Ledger":
