@@ -189,3 +189,60 @@ def test_a_ledger_without_some_jobs_equals_reserving_the_others_from_scratch():
         assert (derived.profile._free == scratch.profile._free).all()
         late = job("late", 300, 900, max_gpus=8)
         assert derived.with_job(late).got == scratch.with_job(late).got
+
+
+def _refloored_trials(seed: int, trials: int = 12):
+    """Random ledgers (running jobs holding GPUs, some deadlines out of reach, raised and promised floors),
+    each laid out again under another floor both ways: `refloored` and from scratch. Yields both ledgers and
+    where `refloored` started its replay."""
+    import bisect
+
+    from flotilla.allocation.elastic import _Ledger
+
+    rng = random.Random(seed)
+    for trial in range(trials):
+        small = trial % 3 == 0  # as at scale: no floor, then promised shares below what any plan needs
+        jobs = [job(f"j{i}", rng.randint(50, 3000), rng.uniform(40, 900), max_gpus=8, restore=rng.uniform(0, 20),
+                    done=rng.choice((0, 0, rng.randint(1, 40)))) for i in range(70)]
+        held = {j.key: rng.choice((0, 0, 1, 2, 4, 8)) for j in jobs}
+        floor = {} if small else {j.key: rng.choice((0,) * 12 + (2, 4)) for j in jobs}
+        first = _Ledger.of(0.0, 24, jobs, held, floor=floor)
+        if rng.random() < 0.5:
+            first = first.repair({j.key for j in jobs})
+        # Promised shares: mostly below what the deadline needs at a constant rate (no effect on the first
+        # try), some what the job got here, a few larger.
+        promised = {k: rng.choice((1, 1, 1, 1, 1, 1, 0) + (() if small else (r.size,))) for k, r in first.got.items()}
+        if not small:
+            promised.update({j.key: rng.choice((2, 4, 8)) for j in rng.sample(jobs, rng.randint(0, 2))})
+        start = next((i for i, j in enumerate(first.order) if not first._same_under(j, promised.get(j.key, 0))),
+                     len(first.order))
+        replayed_from = first.at[bisect.bisect_right(first.at, start) - 1]
+        yield first.refloored(promised), _Ledger.of(0.0, 24, jobs, held, floor=promised), replayed_from
+
+
+def _same_ledger(a, b) -> bool:
+    return (a.got == b.got and a.late == b.late and [j.key for j in a.order] == [j.key for j in b.order]
+            and (a.profile.bounds == b.profile.bounds).all() and (a.profile._free == b.profile._free).all())
+
+
+def test_a_ledger_laid_out_again_under_promised_shares_equals_one_from_scratch():
+    """`refloored` (the promised-shares re-layout when an admitted job lost its guarantee) keeps the jobs that
+    the new floor reserves alike: the same reservations, lateness and free GPUs as `_Ledger.of` with that
+    floor, and a job added afterwards gets the same. The shortcut is taken (the replay starts past the first
+    job) in some trials, and the whole ledger is reused in others."""
+    reused = whole = 0
+    for derived, scratch, replayed_from in _refloored_trials(23):
+        assert _same_ledger(derived, scratch)
+        late = job("late", 300, 900, max_gpus=8)
+        assert derived.with_job(late).got == scratch.with_job(late).got
+        reused += replayed_from > 0
+        whole += replayed_from == derived.at[-1]
+    assert reused >= 3 and whole >= 1
+
+
+def test_the_promised_shares_comparison_fails_when_the_shortcut_keeps_what_it_must_replay(monkeypatch):
+    """The check above catches a `refloored` that keeps jobs the new floor reserves differently."""
+    from flotilla.allocation.elastic import _Ledger
+
+    monkeypatch.setattr(_Ledger, "_same_under", lambda self, job, at_least: True)
+    assert any(not _same_ledger(derived, scratch) for derived, scratch, _ in _refloored_trials(23))

@@ -50,6 +50,19 @@ class Shortfall:
 
 
 
+def first_share(job: JobState, now: float, deadline: float, at_least: int = 0, grace_steps: int = 0) -> int | None:
+    """The index in the job's sizes where `CapacityProfile.reserve` starts its search (None: it reserves
+    nothing, whatever the profile). It depends on the profile only through `now`."""
+    sizes, rates = job_sizes(job)
+    if not sizes or job.remaining_steps <= 0 or deadline <= now:
+        return None
+    # No constant share below the one it needs on an empty cluster can work.
+    need_rate = max(0, job.remaining_steps - grace_steps) / (deadline - now)
+    first = bisect_left(rates, need_rate - 1e-12)  # rates rise with the size (job_sizes)
+    first = max(first, bisect_left(sizes, at_least))
+    return first if first < len(sizes) else None
+
+
 @dataclass(frozen=True)
 class Taken:
     """A reservation's GPUs over time: `shares[i]` from `starts[i]` on, until `finish`."""
@@ -312,18 +325,8 @@ class CapacityProfile:
         """
         self.last = None
         sizes, rates = job_sizes(job)
-        if not sizes or job.remaining_steps <= 0:
-            return None
-        now = self._bounds[0]
-        if deadline <= now:
-            return None
-        # No constant share below the one it needs on an empty cluster can work.
-        need_rate = max(0, job.remaining_steps - grace_steps) / (deadline - now)
-        first = next((i for i, r in enumerate(rates) if r >= need_rate - 1e-12), None)
+        first = first_share(job, float(self._bounds[0]), deadline, at_least, grace_steps)
         if first is None:
-            return None
-        first = max(first, bisect_left(sizes, at_least))
-        if first >= len(sizes):
             return None
 
         def works(i: int) -> tuple[np.ndarray, float] | None:

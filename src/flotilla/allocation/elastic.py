@@ -24,9 +24,10 @@ from __future__ import annotations
 
 import bisect
 import heapq
+from collections.abc import Callable
 from dataclasses import dataclass
 
-from flotilla.allocation.admission import CapacityProfile, Reservation, Taken
+from flotilla.allocation.admission import CapacityProfile, Reservation, Taken, first_share
 from flotilla.allocation.placement import domains, free_gpus, place, shrink_in_place
 from flotilla.allocation.sizes import fit_size, job_sizes, tiling_sizes
 from flotilla.allocation.snapshot import ClusterSnapshot, Decision, JobDecision, JobState, Verdict
@@ -61,6 +62,9 @@ class DeadlineElastic:
     """Admission by minimum satisfactory share over time; leftovers by marginal gain."""
 
     name = "elastic-deadline"
+    # Derive layouts from ones already made where that is exact and replays less (`_Ledger.refloored`,
+    # `_trial_from`); False: lay each out as before (for tests that compare the two).
+    reuse_layouts = True
 
     def decide(self, snapshot: ClusterSnapshot) -> Decision:
         now = snapshot.now
@@ -88,6 +92,7 @@ class DeadlineElastic:
         candidates.sort(key=lambda j: (j.submit_time, j.key))
         eligible = [j for j in candidates if j.deadline > now and job_sizes(j)[0]]
         ledger = _Ledger.of(now, capacity, admitted + eligible, held, snapshot.claimed)
+        whole: _Ledger | None = None  # that layout, where the newcomers are then tried one by one
         if all(k in ledger.got for k in admitted_keys | {j.key for j in eligible}) and not ledger.late:
             # Every guarantee holds with every newcomer admitted (the usual case): one layout of the ledger,
             # the one admitting them one by one would end with.
@@ -95,6 +100,7 @@ class DeadlineElastic:
                 plans[job.key] = _Plan(job, Verdict.ADMITTED, "admitted")
             candidates = [j for j in candidates if j.key not in plans]
         elif eligible:
+            whole = ledger
             ledger = ledger.without({j.key for j in eligible})
         promised = {j.key: j.share for j in admitted if j.share}
         if any(k not in ledger.got for k in admitted_keys):
@@ -103,7 +109,8 @@ class DeadlineElastic:
         if promised and any(k not in ledger.got for k in admitted_keys):
             # The shares the jobs were promised at (no smaller) give back the plan every later admission was
             # checked against.
-            ledger = _Ledger.of(now, capacity, admitted, held, snapshot.claimed, promised)
+            ledger = (ledger.refloored(promised) if self.reuse_layouts
+                      else _Ledger.of(now, capacity, admitted, held, snapshot.claimed, promised))
             if any(k not in ledger.got for k in admitted_keys):
                 ledger = ledger.repair(admitted_keys)
         must = {k for k in admitted_keys if k in ledger.got}
@@ -118,13 +125,25 @@ class DeadlineElastic:
                                        f"runs on what is left")
 
         must |= {key for key, p in plans.items() if p.verdict is Verdict.ADMITTED and key not in admitted_keys}
+        newcomers = {j.key for j in eligible}
+        waiting = [j for j in candidates if j.key in newcomers]  # in the order they are tried
         for job in candidates:
-            outcome = _admit(ledger, job, must)
+            replay = None
+            if whole is not None and self.reuse_layouts and job.key in newcomers:
+                # Every newcomer tried before this one was admitted: the ledger with this one too is the
+                # layout of all the newcomers without the ones still waiting.
+                later = waiting[waiting.index(job) + 1:]
+                replay = (lambda ledger=ledger, whole=whole, job=job, later=later:
+                          _trial_from(whole, ledger, job, later))
+            outcome = _admit(ledger, job, must, replay)
             if isinstance(outcome, _Ledger):
                 ledger = outcome
                 must.add(job.key)
                 plans[job.key] = _Plan(job, Verdict.ADMITTED, "admitted")
-            elif job.best_effort:
+                continue
+            if job.key in newcomers:
+                whole = None
+            if job.best_effort:
                 plans[job.key] = _Plan(job, Verdict.BEST_EFFORT, f"best-effort, no guarantee: {outcome}")
             else:
                 out[job.key] = JobDecision(job.key, Verdict.REJECTED, {}, f"rejected: {outcome}")
@@ -262,6 +281,10 @@ class _Ledger:
         self.got: dict[str, Reservation] = {}
         # Jobs whose reservation ends less than one step's time past their deadline (`_reserve`).
         self.late: set[str] = set()
+        # How `_reserve` went for jobs laid out by `_run` (see `refloored`): the first try gave the
+        # reservation (`direct`), or every try failed (`failed`).
+        self.direct: set[str] = set()
+        self.failed: set[str] = set()
         # checkpoints[c]: the profile before order[at[c]] (at[0] == 0; ascending).
         self.checkpoints: list[CapacityProfile] = []
         self.at: list[int] = []
@@ -279,13 +302,17 @@ class _Ledger:
     def _derived(self, floor: dict[str, int]) -> "_Ledger":
         other = _Ledger(self.now, self.capacity, self.held, self.claimed, floor)
         other.order, other.keys, other.got, other.late = self.order, self.keys, dict(self.got), set(self.late)
+        other.direct, other.failed = set(self.direct), set(self.failed)
         other.checkpoints, other.at, other.profile = list(self.checkpoints), list(self.at), self.profile
         return other
 
-    def with_job(self, job: JobState) -> "_Ledger":
-        """A new ledger with `job` added in deadline order (this one is unchanged)."""
+    def with_job(self, job: JobState, replay: "Callable[[], _Ledger | None] | None" = None) -> "_Ledger":
+        """A new ledger with `job` added in deadline order (this one is unchanged). `replay`: where the jobs
+        after it must be replayed, a ledger equal to the one this would make, if it has one cheaper."""
         position = self.position(job)
         other = self._derived(self.floor)
+        other.direct.discard(job.key)
+        other.failed.discard(job.key)
         other.order = self.order[:position] + [job] + self.order[position:]
         other.keys = self.keys[:position] + [_edf(job)] + self.keys[position:]
         c = bisect.bisect_right(self.at, position) - 1
@@ -295,8 +322,14 @@ class _Ledger:
         r = self._reserve(profile, job)
         if r is not None and position < len(self.order) and other._take_in(position, c, profile.last):
             other.got[job.key] = r
+            # The jobs after it keep their reservations, but how `_reserve` got them is not known again.
+            after = {j.key for j in self.order[position:]}
+            other.direct -= after
+            other.failed -= after
             return other
         # It takes GPUs that a job after it counts on (or does not fit there): replay those.
+        if replay is not None and (made := replay()) is not None:
+            return made
         other.checkpoints, other.at = other.checkpoints[:c + 1], other.at[:c + 1]
         other._run(other.at[c])
         return other
@@ -324,10 +357,56 @@ class _Ledger:
         other.keys = [_edf(j) for j in other.order]
         other.got = {k: r for k, r in self.got.items() if k not in keys}
         other.late = self.late - keys
+        other.direct -= keys
+        other.failed -= keys
         c = bisect.bisect_right(self.at, first) - 1
         other.checkpoints, other.at = other.checkpoints[:c + 1], other.at[:c + 1]
         other._run(other.at[c])
         return other
+
+    def refloored(self, floor: dict[str, int]) -> "_Ledger":
+        """What `_Ledger.of` over this ledger's jobs with `floor` instead of this one's gives, replayed only from
+        the last profile kept before the first job that the new floor may reserve differently (`_same_under`):
+        the jobs ahead of it are reserved alike in both, on the same profile."""
+        other = self._derived(dict(floor))
+        other.order, other.keys = list(self.order), list(self.keys)
+        c = bisect.bisect_right(self.at, self.refloor_start(floor)) - 1
+        other.checkpoints, other.at = other.checkpoints[:c + 1], other.at[:c + 1]
+        other._run(other.at[c])
+        return other
+
+    def refloor_start(self, floor: dict[str, int]) -> int:
+        """The position of the first job that `floor` may reserve differently (`refloored`)."""
+        return next((i for i, j in enumerate(self.order) if not self._same_under(j, floor.get(j.key, 0))),
+                    len(self.order))
+
+    def _same_under(self, job: JobState, at_least: int) -> bool:
+        """Whether `_reserve` makes the same reservation of `job` (on the same profile) with the floor
+        `at_least` as it did here. `_reserve` tries `CapacityProfile.reserve` up to three times, and each try
+        is a function of the profile and its arguments; a share floor enters them only through where the
+        search starts (`first_share`) and which tries are made. So: the same if the first try gave the
+        reservation here and starts at the same place under the new floor; or if every try failed here and
+        the new floor makes no try that was not made here."""
+        old = self.floor.get(job.key, 0)
+        if old == at_least:
+            return True
+        if job.key not in self.direct and job.key not in self.failed:
+            return False
+        first = first_share(job, self.now, job.deadline, old)
+        if job.key in self.direct:
+            return first == first_share(job, self.now, job.deadline, at_least)
+        return self._tries(job, at_least) <= self._tries(job, old)
+
+    def _tries(self, job: JobState, at_least: int) -> set[int | None]:
+        """The `CapacityProfile.reserve` calls `_reserve` makes with the floor `at_least` if each fails, each as
+        where its search starts: they differ only in their own floor, which enters only through that."""
+        held = self.held.get(job.key, 0)
+        tries = {first_share(job, self.now, job.deadline, at_least)}
+        if held > at_least:
+            tries.add(first_share(job, self.now, job.deadline, held))
+        if at_least:
+            tries.add(first_share(job, self.now, job.deadline))
+        return tries
 
     def raised(self, changes: dict[str, int], start: int) -> "_Ledger":
         """A new ledger with the shares in `changes` raised, replayed from position `start` on."""
@@ -353,6 +432,8 @@ class _Ledger:
         self.order.append(job)
         self.keys.append(_edf(job))
         self.got[job.key] = r
+        self.direct.discard(job.key)
+        self.failed.discard(job.key)
         self.profile = profile
         self._checkpoint()
         return r
@@ -425,10 +506,16 @@ class _Ledger:
         return ledger
 
     def _reserve(self, profile: CapacityProfile, job: JobState) -> Reservation | None:
+        return self._reserve_how(profile, job)[0]
+
+    def _reserve_how(self, profile: CapacityProfile, job: JobState) -> tuple[Reservation | None, bool]:
+        """The job's reservation (None if none), and whether the first try gave it."""
         at_least, held = self.floor.get(job.key, 0), self.held.get(job.key, 0)
         pause = _pause(job, self.now)
         r = profile.reserve(job, job.deadline, at_least=at_least, current=held, pause=pause)
-        if r is None and held > at_least:
+        if r is not None:
+            return r, True
+        if held > at_least:
             # Each resize costs a restore, so a share that is not enough at the smallest size that works
             # without them may be enough at the size it holds now (no resize): try from there.
             r = profile.reserve(job, job.deadline, at_least=held, current=held, pause=pause)
@@ -436,7 +523,7 @@ class _Ledger:
             # Restores make a larger share not always better (a share that follows the free GPUs up and
             # down pays more of them): a smaller one may still work.
             r = profile.reserve(job, job.deadline, current=held, pause=pause)
-        return r
+        return r, False
 
     def _checkpoint(self) -> None:
         """Keep the profile as it is now, before the next job, if the last kept one is far enough back."""
@@ -459,7 +546,13 @@ class _Ledger:
                 last = i
             job = self.order[i]
             self.late.discard(job.key)
-            r = self._reserve(profile, job)
+            self.direct.discard(job.key)
+            self.failed.discard(job.key)
+            r, direct = self._reserve_how(profile, job)
+            if direct:
+                self.direct.add(job.key)
+            elif r is None:
+                self.failed.add(job.key)
             if r is None and job.done_steps and job.deadline > self.now:
                 # Progress is read in whole steps: a job planned to finish just before its deadline may
                 # be read as up to a step short of where it is. Its guarantee is not dropped over less
@@ -483,9 +576,24 @@ def _next_size(job: JobState, size: int) -> int:
     return sizes[i] if i < len(sizes) else 0
 
 
-def _admit(ledger: _Ledger, job: JobState, must: set[str]) -> _Ledger | str:
+def _trial_from(whole: _Ledger, ledger: _Ledger, job: JobState, later: list[JobState]) -> _Ledger | None:
+    """`ledger.with_job(job)` made from `whole`, a layout of `ledger`'s jobs, `job` and `later` (that a
+    ledger with another floor: `ledger`'s, as repairs and promised shares left it), or None where that would
+    replay more jobs than `with_job` does. Both equal `_Ledger.of` over those jobs with `ledger`'s floor:
+    `without` and `refloored` replay only what differs."""
+    first_later = min((whole.position(j) for j in later), default=len(whole.order))
+    start = min(first_later, whole.refloor_start(ledger.floor))
+    if len(whole.order) - start >= len(ledger.order) - ledger.position(job):
+        return None
+    derived = whole.without({j.key for j in later}) if later else whole
+    return derived.refloored(ledger.floor)
+
+
+def _admit(ledger: _Ledger, job: JobState, must: set[str],
+           replay: Callable[[], _Ledger | None] | None = None) -> _Ledger | str:
     """The ledger with `job` admitted (`ledger` itself, extended, when the job goes last in deadline
-    order and fits as it is), or the reason it cannot be. `must`: the jobs whose guarantees hold now."""
+    order and fits as it is), or the reason it cannot be. `must`: the jobs whose guarantees hold now.
+    `replay`: see `_Ledger.with_job`."""
     if job.deadline <= ledger.now:
         return f"deadline passed {ledger.now - job.deadline:.0f} s ago"
     if not job_sizes(job)[0]:
@@ -494,7 +602,7 @@ def _admit(ledger: _Ledger, job: JobState, must: set[str]) -> _Ledger | str:
     position = ledger.position(job)
     if position == len(ledger.order) and ledger.push(job):
         return ledger
-    trial = ledger.with_job(job)
+    trial = ledger.with_job(job, replay)
     if job.key in trial.got and all(k in trial.got for k in must) and trial.late <= ledger.late:
         return trial
     # It does not fit as the others are reserved: re-plan their reservations (keep running jobs as they
