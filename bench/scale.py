@@ -44,7 +44,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, replace
 from datetime import datetime
 from pathlib import Path
-from typing import Any, Callable, Iterable, Protocol, TypeVar
+from typing import Any, Callable, Iterable, Iterator, Protocol, TypeVar
 from urllib.parse import urlencode
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -243,25 +243,29 @@ def cpu_seconds(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
+def audit_pod_events(state: Path, namespace: str) -> Iterator[dict[str, Any]]:
+    """The API server's audit events about pods in `namespace` (e2e/cluster.sh logs every write)."""
+    for path in sorted((state / "logs").glob("audit*.log")):
+        with open(path, errors="replace") as f:
+            for line in f:
+                if f'"namespace":"{namespace}"' in line and '"resource":"pods"' in line:
+                    yield json.loads(line)
+
+
 def pod_status_writers(state: Path, namespace: str) -> dict[str, float]:
     """Status writes per pod in `namespace`, by who made them (the API server's audit log, which
     e2e/cluster.sh keeps for writes): KWOK's stages, the node lifecycle controller marking pods NotReady
     when a node's heartbeat is late, the scheduler... Only the writer tells one cause from another."""
     writes: dict[str, int] = {}
     pods: set[str] = set()
-    for path in sorted((state / "logs").glob("audit*.log")):
-        with open(path, errors="replace") as f:
-            for line in f:
-                if f'"namespace":"{namespace}"' not in line or '"resource":"pods"' not in line:
-                    continue
-                event = json.loads(line)
-                ref = event.get("objectRef") or {}
-                if event.get("verb") == "create" and not ref.get("subresource"):
-                    pods.add(ref.get("name", ""))
-                elif ref.get("subresource") == "status" and event.get("verb") in ("patch", "update"):
-                    agent = event.get("userAgent", "?")
-                    writer = agent.split("/")[0] + ("/" + agent.rsplit("/", 1)[1] if agent.count("/") > 2 else "")
-                    writes[writer] = writes.get(writer, 0) + 1
+    for event in audit_pod_events(state, namespace):
+        ref = event.get("objectRef") or {}
+        if event.get("verb") == "create" and not ref.get("subresource"):
+            pods.add(ref.get("name", ""))
+        elif ref.get("subresource") == "status" and event.get("verb") in ("patch", "update"):
+            agent = event.get("userAgent", "?")
+            writer = agent.split("/")[0] + ("/" + agent.rsplit("/", 1)[1] if agent.count("/") > 2 else "")
+            writes[writer] = writes.get(writer, 0) + 1
     return {w: round(n / max(1, len(pods)), 2) for w, n in sorted(writes.items())}
 
 
@@ -277,21 +281,16 @@ def kwok_lag(state: Path, namespace: str) -> dict[str, Any]:
     the answer before it takes the next pod); `backlog_max`, the most pods bound and not yet patched at once."""
     bound: dict[str, float] = {}
     patches: dict[str, list[tuple[float, float]]] = {}
-    for path in sorted((state / "logs").glob("audit*.log")):
-        with open(path, errors="replace") as f:
-            for line in f:
-                if f'"namespace":"{namespace}"' not in line or '"resource":"pods"' not in line:
-                    continue
-                event = json.loads(line)
-                ref = event.get("objectRef") or {}
-                if (event.get("responseStatus") or {}).get("code", 200) >= 300:
-                    continue
-                if ref.get("subresource") == "binding" and event.get("verb") == "create":
-                    bound[ref["name"]] = audit_time(event["stageTimestamp"])
-                elif (ref.get("subresource") == "status" and event.get("verb") == "patch"
-                      and event.get("userAgent", "").startswith("kwok/")):
-                    patches.setdefault(ref["name"], []).append(
-                        (audit_time(event["requestReceivedTimestamp"]), audit_time(event["stageTimestamp"])))
+    for event in audit_pod_events(state, namespace):
+        ref = event.get("objectRef") or {}
+        if (event.get("responseStatus") or {}).get("code", 200) >= 300:
+            continue
+        if ref.get("subresource") == "binding" and event.get("verb") == "create":
+            bound[ref["name"]] = audit_time(event["stageTimestamp"])
+        elif (ref.get("subresource") == "status" and event.get("verb") == "patch"
+              and event.get("userAgent", "").startswith("kwok/")):
+            patches.setdefault(ref["name"], []).append(
+                (audit_time(event["requestReceivedTimestamp"]), audit_time(event["stageTimestamp"])))
     waits, steps = [], []
     for name, at in bound.items():
         if patches.get(name):
