@@ -168,6 +168,30 @@ def test_after_the_acknowledgement_the_worker_set_is_replaced_and_progress_kept(
     assert reasons == ["CheckpointWritten", "Resharding"]
 
 
+def test_an_acknowledged_checkpoint_replaces_the_worker_set_even_when_the_move_was_called_off():
+    # The decision asked for a move, then changed back before rank 0's acknowledgement was read (a job grown into
+    # GPUs that were taken again). The workers stopped at the checkpoint to be replaced: they are, in place.
+    ack = json.dumps({"generation": 1, "step": 420, "time": "2026-01-01T00:00:59Z"})
+    body = trainingjob(status=_running(phase="Resharding", checkpoint={"requestedGeneration": 1,
+                                                                       "requestedAt": training.rfc3339(NOW - 5)}),
+                       annotations={"flotilla.dev/checkpoint-ack": ack})
+    stay = JobDecision("ns/job", Verdict.ADMITTED, {"n0": 2}, "admitted")
+    actions = training.plan_job(body, OLD_PODS, stay, NOW, "p")
+    st = status_patch(actions)
+    assert st["reshards"] == 1 and st["placement"] == [{"node": "n0", "gpus": 2}]
+    assert st["checkpoint"]["generation"] == 1 and st["progress"]["steps"] == 420
+    assert sorted(a.name for a in actions if isinstance(a, DeletePod)) == [wname("job", 0, 0), wname("job", 0, 1)]
+    assert not [a for a in actions if isinstance(a, CreatePod)]  # the old containers still hold n0's GPUs
+    # Once that is recorded and the old pods are gone, the new set is created where the old one ran, and no
+    # checkpoint is asked for again.
+    after = trainingjob(status={**_running(), **{k: v for k, v in st.items() if k != "phase"}},
+                        annotations={"flotilla.dev/checkpoint-ack": ack})
+    actions = training.plan_job(after, [], stay, NOW + 1, "p")
+    assert [a.manifest["metadata"]["name"] for a in actions if isinstance(a, CreatePod)] == (
+        [wname("job", 1, 0), wname("job", 1, 1)])
+    assert not [a for a in actions if isinstance(a, (DeletePod, PatchAnnotations))]
+
+
 def test_without_an_acknowledgement_the_job_waits_then_restarts_from_the_last_checkpoint():
     body = trainingjob(status=_running(phase="Resharding",
                                        checkpoint={"requestedGeneration": 1, "step": 300,

@@ -581,7 +581,19 @@ def plan_job(body: Body, pods: Iterable[Body], decision: JobDecision | None, now
             _switch(plan, state, by_gen, want, generation + 1, reason)
             return plan.done()
         return _keep_running(plan, state, by_gen, current, generation, max_restarts, resharding=True)
+    if _acknowledged_now(plan):
+        # Rank 0 wrote the checkpoint it was asked for, and its worker set stopped to be replaced, but the
+        # decision no longer moves the job (it changed since the request): replace the set where it is.
+        _switch(plan, state, by_gen, current, generation + 1, f"checkpoint written; staying on {_describe(current)}")
+        return plan.done()
     return _keep_running(plan, state, by_gen, current, generation, max_restarts)
+
+
+def _acknowledged_now(plan: _Plan) -> bool:
+    """This pass records rank 0's acknowledgement of the last checkpoint request (the workers stopped)."""
+    ckpt = {**(plan.status.get("checkpoint") or {}), **plan.patch.get("checkpoint", {})}
+    return ("generation" in plan.patch.get("checkpoint", {})
+            and int(ckpt.get("generation", 0)) == int(ckpt.get("requestedGeneration", 0)) > 0)
 
 
 def _note_external_request(plan: _Plan) -> None:
