@@ -494,8 +494,11 @@ class _Plan:
                                                         "message": message}, self.now)
 
     def checkpoint(self, **fields: Any) -> None:
-        self.patch["checkpoint"] = {**(self.status.get("checkpoint") or {}), **self.patch.get("checkpoint", {}),
-                                    **fields}
+        self.patch["checkpoint"] = {**self.recorded_checkpoint(), **fields}
+
+    def recorded_checkpoint(self) -> dict[str, Any]:
+        """status.checkpoint as this pass's patch leaves it."""
+        return {**(self.status.get("checkpoint") or {}), **self.patch.get("checkpoint", {})}
 
     def done(self, *, keep_creates: bool = True) -> list[Action]:
         out: list[Action] = []
@@ -591,7 +594,7 @@ def plan_job(body: Body, pods: Iterable[Body], decision: JobDecision | None, now
 
 def _acknowledged_now(plan: _Plan) -> bool:
     """This pass records rank 0's acknowledgement of the last checkpoint request (the workers stopped)."""
-    ckpt = {**(plan.status.get("checkpoint") or {}), **plan.patch.get("checkpoint", {})}
+    ckpt = plan.recorded_checkpoint()
     return ("generation" in plan.patch.get("checkpoint", {})
             and int(ckpt.get("generation", 0)) == int(ckpt.get("requestedGeneration", 0)) > 0)
 
@@ -622,7 +625,7 @@ def _consume_acknowledgement(plan: _Plan) -> None:
 
 def _ready_to_switch(plan: _Plan, reason: str, ack_timeout: float) -> bool:
     """Drive the checkpoint request for a placement change; True once the workers may be replaced."""
-    ckpt = {**(plan.status.get("checkpoint") or {}), **plan.patch.get("checkpoint", {})}
+    ckpt = plan.recorded_checkpoint()
     applied, requested = int(ckpt.get("generation", 0)), int(ckpt.get("requestedGeneration", 0))
     request = checkpoint_request(plan.body)
     if requested > applied:
@@ -653,7 +656,7 @@ def _switch(plan: _Plan, state: JobState, by_gen: Mapping[int, list[Body]], want
     status = plan.status
     old = placement_of(plan.body)
     if old:
-        ckpt = {**(status.get("checkpoint") or {}), **plan.patch.get("checkpoint", {})}
+        ckpt = plan.recorded_checkpoint()
         progress = progress_of(plan.body) or {}
         resume = int(ckpt.get("step", 0))
         if int(ckpt.get("requestedGeneration", 0)) > int(ckpt.get("generation", 0)):
