@@ -96,6 +96,15 @@ def test_running_job_does_not_grow_for_a_gain_smaller_than_its_restore_cost():
     assert d["a"].gpus == 8 and "grows 2->8" in d["a"].reason
 
 
+def test_a_running_job_whose_workers_have_not_reported_a_rate_is_not_grown_for_speed_but_for_its_guarantee():
+    # The cheap move above, judged on the declared curve alone: the job may run far off it.
+    unmeasured = job("a", 200, 1000, done=100, restore=0, verdict=ADMITTED, placement={"n0": 2}, rate_unknown=True)
+    assert decide(snapshot(nodes(8), unmeasured))["a"].placement == {"n0": 2}
+    # 800 steps by t=100 need 8 GPUs now: the guarantee does not wait for a rate.
+    due = job("a", 800, 100, verdict=ADMITTED, placement={"n0": 2}, rate_unknown=True)
+    assert decide(snapshot(nodes(8), due))["a"].gpus == 8
+
+
 def test_leftover_gpus_go_to_the_highest_marginal_gain():
     # Same curve; b has 100 steps left, a 800: a GPU shortens b's remaining time 8x more.
     a = job("a", 800, 10_000)

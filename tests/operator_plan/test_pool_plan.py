@@ -29,9 +29,13 @@ def job(status=None, min_gpus=2, deadline_seconds=36000):
 
 
 def running(placement: dict[str, int], generation: int = 0, **extra):
+    # Rank 0 has reported its rate (the curve's) on this worker set.
+    progress = {"steps": 2000, "stepsPerSecond": round(1.0 + 14.0 * (sum(placement.values()) - 1) / 15, 3),
+                "updatedAt": rfc3339(T0 + 30)}
     return {"phase": "Running", "reshards": generation, "startedAt": rfc3339(T0), "policy": "elastic-deadline",
             "placement": [{"node": n, "gpus": g} for n, g in sorted(placement.items())],
-            "gpus": sum(placement.values()), "deadline": rfc3339(T0 + 36000), "observedGeneration": 1, **extra}
+            "gpus": sum(placement.values()), "deadline": rfc3339(T0 + 36000), "observedGeneration": 1,
+            "progress": progress, **extra}
 
 
 def workers(placement: dict[str, int], generation: int = 0, **owner) -> dict[str, dict]:
@@ -202,6 +206,14 @@ def test_serving_gives_back_only_after_the_hold_down_and_the_job_grows_back_once
     grow = run({"ns/a": a}, workers(job_on, 1), {"ns/chat": chat(0, 0, sd_status)}, deployments(0, 0), now=later)
     ask = next(x for x in grow if isinstance(x, PatchAnnotations))
     assert "grows 8->16 GPUs" in json.loads(ask.annotations["flotilla.dev/checkpoint-request"])["reason"]
+
+    # Had its worker set not reported a rate yet, whether growing pays back its restore could not be told: it
+    # would keep its size.
+    unmeasured = copy.deepcopy(a)
+    del unmeasured["status"]["progress"]
+    kept = run({"ns/a": unmeasured}, workers(job_on, 1), {"ns/chat": chat(0, 0, sd_status)}, deployments(0, 0),
+               now=later)
+    assert not any(isinstance(x, PatchAnnotations) for x in kept)
 
 
 def test_growing_back_pays_the_loan_off_and_tells_the_borrower():

@@ -1,4 +1,5 @@
-"""A resized job's restore reaches the allocator's plan: JobState.resumes_at."""
+"""A resized job's restore reaches the allocator's plan: JobState.resumes_at, and whether its worker set has
+reported a rate yet (JobState.rate_unknown)."""
 
 import json
 
@@ -25,3 +26,11 @@ def test_a_job_never_resized_or_not_placed_trains_now():
     first = {**RESIZED, "reshards": 0}
     assert training.job_state(trainingjob(status=first)).resumes_at == 0.0
     assert training.job_state(trainingjob(status={**RESIZED, "placement": []})).resumes_at == 0.0
+
+
+def test_a_placed_worker_set_is_unmeasured_until_its_rank_0_reports_a_rate():
+    assert training.job_state(trainingjob(status=RESIZED)).rate_unknown
+    assert training.job_state(trainingjob(status={**RESIZED, "reshards": 0, "progress": {}})).rate_unknown
+    report = json.dumps({"generation": 2, "steps": 420, "stepsPerSecond": 2.5, "time": rfc3339(T0 + 700)})
+    assert not training.job_state(trainingjob(status=RESIZED, annotations={"flotilla.dev/progress": report})).rate_unknown
+    assert not training.job_state(trainingjob(status={**RESIZED, "placement": []})).rate_unknown

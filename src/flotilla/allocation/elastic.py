@@ -647,8 +647,11 @@ def _worth_growing(job: JobState, current: int, size: int) -> bool:
     """Whether leaving `current` GPUs for `size` finishes the job sooner, cost included.
 
     The cost counts twice: leftover GPUs are lent, and giving them back when a
-    guaranteed job needs them costs another restore.
+    guaranteed job needs them costs another restore. A job whose worker set has not reported a rate is not
+    moved: the rate the move is judged on may be the declared curve's, far from what the job does.
     """
+    if job.rate_unknown:
+        return False
     remaining = job.remaining_steps
     stay = remaining / job.curve.rate(current)
     move = 2 * job.restore_seconds + (remaining + job.steps_since_checkpoint) / job.curve.rate(size)

@@ -67,6 +67,9 @@ class JobState:
     # The share its guarantee was last planned at (JobDecision.share, fed back): a re-plan keeps at least
     # that much for it, so that the plan every other guarantee was checked against still holds. 0: none.
     share: int = 0
+    # Its worker set has not reported a rate yet (just started or resized): whether a resize would pay back
+    # its restore cannot be told, so it is not grown for speed until it has.
+    rate_unknown: bool = False
 
     @property
     def gpus(self) -> int:

@@ -123,6 +123,7 @@ def job_state(body: Body) -> JobState:
         last_checkpoint_step=job.checkpoint_step,
         resumes_at=_resumes_at(job.reshards, progress, placement, job.restore_seconds),
         share=job.guaranteed_share,
+        rate_unknown=bool(placement) and measured <= 0,
     )
 
 
