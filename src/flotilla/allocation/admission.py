@@ -168,11 +168,12 @@ class CapacityProfile:
         other._claims, other.last, other._lowest = self._claims, None, self._lowest
         return other
 
-    def fits(self, plan: Taken) -> bool:
-        """Whether `plan`'s GPUs are free here at every time it uses them (its starts must be bounds here)."""
+    def fits(self, plan: Taken, spare: int = 0) -> bool:
+        """Whether `plan`'s GPUs are free here at every time it uses them, with `spare` more left wherever it
+        uses any (its starts must be bounds here)."""
         k = int(np.searchsorted(self.bounds, plan.finish, side="left"))
-        idx = np.searchsorted(plan.starts, self._bounds[:k], side="right") - 1
-        return bool(np.all(self._free[:k] >= plan.shares[idx]))
+        shares = plan.shares[np.searchsorted(plan.starts, self._bounds[:k], side="right") - 1]
+        return bool(np.all(self._free[:k] >= shares + np.where(shares > 0, spare, 0)))
 
     def take(self, plan: Taken) -> None:
         """Take `plan`'s GPUs out of this profile (see `fits`)."""

@@ -270,8 +270,8 @@ class _Ledger:
 
     The profile is kept about every CHECKPOINT_EVERY jobs, so adding a job
     replays only the jobs from just before its place in deadline order, and a
-    job whose reservation uses only GPUs that no job after it counts on is
-    taken in without replaying those (`with_job`). `floor` holds shares raised
+    job whose reservation leaves every job after it as many GPUs as it could
+    use is taken in without replaying those (`with_job`, `_take_in`). `floor` holds shares raised
     above the minimum by a repair (see `repair`) or promised before.
     """
 
@@ -340,9 +340,18 @@ class _Ledger:
         return other
 
     def _take_in(self, position: int, c: int, plan: Taken | None) -> bool:
-        """Take the plan of a job just put at `position` out of every profile after it, if it fits there
-        (then no reservation after it changes: each still gets what it had). False, and nothing taken, if not."""
-        if plan is None or not self.profile.fits(plan):
+        """Take the plan of a job just put at `position` out of every profile after it, if the last profile
+        has its GPUs free with the largest size of any job after it to spare wherever it uses any. Then each
+        of those jobs' profiles, which hold at least the last one's free GPUs, still has at every time as
+        many GPUs as it could use, and every try `_reserve` makes for it gives what it gave: no reservation
+        after it changes. (That the plan merely fits is not enough: a job after it could then find fewer
+        GPUs past its own finish, where `_stay` looks, or where a search for a smaller share, or for a job
+        that got none, runs on; with restores, fewer GPUs there may make a plan work that did not.)
+        False, and nothing taken, if not."""
+        if plan is None:
+            return False
+        largest = max((job_sizes(j)[0][-1] for j in self.order[position + 1:] if job_sizes(j)[0]), default=0)
+        if not self.profile.fits(plan, spare=largest):
             return False
         self.profile = self.profile.copy()
         self.profile.take(plan)
