@@ -125,7 +125,8 @@ def test_only_a_node_loss_breaks_a_guarantee(seed):
                 r.admitted_at = now
             touched = lost_node_at is not None and lost_node_at >= r.admitted_at
             if r.admitted_at is not None and not touched:
-                assert not any(s in d.reason for s in LOST), f"seed {seed}, t={now:.0f}: {key} lost its guarantee: {d.reason}"
+                assert not any(s in d.reason for s in LOST), \
+                    f"seed {seed}, t={now:.0f}: {key} lost its guarantee: {d.reason}"
             placement = {n: g for n, g in d.placement.items() if g}
             if placement != dict(r.state.placement) and (r.state.placement or r.done > 0):
                 r.idle_until = now + r.state.restore_seconds
