@@ -19,7 +19,9 @@ from builders import job
 from flotilla.allocation import elastic
 from flotilla.allocation.elastic import DeadlineElastic, _Ledger
 
-SEEDS = tuple(range(40))
+# With the guarantees lost for good left out of the ledger, only these of the first 240 worlds lay it out at
+# the promised shares (`DeadlineElastic.decide`'s own `refloored`): a guarantee lost that another plan might keep.
+SEEDS = tuple(range(40)) + (144, 150, 210)
 
 
 def test_reused_layouts_decide_as_fresh_ones(monkeypatch):
@@ -48,7 +50,7 @@ def test_reused_layouts_decide_as_fresh_ones(monkeypatch):
         test_invariant.test_only_a_node_loss_breaks_a_guarantee(seed)
     assert seen["differing"] == 0, seen
     # Both shortcuts are taken (refloored also by each trial reused), often enough to mean something.
-    assert seen["refloored"] - seen["trials_reused"] >= 10 and seen["trials_reused"] >= 50, seen
+    assert seen["refloored"] - seen["trials_reused"] >= 15 and seen["trials_reused"] >= 50, seen
 
 
 def _trials(seed: int, trials: int = 30):

@@ -63,6 +63,27 @@ def first_share(job: JobState, now: float, deadline: float, at_least: int = 0, g
     return first if first < len(sizes) else None
 
 
+def earliest_finish(job: JobState, now: float, gpus: int, current: int = 0, pause: float = 0.0,
+                    grace_steps: int = 0) -> float:
+    """A bound: no plan `CapacityProfile.reserve` makes for `job` on a profile from `now` with at most `gpus`
+    GPUs free at any time finishes earlier than this, less `grace_steps` steps' time at its share's rate
+    (inf: none can finish).
+
+    The job is taken alone on all `gpus`, at the fastest size that fits, from now on. A plan pays a restore
+    on any size but the `current` one it holds (a job's first start pays none), or keeps `current` and
+    pays what is left of `pause`; it never trains faster than its fastest size."""
+    sizes, rates = job_sizes(job)
+    work = max(0, job.remaining_steps - grace_steps)
+    fitting = bisect_left(sizes, gpus + 1)
+    best = math.inf
+    if fitting:
+        restore = job.restore_seconds if current or job.done_steps else 0.0
+        best = now + restore + work / rates[fitting - 1]
+    if current in sizes:
+        best = min(best, now + pause + work / rates[sizes.index(current)])
+    return best
+
+
 @dataclass(frozen=True)
 class Taken:
     """A reservation's GPUs over time: `shares[i]` from `starts[i]` on, until `finish`."""
@@ -147,11 +168,12 @@ class CapacityProfile:
         other._claims, other.last, other._lowest = self._claims, None, self._lowest
         return other
 
-    def fits(self, plan: Taken) -> bool:
-        """Whether `plan`'s GPUs are free here at every time it uses them (its starts must be bounds here)."""
+    def fits(self, plan: Taken, spare: int = 0) -> bool:
+        """Whether `plan`'s GPUs are free here at every time it uses them, with `spare` more left wherever it
+        uses any (its starts must be bounds here)."""
         k = int(np.searchsorted(self.bounds, plan.finish, side="left"))
-        idx = np.searchsorted(plan.starts, self._bounds[:k], side="right") - 1
-        return bool(np.all(self._free[:k] >= plan.shares[idx]))
+        shares = plan.shares[np.searchsorted(plan.starts, self._bounds[:k], side="right") - 1]
+        return bool(np.all(self._free[:k] >= shares + np.where(shares > 0, spare, 0)))
 
     def take(self, plan: Taken) -> None:
         """Take `plan`'s GPUs out of this profile (see `fits`)."""

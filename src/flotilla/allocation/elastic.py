@@ -24,10 +24,11 @@ from __future__ import annotations
 
 import bisect
 import heapq
+import math
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from flotilla.allocation.admission import CapacityProfile, Reservation, Taken, first_share
+from flotilla.allocation.admission import CapacityProfile, Reservation, Taken, earliest_finish, first_share
 from flotilla.allocation.placement import domains, free_gpus, place, shrink_in_place
 from flotilla.allocation.sizes import fit_size, job_sizes, tiling_sizes
 from flotilla.allocation.snapshot import ClusterSnapshot, Decision, JobDecision, JobState, Verdict
@@ -76,11 +77,16 @@ class DeadlineElastic:
         plans: dict[str, _Plan] = {}
         admitted: list[JobState] = []
         candidates: list[JobState] = []
+        most = _most_free(capacity, snapshot.claimed)
         for job in snapshot.jobs:
             if job.remaining_steps == 0:
                 out[job.key] = JobDecision(job.key, job.verdict or Verdict.ADMITTED, {}, "finished")
             elif job.verdict is Verdict.REJECTED:
                 out[job.key] = JobDecision(job.key, Verdict.REJECTED, {}, "rejected at admission")
+            elif job.verdict is Verdict.ADMITTED and (why := _lost_for_good(job, now, most, held[job.key])):
+                # No layout of the ledger could give it a reservation: it is not laid out in it at all.
+                plans[job.key] = _Plan(job, Verdict.ADMITTED, f"admitted, but its deadline can no longer be met "
+                                                              f"({why}); runs on what is left")
             elif job.verdict is Verdict.ADMITTED:
                 admitted.append(job)
             elif job.verdict is Verdict.BEST_EFFORT:
@@ -118,14 +124,13 @@ class DeadlineElastic:
             if job.key in ledger.got:
                 plans[job.key] = _Plan(job, Verdict.ADMITTED, "admitted")
             else:
-                why = ("deadline passed" if job.deadline <= now
-                       else ledger.profile.shortfall(job, _plan_deadline(job, ledger.now)).describe())
+                why = ledger.profile.shortfall(job, _plan_deadline(job, ledger.now)).describe()
                 plans[job.key] = _Plan(job, Verdict.ADMITTED,
                                        f"admitted, but its deadline can no longer be guaranteed ({why}); "
                                        f"runs on what is left")
 
-        must |= {key for key, p in plans.items() if p.verdict is Verdict.ADMITTED and key not in admitted_keys}
         newcomers = {j.key for j in eligible}
+        must |= newcomers & plans.keys()  # admitted above, all together
         waiting = [j for j in candidates if j.key in newcomers]  # in the order they are tried
         for job in candidates:
             replay = None
@@ -265,8 +270,8 @@ class _Ledger:
 
     The profile is kept about every CHECKPOINT_EVERY jobs, so adding a job
     replays only the jobs from just before its place in deadline order, and a
-    job whose reservation uses only GPUs that no job after it counts on is
-    taken in without replaying those (`with_job`). `floor` holds shares raised
+    job whose reservation leaves every job after it as many GPUs as it could
+    use is taken in without replaying those (`with_job`, `_take_in`). `floor` holds shares raised
     above the minimum by a repair (see `repair`) or promised before.
     """
 
@@ -335,9 +340,18 @@ class _Ledger:
         return other
 
     def _take_in(self, position: int, c: int, plan: Taken | None) -> bool:
-        """Take the plan of a job just put at `position` out of every profile after it, if it fits there
-        (then no reservation after it changes: each still gets what it had). False, and nothing taken, if not."""
-        if plan is None or not self.profile.fits(plan):
+        """Take the plan of a job just put at `position` out of every profile after it, if the last profile
+        has its GPUs free with the largest size of any job after it to spare wherever it uses any. Then each
+        of those jobs' profiles, which hold at least the last one's free GPUs, still has at every time as
+        many GPUs as it could use, and every try `_reserve` makes for it gives what it gave: no reservation
+        after it changes. (That the plan merely fits is not enough: a job after it could then find fewer
+        GPUs past its own finish, where `_stay` looks, or where a search for a smaller share, or for a job
+        that got none, runs on; with restores, fewer GPUs there may make a plan work that did not.)
+        False, and nothing taken, if not."""
+        if plan is None:
+            return False
+        largest = max((job_sizes(j)[0][-1] for j in self.order[position + 1:] if job_sizes(j)[0]), default=0)
+        if not self.profile.fits(plan, spare=largest):
             return False
         self.profile = self.profile.copy()
         self.profile.take(plan)
@@ -567,6 +581,31 @@ class _Ledger:
                 self.got.pop(job.key, None)
         self.profile = profile
         self._checkpoint()  # so that a job can be added at the end cheaply
+
+
+def _most_free(capacity: int, claimed: tuple[tuple[float, int], ...]) -> int:
+    """The most GPUs a profile of `capacity` with `claimed` ever has free (a claim may give GPUs back)."""
+    return capacity - min(0, min((g for _, g in claimed), default=0))
+
+
+def _lost_for_good(job: JobState, now: float, gpus: int, held: int) -> str | None:
+    """Why no layout of the ledger can give the admitted `job` a reservation (None: one might): not even
+    alone on the most GPUs the cluster has free (`gpus`) from now on, with the step of grace `_Ledger._run`
+    allows, could it finish by its deadline."""
+    if job.deadline <= now:
+        return f"deadline passed {now - job.deadline:.0f} s ago"
+    grace = 1 if job.done_steps else 0
+    finish = earliest_finish(job, now, gpus, held, _pause(job, now), grace)
+    if finish <= job.deadline + _EDGE:
+        return None
+    if finish == float("inf"):
+        return f"no size of it fits the cluster's {gpus} GPUs"
+    late = math.ceil(finish - job.deadline)
+    return f"even alone on all {gpus} GPUs it would finish {late} s after it, restores counted"
+
+
+# Seconds of rounding that `_lost_for_good` allows for: it must not give up a guarantee `reserve` would keep.
+_EDGE = 1e-3
 
 
 def _next_size(job: JobState, size: int) -> int:
