@@ -272,7 +272,7 @@ class DeadlineElastic:
 
 # Admission lays admitted jobs ahead of a newcomer (`_lay_ahead`) only for a newcomer that needs at most this
 # share of the cluster's GPU-seconds until its deadline, and in at most this many rounds.
-LAY_AHEAD_AT_MOST = 1 / 16
+LAY_AHEAD_AT_MOST = 1 / 32
 LAY_AHEAD_ROUNDS = 4
 # How many trial re-plans a repair may make, and how far back in deadline order it raises shares.
 REPAIR_TRIES = 48
