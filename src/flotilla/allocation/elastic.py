@@ -3,8 +3,9 @@
 1. Admission: admitted jobs are reserved in deadline order in a capacity
    profile over time (see admission.py); a new job is admitted only if it and
    every admitted job still get a reservation, the others' re-planned if need
-   be (`_Ledger.repair`), and a re-plan that would lose an admitted job's
-   reservation is repaired the same way. Admission is
+   be (`_Ledger.repair`) or laid ahead of it for good (`_lay_ahead`), and a
+   re-plan that would lose an admitted job's reservation is repaired the same
+   way. Admission is
    decided once: an admitted job stays admitted, and if a lost node makes its
    deadline unreachable the reason says so and it runs on what is left.
 2. Allocation: each guaranteed job gets at least its share for right now.
@@ -280,7 +281,8 @@ REPAIR_WINDOW = 10
 
 
 class _Ledger:
-    """Reservations in deadline order, in a capacity profile, that can take one more job cheaply.
+    """Reservations in deadline order (`_laid`: a job laid ahead of a newcomer where it was laid), in a capacity
+    profile, that can take one more job cheaply.
 
     The profile is kept about every CHECKPOINT_EVERY jobs, so adding a job
     replays only the jobs from just before its place in deadline order, and a
