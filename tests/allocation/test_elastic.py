@@ -5,7 +5,6 @@ due in T seconds needs S/T GPUs, rounded up to an allowed size (1, 2, 4, 8).
 """
 
 import random
-from dataclasses import replace
 
 from builders import job, nodes, snapshot
 
@@ -13,7 +12,6 @@ from flotilla.allocation import ScalingCurve, Verdict
 from flotilla.allocation.elastic import DeadlineElastic
 
 ADMITTED = Verdict.ADMITTED
-WIDE = ScalingCurve.of({1: 1.0, 64: 64.0})  # linear up to 64 GPUs
 
 
 def decide(snap):
@@ -40,36 +38,6 @@ def test_new_job_rejected_when_it_would_break_an_admitted_guarantee():
     assert d["c"].reason == "rejected: admitting it would break the guarantee of b"
     assert d["c"].gpus == 0
     assert (d["a"].gpus, d["b"].gpus) == (2, 2)
-
-
-def test_an_admitted_job_laid_ahead_of_a_newcomer_keeps_that_place_at_the_next_replan():
-    # a holds 2 GPUs until t=50. x (at most 2 GPUs) needs 2 from now to finish 380 steps by t=200. n (100 steps by
-    # t=100) laid before x in deadline order takes 1 GPU from now and x then misses (50 + 2 x 150 = 350 steps); x
-    # laid first keeps its 2, and n still gets 2 x 50 = 100 steps after a.
-    # (big holds the other 60 GPUs until t=300: n is small next to the cluster, `elastic._small`.)
-    big = job("big", 18000, 300, max_gpus=60, verdict=ADMITTED, placement={"n1": 60}, curve=WIDE)
-    a = job("a", 100, 50, max_gpus=2, verdict=ADMITTED, placement={"n0": 2})
-    x = job("x", 380, 200, max_gpus=2, verdict=ADMITTED, placement={"n0": 2})
-    n = job("n", 100, 100, max_gpus=4, submit=5)
-    d = decide(snapshot(nodes(4, 60), big, a, x, n))
-    assert (d["n"].verdict, d["n"].share, d["n"].lay_by) == (ADMITTED, 2, 0.0)
-    assert (d["x"].gpus, d["x"].guaranteed_gpus, d["x"].lay_by) == (2, 2, 100)
-    # Fed back, the place holds: laid by deadline, n's promised share would take x's GPUs from t=0 on.
-    fed = [replace(j, verdict=ADMITTED, share=d[j.key].share, lay_by=d[j.key].lay_by) for j in (big, a, x, n)]
-    again = decide(snapshot(nodes(4, 60), *fed))
-    assert all("guaranteed" in again[k].reason and "no longer" not in again[k].reason for k in ("big", "a", "x", "n"))
-    assert again["x"].lay_by == 100
-    unkept = decide(snapshot(nodes(4, 60), *fed[:2], replace(fed[2], lay_by=0.0), fed[3]))
-    assert "can no longer be guaranteed" in unkept["x"].reason
-
-
-def test_a_large_newcomer_is_not_admitted_by_laying_admitted_jobs_ahead_of_it():
-    # The case above on 4 GPUs: n needs a quarter of the cluster until its deadline.
-    a = job("a", 100, 50, max_gpus=2, verdict=ADMITTED, placement={"n0": 2})
-    x = job("x", 380, 200, max_gpus=2, verdict=ADMITTED, placement={"n0": 2})
-    n = job("n", 100, 100, max_gpus=4, submit=5)
-    d = decide(snapshot(nodes(4), a, x, n))
-    assert d["n"].reason == "rejected: admitting it would break the guarantee of x"
 
 
 def test_job_admitted_only_because_a_running_job_gives_up_spare_gpus():

@@ -382,17 +382,6 @@ def test_the_promised_share_is_written_and_read_back_and_keeps_a_waiting_job_adm
                                           "elastic-deadline"))["guaranteedShare"] == 2
 
 
-def test_the_place_in_the_admission_order_is_written_at_once_and_read_back():
-    deadline = T0 + 7200.5
-    laid = JobDecision("ns/job", Verdict.ADMITTED, {}, "admitted; no GPUs now", share=2, lay_by=deadline)
-    written = {"phase": "Pending", "guaranteedShare": 2}
-    patch = status_patch(training.plan_job(trainingjob(status=written), [], laid, NOW + 60, "elastic-deadline"))
-    assert training.job_state(trainingjob(status={**written, **patch})).lay_by == deadline
-    same = training.plan_job(trainingjob(status={**written, **patch}), [], laid, NOW + 60, "elastic-deadline")
-    assert not [a for a in same if isinstance(a, PatchStatus)]
-    assert training.job_state(trainingjob(status=written)).lay_by == 0.0
-
-
 @pytest.mark.parametrize("per_worker, placement", [(1, {"n0": 3}), (2, {"n1": 4, "n0": 2}), (8, {"n2": 8, "n0": 16}),
                                                    (4, {"n0": 4, "n1": 4, "n10": 8})])
 def test_worker_names_are_the_worker_pods_names(per_worker, placement):

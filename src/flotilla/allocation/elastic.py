@@ -3,9 +3,8 @@
 1. Admission: admitted jobs are reserved in deadline order in a capacity
    profile over time (see admission.py); a new job is admitted only if it and
    every admitted job still get a reservation, the others' re-planned if need
-   be (`_Ledger.repair`) or laid ahead of it for good (`_lay_ahead`), and a
-   re-plan that would lose an admitted job's reservation is repaired the same
-   way. Admission is
+   be (`_Ledger.repair`), and a re-plan that would lose an admitted job's
+   reservation is repaired the same way. Admission is
    decided once: an admitted job stays admitted, and if a lost node makes its
    deadline unreachable the reason says so and it runs on what is left.
 2. Allocation: each guaranteed job gets at least its share for right now.
@@ -24,7 +23,6 @@
 from __future__ import annotations
 
 import bisect
-import dataclasses
 import heapq
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -37,14 +35,6 @@ from flotilla.allocation.snapshot import ClusterSnapshot, Decision, JobDecision,
 
 def _edf(job: JobState) -> tuple[float, float, str]:
     return (job.deadline, job.submit_time, job.key)
-
-
-def _laid(job: JobState) -> tuple[float, int, float, float, str]:
-    """The job's place in the order reservations are laid in: by deadline, or at `lay_by` just ahead of the
-    jobs due then (`_lay_ahead`)."""
-    if 0 < job.lay_by <= job.deadline:
-        return (job.lay_by, 0, job.deadline, job.submit_time, job.key)
-    return (job.deadline, 1, job.deadline, job.submit_time, job.key)
 
 
 def _pause(job: JobState, now: float) -> float:
@@ -147,8 +137,6 @@ class DeadlineElastic:
                           _trial_from(whole, ledger, job, later))
             outcome = _admit(ledger, job, must, replay)
             if isinstance(outcome, _Ledger):
-                if outcome.moved != ledger.moved:
-                    whole = None  # it laid admitted jobs elsewhere: not a layout of `whole`'s jobs
                 ledger = outcome
                 must.add(job.key)
                 plans[job.key] = _Plan(job, Verdict.ADMITTED, "admitted")
@@ -161,9 +149,6 @@ class DeadlineElastic:
                 out[job.key] = JobDecision(job.key, Verdict.REJECTED, {}, f"rejected: {outcome}")
         for key, r in ledger.got.items():
             plans[key].reservation = r
-        for job in ledger.order:
-            if job.key in ledger.moved:
-                plans[job.key].job = job  # with the place it was laid at
         for p in plans.values():
             p.current = held[p.job.key]
         self._size(capacity, plans, max((n.total_gpus for n in snapshot.nodes), default=0), ledger.profile, now)
@@ -266,23 +251,17 @@ class DeadlineElastic:
                 guaranteed_gpus=p.reservation.now_gpus if p.reservation else 0,
                 # A job that lost its guarantee keeps the share it was promised: that it was admitted is kept.
                 share=p.reservation.size if p.reservation else (p.job.share if p.verdict is Verdict.ADMITTED else 0),
-                lay_by=p.job.lay_by if p.verdict is Verdict.ADMITTED else 0.0,
             )
         return decisions
 
 
-# Admission lays admitted jobs ahead of a newcomer (`_lay_ahead`) only for a newcomer that needs at most this
-# share of the cluster's GPU-seconds until its deadline, and in at most this many rounds.
-LAY_AHEAD_AT_MOST = 1 / 32
-LAY_AHEAD_ROUNDS = 4
 # How many trial re-plans a repair may make, and how far back in deadline order it raises shares.
 REPAIR_TRIES = 48
 REPAIR_WINDOW = 10
 
 
 class _Ledger:
-    """Reservations in deadline order (`_laid`: a job laid ahead of a newcomer where it was laid), in a capacity
-    profile, that can take one more job cheaply.
+    """Reservations in deadline order, in a capacity profile, that can take one more job cheaply.
 
     The profile is kept about every CHECKPOINT_EVERY jobs, so adding a job
     replays only the jobs from just before its place in deadline order, and a
@@ -298,7 +277,7 @@ class _Ledger:
         self.now, self.capacity, self.held, self.claimed = now, capacity, held, claimed
         self.floor: dict[str, int] = dict(floor or {})
         self.order: list[JobState] = []
-        self.keys: list[tuple[float, int, float, float, str]] = []  # _laid of each job in order, for bisect
+        self.keys: list[tuple[float, float, str]] = []  # _edf of each job in order, for bisect
         self.got: dict[str, Reservation] = {}
         # Jobs whose reservation ends less than one step's time past their deadline (`_reserve`).
         self.late: set[str] = set()
@@ -310,15 +289,13 @@ class _Ledger:
         self.checkpoints: list[CapacityProfile] = []
         self.at: list[int] = []
         self.profile = CapacityProfile(now, capacity, claimed)
-        # Jobs laid earlier in the order than their snapshot says, by this decision (`relaid`).
-        self.moved: frozenset[str] = frozenset()
 
     @classmethod
     def of(cls, now: float, capacity: int, jobs: list[JobState], held: dict[str, int],
            claimed: tuple[tuple[float, int], ...] = (), floor: dict[str, int] | None = None) -> "_Ledger":
         ledger = cls(now, capacity, held, claimed, floor)
-        ledger.order = sorted(jobs, key=_laid)
-        ledger.keys = [_laid(j) for j in ledger.order]
+        ledger.order = sorted(jobs, key=_edf)
+        ledger.keys = [_edf(j) for j in ledger.order]
         ledger._run(0)
         return ledger
 
@@ -327,7 +304,6 @@ class _Ledger:
         other.order, other.keys, other.got, other.late = self.order, self.keys, dict(self.got), set(self.late)
         other.direct, other.failed = set(self.direct), set(self.failed)
         other.checkpoints, other.at, other.profile = list(self.checkpoints), list(self.at), self.profile
-        other.moved = self.moved
         return other
 
     def with_job(self, job: JobState, replay: "Callable[[], _Ledger | None] | None" = None) -> "_Ledger":
@@ -338,7 +314,7 @@ class _Ledger:
         other.direct.discard(job.key)
         other.failed.discard(job.key)
         other.order = self.order[:position] + [job] + self.order[position:]
-        other.keys = self.keys[:position] + [_laid(job)] + self.keys[position:]
+        other.keys = self.keys[:position] + [_edf(job)] + self.keys[position:]
         c = bisect.bisect_right(self.at, position) - 1
         profile = self.checkpoints[c].copy()
         for before in self.order[self.at[c]:position]:
@@ -378,28 +354,11 @@ class _Ledger:
         first = next((i for i, j in enumerate(self.order) if j.key in keys), len(self.order))
         other = self._derived(self.floor)
         other.order = [j for j in self.order if j.key not in keys]
-        other.keys = [_laid(j) for j in other.order]
+        other.keys = [_edf(j) for j in other.order]
         other.got = {k: r for k, r in self.got.items() if k not in keys}
         other.late = self.late - keys
         other.direct -= keys
         other.failed -= keys
-        c = bisect.bisect_right(self.at, first) - 1
-        other.checkpoints, other.at = other.checkpoints[:c + 1], other.at[:c + 1]
-        other._run(other.at[c])
-        return other
-
-    def relaid(self, jobs: list[JobState]) -> "_Ledger":
-        """A new ledger with `jobs` put in at their place in the order: new jobs, or new versions of jobs here
-        that go no later than before; replayed from the first place that changes (the jobs ahead of it are
-        reserved alike)."""
-        keys = {j.key for j in jobs}
-        other = self._derived(self.floor)
-        other.order = sorted([j for j in self.order if j.key not in keys] + jobs, key=_laid)
-        other.keys = [_laid(j) for j in other.order]
-        other.got = {k: r for k, r in self.got.items() if k not in keys}
-        other.late = self.late - keys
-        other.moved = self.moved | {j.key for j in jobs if j.lay_by}
-        first = min(other.position(j) for j in jobs)
         c = bisect.bisect_right(self.at, first) - 1
         other.checkpoints, other.at = other.checkpoints[:c + 1], other.at[:c + 1]
         other._run(other.at[c])
@@ -458,7 +417,7 @@ class _Ledger:
         return other
 
     def position(self, job: JobState) -> int:
-        return bisect.bisect_left(self.keys, _laid(job))
+        return bisect.bisect_left(self.keys, _edf(job))
 
     def push(self, job: JobState) -> Reservation | None:
         """Reserve for `job`, whose deadline comes after every job's in the ledger, in place: no other
@@ -471,7 +430,7 @@ class _Ledger:
         if r is None:
             return None
         self.order.append(job)
-        self.keys.append(_laid(job))
+        self.keys.append(_edf(job))
         self.got[job.key] = r
         self.direct.discard(job.key)
         self.failed.discard(job.key)
@@ -654,48 +613,9 @@ def _admit(ledger: _Ledger, job: JobState, must: set[str],
         return packed
     if job.key in trial.got:
         lost = sorted(k for k in must if k not in trial.got or k in trial.late - ledger.late)
-        ahead = _lay_ahead(ledger, job, lost, must)
-        if ahead is not None:
-            return ahead
         return f"admitting it would break the guarantee of {', '.join(lost)}"
     # Judge the job against what the others leave, without it.
     return ledger.profile.shortfall(job, _plan_deadline(job, ledger.now)).describe()
-
-
-def _lay_ahead(ledger: _Ledger, job: JobState, blamed: list[str], must: set[str]) -> _Ledger | None:
-    """The ledger with `job` admitted and the admitted jobs `blamed` for refusing it laid just ahead of it in
-    the order (and those that this then breaks, up to LAY_AHEAD_ROUNDS times), if every guarantee and its
-    own then hold; else None. A job laid earlier keeps that place (`lay_by`, fed back), so that every later
-    re-plan lays out the plan this admission was checked against.
-
-    Only for a small newcomer (`_small`): a job laid ahead takes GPUs long before its deadline needs them
-    and pushes back every job it passes, so the plan has less room for later arrivals; a large newcomer
-    admitted so takes what several of them would need."""
-    if not _small(job, ledger.capacity, ledger.now):
-        return None
-    place = _laid(job)
-    after = {j.key for j in ledger.order if _laid(j) > place}
-    ahead: set[str] = set()
-    for _ in range(LAY_AHEAD_ROUNDS):
-        more = (set(blamed) & after) - ahead
-        if not more or job.key in blamed:
-            return None
-        ahead |= more
-        moved = [dataclasses.replace(j, lay_by=job.deadline) for j in ledger.order if j.key in ahead]
-        trial = ledger.relaid(moved + [job])
-        blamed = [k for k in must | {job.key} if k not in trial.got or k in trial.late - ledger.late]
-        if not blamed:
-            return trial
-    return None
-
-
-def _small(job: JobState, capacity: int, now: float) -> bool:
-    """Whether the job needs at most LAY_AHEAD_AT_MOST of the cluster's GPU-seconds until its deadline, at the
-    smallest constant share that meets it on an empty cluster."""
-    sizes = job_sizes(job)[0]
-    first = first_share(job, now, job.deadline)
-    size = sizes[first] if first is not None else sizes[-1]
-    return job.remaining_steps / job.curve.rate(size) * size <= LAY_AHEAD_AT_MOST * capacity * (job.deadline - now)
 
 
 def _next_step(p: _Plan, node_gpus: int) -> tuple[int, float] | None:

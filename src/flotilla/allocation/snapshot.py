@@ -67,9 +67,6 @@ class JobState:
     # The share its guarantee was last planned at (JobDecision.share, fed back): a re-plan keeps at least
     # that much for it, so that the plan every other guarantee was checked against still holds. 0: none.
     share: int = 0
-    # Where its reservation is laid in deadline order, if earlier than its deadline (JobDecision.lay_by, fed
-    # back): admitting a job with that deadline moved it just ahead of it. 0: at its deadline.
-    lay_by: float = 0.0
 
     @property
     def gpus(self) -> int:
@@ -113,9 +110,6 @@ class JobDecision:
     # The share its guarantee is planned at (GPUs up to which it is reserved until it finishes); 0 if none.
     # Feed it back as JobState.share.
     share: int = 0
-    # The deadline its reservation is laid at in the admission order, if earlier than its own (0 if not).
-    # Feed it back as JobState.lay_by.
-    lay_by: float = 0.0
 
     @property
     def gpus(self) -> int:

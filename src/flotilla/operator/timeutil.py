@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from datetime import datetime, timedelta, timezone
+from datetime import datetime, timezone
 
 
 def parse(value: str) -> datetime:
@@ -15,13 +15,3 @@ def to_unix(value: str) -> float:
 
 def rfc3339(ts: float) -> str:
     return datetime.fromtimestamp(ts, tz=timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
-
-
-def rfc3339_not_after(ts: float) -> str:
-    """`rfc3339` to the microsecond where `ts` has a fraction: read back, no later than `ts`."""
-    if ts == int(ts):
-        return rfc3339(ts)
-    at = datetime.fromtimestamp(ts, tz=timezone.utc)
-    if at.timestamp() > ts:
-        at -= timedelta(microseconds=1)
-    return at.strftime("%Y-%m-%dT%H:%M:%S.%fZ")

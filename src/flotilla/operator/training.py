@@ -33,7 +33,7 @@ from flotilla.operator.actions import (
     involved,
 )
 from flotilla.operator.pods import holds_gpus, pod_gpus, worker_job_uid
-from flotilla.operator.timeutil import rfc3339, rfc3339_not_after, to_unix
+from flotilla.operator.timeutil import rfc3339, to_unix
 from flotilla.resources import checkpoint, names, parse, phases, training_job
 from flotilla.resources import node as k8s_node
 
@@ -123,7 +123,6 @@ def job_state(body: Body) -> JobState:
         last_checkpoint_step=job.checkpoint_step,
         resumes_at=_resumes_at(job.reshards, progress, placement, job.restore_seconds),
         share=job.guaranteed_share,
-        lay_by=job.lay_by,
     )
 
 
@@ -553,10 +552,6 @@ def plan_job(body: Body, pods: Iterable[Body], decision: JobDecision | None, now
         # The allocator's input next pass (JobState.share). A larger share is written at once; a smaller one
         # (a job ahead of its plan) with the next write: until then the re-plan falls back on the larger.
         (plan.patch if decision.share > state.share else plan.lazy)["guaranteedShare"] = decision.share
-    if decision and decision.verdict is Verdict.ADMITTED and decision.lay_by != state.lay_by:
-        # Written at once: the next re-plan must lay it where this one checked every guarantee (no later: a
-        # place just ahead of the jobs due then).
-        plan.patch["layBy"] = rfc3339_not_after(decision.lay_by) if decision.lay_by else None
 
     if not current:
         if verdict is Verdict.REJECTED:

@@ -179,9 +179,6 @@ def _training_job_schema() -> Schema:
             "policy": string("Allocation policy that decided the placement.", max_length=64),
             "guaranteedShare": integer("The share (GPUs) the deadline guarantee is planned at; the allocator "
                                        "re-plans from it.", minimum=0),
-            "layBy": string("Where the deadline guarantee is laid in the allocator's admission order, when "
-                            "earlier than the deadline (admitting a job due then moved it ahead); the allocator "
-                            "re-plans from it.", fmt="date-time"),
             "lentTo": array(obj({"serving": string("namespace/name of the ServingDeployment.", max_length=320),
                                  "gpus": integer(minimum=0)}, required=["serving", "gpus"]),
                             "GPUs this job lent to ServingDeployments through the unified pool and has not got "

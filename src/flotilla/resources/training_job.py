@@ -55,7 +55,6 @@ class TrainingJob:
     conditions: tuple[Mapping[str, Any], ...]
     lent_to: Mapping[str, int] = field(default_factory=dict)  # ServingDeployment key -> GPUs lent
     guaranteed_share: int = 0  # status.guaranteedShare: the share its guarantee was last planned at
-    lay_by: float = 0.0  # status.layBy: where its guarantee is laid in the admission order (0: at its deadline)
 
     @property
     def key(self) -> str:
@@ -136,5 +135,4 @@ def parse(obj: Mapping[str, Any]) -> TrainingJob:
         conditions=conditions(status),
         lent_to=keyed_gpus(status, "lentTo", "serving"),
         guaranteed_share=integer(status, "guaranteedShare", "status"),
-        lay_by=parse_time(status.get("layBy"), "status.layBy") or 0.0,
     )

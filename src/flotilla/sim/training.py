@@ -49,7 +49,6 @@ class SimJob:
     rescales: int = 0
     guaranteed: bool = False  # the policy promised it GPUs to meet its deadline at some point
     share: int = 0  # the share its guarantee was last planned at (JobDecision.share)
-    lay_by: float = 0.0  # where its reservation is laid in the admission order (JobDecision.lay_by)
 
     @property
     def gpus(self) -> int:
@@ -67,7 +66,7 @@ class SimJob:
             restore_seconds=t.restore_seconds, best_effort=t.best_effort, placement=dict(self.placement),
             verdict=self.verdict, last_checkpoint_step=done, requested_gpus=t.requested_gpus,
             attained_gpu_seconds=self.attained, resumes_at=self.idle_until,
-            share=self.share, lay_by=self.lay_by,
+            share=self.share,
         )
 
 
@@ -180,7 +179,6 @@ def apply_decision(job: SimJob, decision: JobDecision | None, now: float) -> Non
         job.verdict = decision.verdict
     job.guaranteed = job.guaranteed or decision.guaranteed_gpus > 0
     job.share = decision.share
-    job.lay_by = decision.lay_by
     new = {n: g for n, g in decision.placement.items() if g}
     if new == job.placement:
         return
