@@ -28,7 +28,9 @@ def test_elastic_shrinks_for_an_arrival_and_grows_back_paying_restores():
     assert r.avg_jct_s == pytest.approx((243.3333 + 167.5) / 2)
     # GPU-seconds held (restores included): a 400 + 3 x 143.3, b 143.3 + 4 x 24.2 = 1070 over 4 GPUs x 267.5 s.
     assert r.utilisation == pytest.approx(1.0)
-    assert [(round(t, 1), g) for t, g, _ in r.timeline] == [(0, 4), (100, 4), (243.3, 4), (267.5, 0)]
+    # Re-planned at each arrival and completion, and when a restore ends (a at 110, b at 253.3).
+    assert [(round(t, 1), g) for t, g, _ in r.timeline] == [(0, 4), (100, 4), (110, 4), (243.3, 4), (253.3, 4),
+                                                            (267.5, 0)]
 
 
 def test_fifo_gang_runs_each_job_at_min_gpus_in_order():

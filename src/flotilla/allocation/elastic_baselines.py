@@ -35,9 +35,12 @@ def _held(snapshot: ClusterSnapshot) -> dict[str, int]:
 
 
 def _worth_resizing(job: JobState, current: int, size: int) -> bool:
-    """Whether a running job should move from `current` to a larger `size`: sooner finish, restore included."""
+    """Whether a running job should move from `current` to a larger `size`: sooner finish, restore included. As
+    for `elastic-deadline`, not before its worker set has reported a rate (`JobState.rate_unknown`)."""
     if current == 0 or size <= current:
         return True
+    if job.rate_unknown:
+        return False
     stay = job.remaining_steps / job.curve.rate(current)
     move = job.restore_seconds + (job.remaining_steps + job.steps_since_checkpoint) / job.curve.rate(size)
     return move < stay

@@ -57,7 +57,9 @@ class SimJob:
     def rate(self) -> float:
         return self.trace.curve.rate(self.gpus)
 
-    def state(self) -> JobState:
+    def state(self, now: float) -> JobState:
+        """What the allocator sees at `now`. A job restoring after a resize has not reported a rate on its
+        new worker set yet, as in the operator (`JobState.rate_unknown`)."""
         t = self.trace
         done = min(t.total_steps, math.floor(self.done + _EPS))
         return JobState(
@@ -66,13 +68,13 @@ class SimJob:
             restore_seconds=t.restore_seconds, best_effort=t.best_effort, placement=dict(self.placement),
             verdict=self.verdict, last_checkpoint_step=done, requested_gpus=t.requested_gpus,
             attained_gpu_seconds=self.attained, resumes_at=self.idle_until,
-            share=self.share,
+            share=self.share, rate_unknown=bool(self.placement) and now < self.idle_until,
         )
 
 
 def initial_state(job: TraceJob) -> JobState:
     """The allocator's view of a trace job that has just arrived."""
-    return SimJob(job).state()
+    return SimJob(job).state(job.submit)
 
 
 @dataclass(frozen=True)
@@ -121,7 +123,7 @@ def simulate(trace: Sequence[TraceJob], gpus: int, policy: Allocator, progress: 
             active[job.trace.job_id] = job
             next_arrival += 1
         if active:
-            snapshot = ClusterSnapshot(now, nodes, tuple(j.state() for j in active.values()))
+            snapshot = ClusterSnapshot(now, nodes, tuple(j.state(now) for j in active.values()))
             started = time.perf_counter()
             decision = policy.decide(snapshot)
             decision_s.append(time.perf_counter() - started)
@@ -136,6 +138,8 @@ def simulate(trace: Sequence[TraceJob], gpus: int, policy: Allocator, progress: 
         upcoming = [arrivals[next_arrival].submit] if next_arrival < len(arrivals) else []
         upcoming += [max(now, j.idle_until) + (j.trace.total_steps - j.done) / j.rate()
                      for j in active.values() if j.gpus]
+        # A restore's end: the job's new worker set reports its rate, and the operator plans it again.
+        upcoming += [j.idle_until for j in active.values() if j.gpus and j.idle_until > now + _EPS]
         if not upcoming:
             break  # nothing runs and nothing arrives: what is left can never run
         until = max(min(upcoming), now)

@@ -112,7 +112,7 @@ def simulate(scenario: Scenario, policy: str, pool_policy: PoolPolicy = PoolPoli
     now = 0.0
     while now < scenario.duration_s - 1e-9:
         active = [j for j in jobs if j.trace.submit <= now and j.finish is None and j.verdict is not Verdict.REJECTED]
-        states = tuple(j.state() for j in active)
+        states = tuple(j.state(now) for j in active)
         decisions: dict[str, JobDecision]
         if policy == "unified":
             pool = decide(PoolSnapshot(now, nodes, states, tuple(
