@@ -31,8 +31,7 @@ def _run(jobs, gpus, seed, arrivals, factor) -> SimResult:
 
 
 @pytest.mark.parametrize("jobs, gpus, seed, arrivals, factor, old_met, old_broken", OLD)
-def test_no_broken_promises_where_the_previous_allocator_broke_some(jobs, gpus, seed, arrivals, factor, old_met,
-                                                                    old_broken):
+def test_no_promise_broken(jobs, gpus, seed, arrivals, factor, old_met, old_broken):
     r = _run(jobs, gpus, seed, arrivals, factor)
     assert r.admitted_missed == 0, r.summary()
 
