@@ -166,10 +166,16 @@ async function refresh(force = false) {
   if (!force && text === state.last) return;
   state.last = text;
   const focused = document.activeElement && document.activeElement.dataset.key;
+  // What a person is typing survives the redraw: a form field they changed keeps its value and its focus.
+  const edited = [...view.querySelectorAll("input[id], textarea[id]")]
+    .filter((el) => el.value !== el.defaultValue).map((el) => [el.id, el.value]);
+  const typing = view.contains(document.activeElement) && document.activeElement.id;
   const built = pages[page].render(data, arg);
   view.replaceChildren(...[built].flat(Infinity));
   document.title = `${pages[page].title} · Flotilla`;
+  for (const [id, value] of edited) { const el = document.getElementById(id); if (el) el.value = value; }
   if (focused) view.querySelector(`[data-key="${CSS.escape(focused)}"]`)?.focus();
+  else if (typing) document.getElementById(typing)?.focus();
   for (const a of document.querySelectorAll("header nav a")) {
     const p = a.dataset.page;
     const current = p === page || (p === "training" && page === "job") || (p === "serving" && page === "servingOne")
