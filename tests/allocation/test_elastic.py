@@ -193,7 +193,7 @@ def test_a_ledger_without_some_jobs_equals_reserving_the_others_from_scratch():
         kept = [j for j in jobs if j.key not in left_out]
         derived = _Ledger.of(0.0, 24, jobs, held).without(left_out)
         scratch = _Ledger.of(0.0, 24, kept, held)
-        assert derived.got == scratch.got and derived.late == scratch.late
+        assert derived.got == scratch.got and derived.tight == scratch.tight
         assert [j.key for j in derived.order] == [j.key for j in scratch.order] and derived.at == scratch.at
         assert (derived.profile._free == scratch.profile._free).all()
         late = job("late", 300, 900, max_gpus=8)
@@ -230,7 +230,7 @@ def _refloored_trials(seed: int, trials: int = 12):
 
 
 def _same_ledger(a, b) -> bool:
-    return (a.got == b.got and a.late == b.late and [j.key for j in a.order] == [j.key for j in b.order]
+    return (a.got == b.got and a.tight == b.tight and [j.key for j in a.order] == [j.key for j in b.order]
             and (a.profile.bounds == b.profile.bounds).all() and (a.profile._free == b.profile._free).all())
 
 

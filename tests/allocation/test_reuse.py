@@ -73,7 +73,7 @@ def _trials(seed: int, trials: int = 30):
 
 
 def _same_ledger(a, b) -> bool:
-    return (a.got == b.got and a.late == b.late and [j.key for j in a.order] == [j.key for j in b.order]
+    return (a.got == b.got and a.tight == b.tight and [j.key for j in a.order] == [j.key for j in b.order]
             and (a.profile.bounds == b.profile.bounds).all() and (a.profile._free == b.profile._free).all())
 
 

@@ -46,10 +46,10 @@ def test_the_pools_second_allocator_run_only_when_serving_borrows_with_the_same_
     short = []  # steps where a ServingDeployment was short of GPUs (borrowed, or said why not)
     for step in range(10):
         churn(world, step)
-        if step == 5:  # a burst: serving wants 10 GPUs on a full cluster, and borrows from training
+        if step == 5:  # a burst: serving wants 18 GPUs on a full cluster, and borrows from training
             spec = world.servings["ns/chat"]["spec"]
-            world.servings["ns/chat"]["spec"] = {**spec, "maxGPUs": 12, "planner": {
-                **spec["planner"], "prefillReplicas": 5, "decodeReplicas": 5}}
+            world.servings["ns/chat"]["spec"] = {**spec, "maxGPUs": 20, "planner": {
+                **spec["planner"], "prefillReplicas": 9, "decodeReplicas": 9}}
         results = {}
         for mode in ("eager", "lazy"):
             monkeypatch.setattr(arbiter._Protected, "__init__", eager_init(lazy_init) if mode == "eager" else lazy_init)

@@ -36,20 +36,16 @@ def test_no_promise_broken(jobs, gpus, seed, arrivals, factor, old_met, old_brok
     assert r.admitted_missed == 0, r.summary()
 
 
-# Where this allocator meets fewer than the previous one, a strict xfail that says why (a fix makes it fail, and
-# the mark goes). The previous allocator broke promises there (it dropped a guarantee a re-plan could not
-# re-derive, and admitted newcomers in its place); this one keeps every promise, and refuses the newcomers that
-# would break one: on the bursty trace 268 of 300 against 278 (long admitted jobs that wait behind jobs with
-# earlier deadlines make admission refuse newcomers, "would break the guarantee of": the reservation order, not
-# the capacity). See docs/training.md, "Where the allocator still loses".
-_FEWER = {
-    "bursty": pytest.mark.xfail(strict=True,
-                                reason="bursty trace: 268 met against the previous allocator's 278 (4 broken)"),
-}
+def test_no_promise_broken_where_plans_with_no_time_to_spare_broke_one():
+    # The held-out 256-GPU shape on a seed of its own (used to tune the headroom admission keeps, never
+    # reported as held-out). Without the headroom an admitted job missed here (7603ca0: 718 met, 1 broken), as
+    # on held-out seed 15, where a job admitted with 0.3 s to spare lost its guarantee when a plan ahead of it
+    # moved by a re-derived share.
+    r = _run(1000, 256, 21, "poisson", (0.5, 1.5))
+    assert r.admitted_missed == 0, r.summary()
 
 
-@pytest.mark.parametrize("jobs, gpus, seed, arrivals, factor, old_met, old_broken",
-                         [pytest.param(*t, marks=_FEWER.get(t[3], ())) for t in OLD])
+@pytest.mark.parametrize("jobs, gpus, seed, arrivals, factor, old_met, old_broken", OLD)
 def test_as_many_deadlines_met_as_before(jobs, gpus, seed, arrivals, factor, old_met, old_broken):
     r = _run(jobs, gpus, seed, arrivals, factor)
     assert r.deadlines_met >= old_met, r.summary()

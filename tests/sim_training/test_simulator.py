@@ -18,11 +18,12 @@ def tj(job_id, submit, steps, deadline, restore=10.0):
 
 
 def test_elastic_shrinks_for_an_arrival_and_grows_back_paying_restores():
-    # a runs alone on 4 GPUs. At t=100 (400 of 800 steps done) b arrives needing 200 steps by 300:
-    # 1 GPU does it (a fresh job pays no restore). a shrinks to 3 (restore until 110) and finishes its
+    # a runs alone on 4 GPUs. At t=100 (400 of 800 steps done) b arrives needing 200 steps by 320:
+    # 1 GPU does it with 20 s to spare (a fresh job pays no restore; admission keeps half a 10 s restore in
+    # hand). a shrinks to 3 (restore until 110) and finishes its
     # 400 steps at 110 + 400/3 = 243.3. b has then done 143.3; growing to 4 (10 s restore, 14.2 s) beats
     # staying on 1 (56.7 s): it finishes at 267.5.
-    trace = [tj("a", 0, 800, 1000), tj("b", 100, 200, 300)]
+    trace = [tj("a", 0, 800, 1000), tj("b", 100, 200, 320)]
     r = simulate(trace, 4, policies.get("elastic-deadline"))
     assert (r.deadlines_met, r.admitted, r.rejected, r.rescales, r.guarantees_missed) == (2, 2, 0, 2, 0)
     assert r.avg_jct_s == pytest.approx((243.3333 + 167.5) / 2)

@@ -2,7 +2,8 @@
 
 1. Admission: admitted jobs are reserved in deadline order in a capacity
    profile over time (see admission.py); a new job is admitted only if it and
-   every admitted job still get a reservation, the others' re-planned if need
+   every admitted job still get a reservation that ends some time before the
+   deadline (`_headroom`), the others' re-planned if need
    be (`_Ledger.repair`), and a re-plan that would lose an admitted job's
    reservation is repaired the same way. Admission is
    decided once: an admitted job stays admitted, and if a lost node makes its
@@ -41,6 +42,37 @@ def _edf(job: JobState) -> tuple[float, float, str]:
 def _pause(job: JobState, now: float) -> float:
     """Seconds from `now` until the job trains again after a resize (0 if it trains now)."""
     return max(0.0, job.resumes_at - now)
+
+
+# How many of its own restores' time an admission must leave every guaranteed job to spare (`_headroom`),
+# and those words for reasons. Tuned on the --quick traces and three of bench/training.py's 256-GPU shape
+# (seeds 21-23), none of them reported as held-out figures: 0.25 still broke a promise there, 0.5 and 1 none.
+HEADROOM_RESTORES = 0.5
+HEADROOM_WORDS = "half a restore's time"
+
+
+def _headroom(job: JobState) -> float:
+    """Seconds before its deadline by which admission keeps a guaranteed job able to finish.
+
+    A plan is made on what is known now; the others' plans move a little at every re-plan (a share re-derived
+    from their progress, a restore that ends later than planned), and a plan with no time to spare is lost to
+    the first such move. Part of a restore's time of its own is kept for that: a newcomer that would leave an
+    admitted job less, or have less itself, is not admitted. The guarantee itself still holds to the deadline
+    (`_Ledger.tight`)."""
+    return HEADROOM_RESTORES * job.restore_seconds
+
+
+def _reserve_deadline(job: JobState) -> float:
+    return job.deadline - _headroom(job)
+
+
+def _tight_from(ledger: "_Ledger", newcomers: list[JobState]) -> bool:
+    """Whether any job of `ledger` at or after the first of `newcomers` in deadline order is tight: one the
+    newcomers may have squeezed (a tight job ahead of them all is reserved alike without them)."""
+    if not ledger.tight or not newcomers:
+        return False
+    first = min(_edf(j) for j in newcomers)
+    return any(_edf(j) >= first for j in ledger.order if j.key in ledger.tight)
 
 
 def _plan_deadline(job: JobState, now: float) -> float:
@@ -99,7 +131,7 @@ class DeadlineElastic:
         eligible = [j for j in candidates if j.deadline > now and job_sizes(j)[0]]
         ledger = _Ledger.of(now, capacity, admitted + eligible, held, snapshot.claimed)
         whole: _Ledger | None = None  # that layout, where the newcomers are then tried one by one
-        if all(k in ledger.got for k in admitted_keys | {j.key for j in eligible}) and not ledger.late:
+        if all(k in ledger.got for k in admitted_keys | {j.key for j in eligible}) and not _tight_from(ledger, eligible):
             # Every guarantee holds with every newcomer admitted (the usual case): one layout of the ledger,
             # the one admitting them one by one would end with.
             for job in eligible:
@@ -284,8 +316,8 @@ class _Ledger:
         self.order: list[JobState] = []
         self.keys: list[tuple[float, float, str]] = []  # _edf of each job in order, for bisect
         self.got: dict[str, Reservation] = {}
-        # Jobs whose reservation ends less than one step's time past their deadline (`_reserve`).
-        self.late: set[str] = set()
+        # Jobs reserved without their headroom: only to their deadline itself (`_reserve_how`).
+        self.tight: set[str] = set()
         # How `_reserve` went for jobs laid out by `_run` (see `refloored`): the first try gave the
         # reservation (`direct`), or every try failed (`failed`).
         self.direct: set[str] = set()
@@ -306,7 +338,7 @@ class _Ledger:
 
     def _derived(self, floor: dict[str, int]) -> "_Ledger":
         other = _Ledger(self.now, self.capacity, self.held, self.claimed, floor)
-        other.order, other.keys, other.got, other.late = self.order, self.keys, dict(self.got), set(self.late)
+        other.order, other.keys, other.got, other.tight = self.order, self.keys, dict(self.got), set(self.tight)
         other.direct, other.failed = set(self.direct), set(self.failed)
         other.checkpoints, other.at, other.profile = list(self.checkpoints), list(self.at), self.profile
         return other
@@ -324,9 +356,11 @@ class _Ledger:
         profile = self.checkpoints[c].copy()
         for before in self.order[self.at[c]:position]:
             self._reserve(profile, before)
-        r = self._reserve(profile, job)
+        r, _, tight = self._reserve_how(profile, job)
         if r is not None and position < len(self.order) and other._take_in(position, c, profile.last):
             other.got[job.key] = r
+            if tight:
+                other.tight.add(job.key)
             # The jobs after it keep their reservations, but how `_reserve` got them is not known again.
             after = {j.key for j in self.order[position:]}
             other.direct -= after
@@ -370,7 +404,7 @@ class _Ledger:
         other.order = [j for j in self.order if j.key not in keys]
         other.keys = [_edf(j) for j in other.order]
         other.got = {k: r for k, r in self.got.items() if k not in keys}
-        other.late = self.late - keys
+        other.tight = self.tight - keys
         other.direct -= keys
         other.failed -= keys
         c = bisect.bisect_right(self.at, first) - 1
@@ -406,20 +440,21 @@ class _Ledger:
             return True
         if job.key not in self.direct and job.key not in self.failed:
             return False
-        first = first_share(job, self.now, job.deadline, old)
+        first = first_share(job, self.now, _reserve_deadline(job), old)
         if job.key in self.direct:
-            return first == first_share(job, self.now, job.deadline, at_least)
+            return first == first_share(job, self.now, _reserve_deadline(job), at_least)
         return self._tries(job, at_least) <= self._tries(job, old)
 
     def _tries(self, job: JobState, at_least: int) -> set[int | None]:
         """The `CapacityProfile.reserve` calls `_reserve` makes with the floor `at_least` if each fails, each as
         where its search starts: they differ only in their own floor, which enters only through that."""
         held = self.held.get(job.key, 0)
-        tries = {first_share(job, self.now, job.deadline, at_least)}
+        deadline = _reserve_deadline(job)
+        tries = {first_share(job, self.now, deadline, at_least)}
         if held > at_least:
-            tries.add(first_share(job, self.now, job.deadline, held))
+            tries.add(first_share(job, self.now, deadline, held))
         if at_least:
-            tries.add(first_share(job, self.now, job.deadline))
+            tries.add(first_share(job, self.now, deadline))
         return tries
 
     def raised(self, changes: dict[str, int], start: int) -> "_Ledger":
@@ -437,11 +472,11 @@ class _Ledger:
         """Reserve for `job`, whose deadline comes after every job's in the ledger, in place: no other
         reservation can change, so nothing is replayed (what `with_job` would give, at the cost of one
         reservation; the usual case when jobs arrive with deadlines a fixed time ahead). None: it does
-        not fit, and the ledger is unchanged."""
+        not fit with its headroom, and the ledger is unchanged."""
         assert self.position(job) == len(self.order), "push() takes only a job that goes last in deadline order"
         profile = self.profile.copy()
-        r = self._reserve(profile, job)
-        if r is None:
+        r, _, tight = self._reserve_how(profile, job)
+        if r is None or tight:
             return None
         self.order.append(job)
         self.keys.append(_edf(job))
@@ -451,16 +486,6 @@ class _Ledger:
         self.profile = profile
         self._checkpoint()
         return r
-
-    def fits(self, job: JobState) -> bool:
-        """Whether `job` gets a reservation at its place in deadline order (what `with_job` would give
-        it), without replaying the jobs after it: a cheap test before the full one."""
-        position = self.position(job)
-        c = bisect.bisect_right(self.at, position) - 1
-        profile = self.checkpoints[c].copy()
-        for other in self.order[self.at[c]:position]:
-            self._reserve(profile, other)
-        return self._reserve(profile, job) is not None
 
     def lost(self, must: set[str]) -> list[int]:
         """Positions of the jobs in `must` that have no reservation."""
@@ -522,22 +547,30 @@ class _Ledger:
     def _reserve(self, profile: CapacityProfile, job: JobState) -> Reservation | None:
         return self._reserve_how(profile, job)[0]
 
-    def _reserve_how(self, profile: CapacityProfile, job: JobState) -> tuple[Reservation | None, bool]:
-        """The job's reservation (None if none), and whether the first try gave it."""
+    def _reserve_how(self, profile: CapacityProfile, job: JobState) -> tuple[Reservation | None, bool, bool]:
+        """The job's reservation (None if none); whether the first try gave it; and whether it is tight:
+        no try could keep its headroom (`_headroom`), and it is reserved to its deadline itself."""
         at_least, held = self.floor.get(job.key, 0), self.held.get(job.key, 0)
         pause = _pause(job, self.now)
-        r = profile.reserve(job, job.deadline, at_least=at_least, current=held, pause=pause)
+        deadline = _reserve_deadline(job)
+        r = profile.reserve(job, deadline, at_least=at_least, current=held, pause=pause)
         if r is not None:
-            return r, True
+            return r, True, False
         if held > at_least:
             # Each resize costs a restore, so a share that is not enough at the smallest size that works
             # without them may be enough at the size it holds now (no resize): try from there.
-            r = profile.reserve(job, job.deadline, at_least=held, current=held, pause=pause)
+            r = profile.reserve(job, deadline, at_least=held, current=held, pause=pause)
         if r is None and at_least:
             # Restores make a larger share not always better (a share that follows the free GPUs up and
             # down pays more of them): a smaller one may still work.
-            r = profile.reserve(job, job.deadline, current=held, pause=pause)
-        return r, False
+            r = profile.reserve(job, deadline, current=held, pause=pause)
+        if r is not None or job.deadline <= self.now:
+            return r, False, False
+        # An admitted job keeps its guarantee to its deadline itself when the others leave it no headroom (no
+        # admission may cause this: `_admit`). Progress is read in whole steps: a job that has started may be
+        # up to a step further along than read, so its plan may end a step's time past the deadline.
+        r = profile.reserve(job, job.deadline, current=held, pause=pause, grace_steps=1 if job.done_steps else 0)
+        return r, False, r is not None
 
     def _checkpoint(self) -> None:
         """Keep the profile as it is now, before the next job, if the last kept one is far enough back."""
@@ -559,22 +592,16 @@ class _Ledger:
                 self.at.append(i)
                 last = i
             job = self.order[i]
-            self.late.discard(job.key)
+            self.tight.discard(job.key)
             self.direct.discard(job.key)
             self.failed.discard(job.key)
-            r, direct = self._reserve_how(profile, job)
+            r, direct, tight = self._reserve_how(profile, job)
             if direct:
                 self.direct.add(job.key)
-            elif r is None:
-                self.failed.add(job.key)
-            if r is None and job.done_steps and job.deadline > self.now:
-                # Progress is read in whole steps: a job planned to finish just before its deadline may
-                # be read as up to a step short of where it is. Its guarantee is not dropped over less
-                # than one step's time (it would then get no GPU at all); no admission may cause this.
-                r = profile.reserve(job, job.deadline, current=self.held.get(job.key, 0),
-                                    pause=_pause(job, self.now), grace_steps=1)
-                if r is not None:
-                    self.late.add(job.key)
+            elif r is None or tight:
+                self.failed.add(job.key)  # every try with its headroom failed
+            if tight:
+                self.tight.add(job.key)
             if r is not None:
                 self.got[job.key] = r
             else:
@@ -642,17 +669,25 @@ def _admit(ledger: _Ledger, job: JobState, must: set[str],
     if position == len(ledger.order) and ledger.push(job):
         return ledger
     trial = ledger.with_job(job, replay)
-    if job.key in trial.got and all(k in trial.got for k in must) and trial.late <= ledger.late:
+    judged = must | {job.key}  # tight in a trial where they were not: squeezed by it, or itself short
+    if job.key in trial.got and all(k in trial.got for k in must) and trial.tight & judged <= ledger.tight:
         return trial
     # It does not fit as the others are reserved: re-plan their reservations (keep running jobs as they
     # are, raise earlier jobs' shares so that they finish sooner) and admit it if every guarantee and its
     # own then hold.
     packed = trial.repair(must | {job.key})
-    if all(k in packed.got for k in must | {job.key}) and packed.late <= ledger.late:
+    if all(k in packed.got for k in judged) and packed.tight & judged <= ledger.tight:
         return packed
     if job.key in trial.got:
-        lost = sorted(k for k in must if k not in trial.got or k in trial.late - ledger.late)
-        return f"admitting it would break the guarantee of {', '.join(lost)}"
+        lost = sorted(k for k in must if k not in trial.got)
+        if lost:
+            return f"admitting it would break the guarantee of {', '.join(lost)}"
+        squeezed = sorted(k for k in must if k in trial.tight - ledger.tight)
+        if squeezed:
+            return (f"admitting it would put the guarantee of {', '.join(squeezed)} at risk: less than "
+                    f"{HEADROOM_WORDS} to spare before the deadline")
+        return (f"it could finish only within {_headroom(job):.0f} s of its deadline ({HEADROOM_WORDS}), "
+                f"which admission keeps in hand for every guaranteed job")
     # Judge the job against what the others leave, without it.
     return ledger.profile.shortfall(job, _plan_deadline(job, ledger.now)).describe()
 
