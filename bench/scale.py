@@ -307,8 +307,9 @@ def kwok_lag(state: Path, namespace: str) -> dict[str, Any]:
 
 
 def component_cpu(state: Path) -> dict[str, float]:
-    """CPU seconds so far of each control-plane process e2e/cluster.sh started (its PID files)."""
-    out = {}
+    """CPU seconds so far of each control-plane process e2e/cluster.sh started (its PID files), and of this
+    bench ("bench": its client's requests and its watches, on the same cores)."""
+    out = {"bench": cpu_seconds(os.getpid())}
     for pidfile in sorted((state / "run").glob("*.pid")):
         try:
             out[pidfile.stem] = cpu_seconds(int(pidfile.read_text()))
