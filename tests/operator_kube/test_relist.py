@@ -4,6 +4,8 @@ news that arrived after the list was requested stays, and our answered writes st
 import asyncio
 import copy
 
+import pytest
+
 from flotilla.operator import relist
 from flotilla.operator.actions import PatchStatus
 from flotilla.operator.relist import Relister
@@ -121,6 +123,13 @@ def test_a_pod_deleted_during_an_outage_goes_at_the_first_list_after_it(monkeypa
         assert list(view.pods) == ["ns/j-g0-w0"] and set(lister.calls) == set(relist.KINDS)
 
     asyncio.run(asyncio.wait_for(scenario(), timeout=5))
+
+
+def test_a_slow_full_list_stretches_the_period_and_a_quick_one_keeps_it():
+    relister = Relister(View(), FlakyLister({}), every_s=60)
+    assert relister.period(0.2) == 60
+    assert relister.period(3.0) == 60
+    assert relister.period(6.0) == pytest.approx(114)  # at most RELIST_SHARE (5 %) of the time listing
 
 
 class Pages:

@@ -60,6 +60,32 @@ def test_a_finished_job_keeps_only_its_identity_and_its_pods_are_pruned():
     assert sorted(view.pods) == ["ns/" + wname("early", 0, 0), "ns/" + wname("live", 0, 0)]
 
 
+def test_pruned_pods_stay_out_when_listed_or_patched_again_unless_they_hold_gpus():
+    """At 15,000 jobs a re-list sends every finished job's pods again; they must not come back to be trimmed,
+    planned with and pruned once more."""
+    view = View()
+    view.put("jobs", trainingjob("done", status={"phase": "Succeeded"}))
+    view.put("jobs", trainingjob("live", status={"phase": "Running"}))
+    finished, live = pod(wname("done", 0, 0), "done", 0, "Succeeded"), pod(wname("live", 0, 0), "live", 0, "Succeeded")
+    serving = pod("sd-prefill", "sd", 0, "Pending", node_name="", role="prefill")
+    for p in (finished, live, serving):
+        view.put("pods", p)
+    view.prune()
+    assert sorted(view.pods) == ["ns/" + wname("live", 0, 0), "ns/sd-prefill"]
+    assert not view.record("pods", {"type": "MODIFIED", "object": finished})
+    assert view.relisted("pods", [finished, live, serving], requested_at=view.clock()) == []
+    assert "ns/" + wname("done", 0, 0) not in view.pods and not view.wake.is_set()
+    # One that holds GPUs again (the API server's word, however odd) is planned with.
+    assert view.record("pods", {"type": "MODIFIED", "object": pod(wname("done", 0, 0), "done", 0, "Running")})
+    assert "ns/" + wname("done", 0, 0) in view.pods
+    # A job deleted and made again under the same name has another UID: the old one's pods are no longer
+    # pruned, and the garbage collector deletes them.
+    view.put("jobs", {**trainingjob("done"), "metadata": {**trainingjob("done")["metadata"], "uid": "uid-again"}})
+    view.prune()
+    view.record("pods", {"type": "DELETED", "object": finished})
+    assert view.record("pods", {"type": "ADDED", "object": finished})
+
+
 def test_events_are_taken_in_the_order_they_arrive_and_resource_versions_are_opaque():
     view = View()
     first = trainingjob("j", status={"phase": "Admitted"})

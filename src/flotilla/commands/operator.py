@@ -56,7 +56,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "later pass (default: %(default)s)")
     parser.add_argument("--relist-seconds", type=float, default=60.0, metavar="SECONDS",
                         help="list everything watched this often, to drop objects deleted while a watch was "
-                             "down (default: %(default)s); also done soon after any watch re-lists")
+                             "down (default: %(default)s; longer while one list of everything takes over 5%% "
+                             "of that); also done soon after any watch re-lists")
     parser.add_argument("--agent-port", type=int, default=names.DEFAULT_AGENT_PORT, metavar="PORT",
                         help="UDP port of the node agents' step-time intake, given to worker pods as "
                              "FLOTILLA_AGENT_PORT (default %(default)s; the chart sets agent.stepPort)")

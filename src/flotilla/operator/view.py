@@ -82,6 +82,9 @@ class View:
     _created: dict[str, float] = field(default_factory=dict)  # pod key -> when this operator created it
     _applied: dict[str, tuple[str, float]] = field(default_factory=dict)  # endpoint object -> (manifest, when)
     relist_wake: asyncio.Event = field(default_factory=asyncio.Event)  # set: list every kind now
+    # The finished jobs' UIDs as of the last `prune`: their pods that hold no GPUs are not taken back into the
+    # view (a re-list lists them all again; a late status patch sends them again).
+    _pruned: set[str] = field(default_factory=set)
     # When the first TrainingJob new to the view arrived since the loop last took it (`taken`); None: none.
     first_arrival: float | None = None
     # When the latest TrainingJob new to the view arrived, and the latest of those a pass has taken.
@@ -114,11 +117,14 @@ class View:
         whether what planning reads changed. An object that did not change is kept as it was (the same
         dict: the planner tells changed objects by identity, flotilla.operator.reconcile.Planner)."""
         key = key_of(obj)
+        store = getattr(self, kind)
         if kind == "pods":
             self._created.pop(key, None)
+            if key not in store and (uid := worker_job_uid(obj)) is not None and uid in self._pruned \
+                    and not holds_gpus(obj):
+                return False
         seen = _TRIM.get(kind, trim.other)(obj)
         written = self._written.get((kind, key))
-        store = getattr(self, kind)
         if kind == "jobs" and key not in store:
             self.last_arrival = self.clock()
             if self.first_arrival is None:
@@ -242,10 +248,12 @@ class View:
 
     def prune(self) -> None:
         """Forget the pods of finished jobs once they hold no GPUs: a pass then plans with live ones only.
-        (A job not seen yet keeps its pods: at start-up the pods may be listed before the jobs.)"""
-        finished = {body["metadata"].get("uid") for body in self.jobs.values() if training.is_final(body)}
+        (A job not seen yet keeps its pods: at start-up the pods may be listed before the jobs.) Until the next
+        prune, such pods are not taken back into the view."""
+        self._pruned = {uid for body in self.jobs.values()
+                        if training.is_final(body) and (uid := body["metadata"].get("uid")) is not None}
         for key, pod in list(self.pods.items()):
-            if (uid := worker_job_uid(pod)) is not None and uid in finished and not holds_gpus(pod):
+            if worker_job_uid(pod) in self._pruned and not holds_gpus(pod):
                 del self.pods[key]
 
 
