@@ -730,13 +730,17 @@ def clear_pods(core: Any, namespace: str, timeout: float) -> None:
     for the direct phase's pods (15,000 of them in the full run)."""
     from kubernetes.client.exceptions import ApiException
 
+    deleting = [True]  # a deletion of them all is still to be sent (again after a 504)
+
     def gone() -> tuple[bool, str]:
-        try:
-            core.delete_collection_namespaced_pod(namespace, grace_period_seconds=0)
-        except ApiException as e:  # 504: the API server gave up partway (15,000 pods on a busy machine); again
-            if e.status != 504:
-                raise
-            return False, "504 from a deletion of them all"
+        if deleting[0]:
+            try:
+                core.delete_collection_namespaced_pod(namespace, grace_period_seconds=0)
+            except ApiException as e:  # 504: the API server gave up partway (15,000 pods on a busy machine)
+                if e.status != 504:
+                    raise
+                return False, "504 from a deletion of them all"
+            deleting[0] = False
         return not core.list_namespaced_pod(namespace, limit=1).items, "some left"
 
     wait_until(f"the pods in {namespace} to go", gone, timeout, 1.0)
