@@ -6,6 +6,22 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 t0=$SECONDS
+
+# Fail at once, and say why, where the disk cannot hold what the run is about to install: a fresh
+# .venv is ~7.5 GiB (PyTorch and its CUDA wheels) plus the wheels on their way in. pip's own
+# "No space left on device" comes minutes later and names nothing.
+need_gib() {  # PATH GIB WHAT
+  local free_gib
+  free_gib=$(( $(df -Pk "$1" | awk 'NR==2 {print $4}') / 1048576 ))
+  if [ "$free_gib" -lt "$2" ]; then
+    echo "[test] error: $3 needs ~$2 GiB free on the disk holding $1; it has $free_gib GiB." >&2
+    echo "[test] Free space there (old clones, .venv directories, /tmp), then run this again." >&2
+    exit 1
+  fi
+}
+[ -e .venv/.installed ] || need_gib . 12 "a fresh Python environment (.venv)"
+need_gib . 2 "the test cluster and its logs"
+
 scripts/install-system-deps.sh
 make -s venv
 echo "[test] environment ready in $((SECONDS - t0))s"
