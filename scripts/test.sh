@@ -8,8 +8,8 @@ cd "$(dirname "$0")/.."
 t0=$SECONDS
 
 # Fail at once, and say why, where the disk cannot hold what the run is about to install: a fresh
-# .venv is ~7.5 GiB (PyTorch and its CUDA wheels) plus the wheels on their way in. pip's own
-# "No space left on device" comes minutes later and names nothing.
+# .venv is ~7.5 GiB (PyTorch and its CUDA wheels), and a fresh clone's install took 11.2 GiB at its
+# peak, wheels on their way in included. pip's own "No space left on device" names nothing.
 need_gib() {  # PATH GIB WHAT
   local free_gib
   free_gib=$(( $(df -Pk "$1" | awk 'NR==2 {print $4}') / 1048576 ))
