@@ -85,7 +85,7 @@ def main() -> int:
 
     from kubernetes import client, config
 
-    cluster = scale.Cluster(args.state.resolve(), args.port_base, args.nodes, 240)
+    cluster = scale.Cluster(args.state.resolve(), args.port_base, args.nodes, 240, scale.KWOK_POD_WORKERS)
     results: dict[str, float] = {}
     try:
         cluster.up()

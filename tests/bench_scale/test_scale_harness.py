@@ -96,3 +96,20 @@ def test_the_kwok_pod_workers_a_cluster_was_started_with_are_read_from_its_state
     assert cluster.kwok_pod_workers() is None  # no cluster there
     (tmp_path / "kwok-config.yaml").write_text("kind: KwokConfiguration\noptions:\n  podPlayStageParallelism: 8\n")
     assert cluster.kwok_pod_workers() == 8
+
+
+def test_a_direct_job_of_two_workers_gets_the_headless_service_its_pods_resolve_under():
+    two = scale.Job("job-00001", 16, 8, 5.0)
+    service = scale.direct_service(two)
+    assert service is not None and service["spec"]["clusterIP"] == "None"
+    pods = scale.direct_pods(two)
+    assert [p["spec"]["subdomain"] for p in pods] == [service["metadata"]["name"]] * 2
+    assert [p["spec"]["hostname"] for p in pods] == [p["metadata"]["name"] for p in pods]
+    selector = service["spec"]["selector"].items()
+    assert all(selector <= p["metadata"]["labels"].items() for p in pods)
+
+
+def test_a_direct_job_of_one_worker_gets_no_service():
+    one = scale.Job("job-00002", 8, 8, 5.0)
+    assert scale.direct_service(one) is None
+    assert "subdomain" not in scale.direct_pods(one)[0]["spec"]
