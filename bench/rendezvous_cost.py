@@ -41,6 +41,7 @@ import scale  # noqa: E402
 COMPONENTS = ("etcd", "kube-apiserver", "kube-controller-manager")
 ARMS = ("pairs", "pairs+service", "stale-services")
 JOB_LABEL, ROLE_LABEL = "bench.flotilla.dev/job", "bench.flotilla.dev/role"
+WAIT_S = 600.0
 
 
 def headless_service(name: str, job: str) -> dict[str, Any]:
@@ -60,19 +61,12 @@ def pod(name: str, job: str, node: str, subdomain: str | None) -> dict[str, Any]
                                                   ROLE_LABEL: "worker"}}, "spec": spec}
 
 
-def wait(what: str, done: Any, timeout: float = 600) -> None:
-    deadline = time.monotonic() + timeout
-    while not done():
-        if time.monotonic() > deadline:
-            raise SystemExit(f"timed out waiting for {what}")
-        time.sleep(1)
-
-
 def run_arm(core: Any, state: Path, arm: str, run: int, pods: int, stale: int, nodes: list[str],
             pool: ThreadPoolExecutor) -> dict[str, Any]:
     ns = f"rdzv-{arm.replace('+', '-')}-{run}-{int(time.time())}"
     core.create_namespace({"metadata": {"name": ns}})
-    wait("the namespace's default ServiceAccount", lambda: core.list_namespaced_service_account(ns).items)
+    scale.wait_until("the namespace's default ServiceAccount", lambda: (
+        bool(core.list_namespaced_service_account(ns).items), "none yet"), WAIT_S, 1.0)
     if arm == "stale-services":
         list(pool.map(lambda i: core.create_namespaced_service(
             ns, headless_service(f"done-{i:05d}-rdzv", f"done-{uuid.uuid4().hex[:8]}")), range(stale)))
@@ -86,12 +80,16 @@ def run_arm(core: Any, state: Path, arm: str, run: int, pods: int, stale: int, n
         for rank in range(2):
             core.create_namespaced_pod(ns, pod(f"{name}-w{rank}", name, nodes[(2 * j + rank) % len(nodes)], service))
 
+    def running() -> tuple[bool, str]:
+        count = sum(p.status.phase == "Running" for p in core.list_namespaced_pod(ns).items)
+        return count >= pods, f"{count} of {pods} running"
+
     before, started = scale.component_cpu(state), time.monotonic()
     list(pool.map(job, range(pods // 2)))
-    wait("KWOK to run every pod", lambda: sum(
-        p.status.phase == "Running" for p in core.list_namespaced_pod(ns).items) >= pods)
+    scale.wait_until("KWOK to run every pod", running, WAIT_S, 1.0)
     core.delete_collection_namespaced_pod(ns, grace_period_seconds=0)
-    wait("the pods to go", lambda: not core.list_namespaced_pod(ns, limit=1).items)
+    scale.wait_until("the pods to go", lambda: (not core.list_namespaced_pod(ns, limit=1).items, "some left"),
+                     WAIT_S, 1.0)
     time.sleep(10)  # the controllers' last Endpoints and EndpointSlice writes
     spent = scale.cpu_during(state, before)
     core.delete_namespace(ns)

@@ -120,8 +120,7 @@ class View:
         store = getattr(self, kind)
         if kind == "pods":
             self._created.pop(key, None)
-            if key not in store and (uid := worker_job_uid(obj)) is not None and uid in self._pruned \
-                    and not holds_gpus(obj):
+            if key not in store and worker_job_uid(obj) in self._pruned and not holds_gpus(obj):
                 return False
         seen = _TRIM.get(kind, trim.other)(obj)
         written = self._written.get((kind, key))
