@@ -34,6 +34,7 @@ from typing import Any, Callable
 
 from e2e.chaos.outcome import Outcome
 from e2e.chaos.watch import HarmSampler, owner_uid
+from flotilla.reshard.view import worker_set_of
 from e2e.kube import (
     ROOT,
     FlotillaProcess,
@@ -282,7 +283,7 @@ def check_finished(run: Run, name: str, reshards: int, avoid: str | None = None)
     if avoid:
         on = [p["metadata"]["name"] for p in items("pods", run.namespace)
               if p["spec"].get("nodeName") == avoid
-              and int(p["metadata"]["labels"].get("flotilla.dev/generation", 0)) >= reshards > 0]
+              and int(p["metadata"]["labels"].get("flotilla.dev/generation", 0)) >= worker_set_of(done) > 0]
         check(not on, f"worker pods of the new generation on cordoned {avoid}: {on}")
     run.note(f"{name}: Succeeded at step {steps}, {done.get('reshards', 0)} reshards, "
              f"{done.get('restarts', 0)} restarts")
@@ -356,7 +357,7 @@ def watch_gap_deletions(run: Run) -> None:
     first = running_with_progress(run, "keeper")
     home = first["placement"][0]["node"]
     uid = job(run, "keeper")["metadata"]["uid"]
-    generation = str(first.get("reshards", 0))
+    generation = str(worker_set_of(first))
     victim = next(p for p in pods_of(run, uid) if p["metadata"]["labels"].get("flotilla.dev/rank") == "1"
                   and p["metadata"]["labels"].get("flotilla.dev/generation") == generation)
     nodes = sorted(n["metadata"]["name"] for n in json.loads(kubectl("get", "nodes", "-l", "type=kwok", "-o",
@@ -385,7 +386,7 @@ def watch_gap_deletions(run: Run) -> None:
     def replaced() -> bool:
         st = status(run, "keeper")
         pods = [p for p in pods_of(run, uid) if p["metadata"]["uid"] != victim["metadata"]["uid"]
-                and p["metadata"]["labels"].get("flotilla.dev/generation") == str(st.get("reshards", 0))
+                and p["metadata"]["labels"].get("flotilla.dev/generation") == str(worker_set_of(st))
                 and (p.get("status") or {}).get("phase") == "Running"]
         return len(pods) == int(st.get("workers", 0)) and time.monotonic()
 

@@ -247,10 +247,12 @@ def _brief(job: dict[str, Any]) -> str:
 def _ack_step(job: dict[str, Any]) -> int:
     """The step of rank 0's acknowledged checkpoint, once the job has switched to the worker set it was
     taken for (before that, status.progress lagging behind the acknowledgement is no loss)."""
-    from flotilla.resources import checkpoint
+    from flotilla.reshard import encoding as checkpoint
+
+    from flotilla.reshard.view import worker_set_of
 
     ack = checkpoint.parse_ack(job["metadata"].get("annotations"))
-    switched = ack and int((job.get("status") or {}).get("reshards", 0)) >= int(ack["generation"])
+    switched = ack and worker_set_of(job.get("status") or {}) >= int(ack["generation"])
     return int(ack["step"]) if switched else 0
 
 

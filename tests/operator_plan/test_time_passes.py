@@ -16,6 +16,8 @@ from flotilla.operator import training
 from flotilla.operator.actions import PatchStatus
 from flotilla.operator.reconcile import Planner, plan
 from flotilla.operator.timeutil import rfc3339
+from flotilla.reshard import protocol
+from flotilla.reshard.view import JobView
 from tests.operator_plan.builders import T0, trainingjob
 from tests.operator_plan.test_incremental import by_key, differences
 from tests.operator_plan.world import World
@@ -91,13 +93,13 @@ def test_time_passes_act_as_planning_every_job(seed):
     assert not found, found[:3]
 
 
-@pytest.mark.parametrize("timer", [training._quiet_start_ends, training._running_recorded_at],
+@pytest.mark.parametrize("timer", [protocol._quiet_start_ends, protocol._running_recorded_at],
                          ids=lambda t: t.__name__)
 def test_the_walks_need_these_timers(monkeypatch, timer):
     """The same walks with one kind of timer left out: some pass differs from planning every job. (A
     checkpoint's timeout and a turning outlook mostly come with a changed decision in these walks: each has a
     test of its own below.)"""
-    monkeypatch.setattr(training, "TIMERS", tuple(t for t in training.TIMERS if t is not timer))
+    monkeypatch.setattr(protocol, "TIMERS", tuple(t for t in protocol.TIMERS if t is not timer))
     allocator = policies.get("elastic-deadline")
     world = SlowStarts(seed=1, nodes=6)
     for _ in range(30):
@@ -120,15 +122,15 @@ def test_a_placed_jobs_outlook_turns_in_a_time_pass(monkeypatch, with_timer):
     `deadlineMet` turns false in the time pass after that passes its deadline. fifo-gang's decisions do not
     move with time, so only the job's timer has it planned."""
     if not with_timer:
-        monkeypatch.setattr(training, "TIMERS", tuple(t for t in training.TIMERS
-                                                      if t is not training._outlook_turns_at))
+        monkeypatch.setattr(protocol, "TIMERS", tuple(t for t in protocol.TIMERS
+                                                      if t is not protocol._outlook_turns_at))
     allocator = policies.get("fifo-gang")
     world = SlowStarts(seed=0, nodes=1)
     key = lone_job(world, "stuck", NOW - 60, 4, 4, deadline=600)  # 1,000 steps at 3/s: 333 s of 600
     planner = Planner(full_every=0.0, clock=still)
     world.apply(planner.plan(NOW, allocator, *world.views()))
     assert world.jobs[key]["status"]["phase"] == "Admitted" and world.jobs[key]["status"]["deadlineMet"]
-    turns = training._outlook_turns_at(world.jobs[key], [], NOW, None)
+    turns = protocol._outlook_turns_at(JobView.of(world.jobs[key]), [], NOW, training.job_state(world.jobs[key]))
     assert NOW < turns < NOW + 600
     assert not differences(world, planner, allocator, turns - 5)
     found = differences(world, planner, allocator, turns + 5)
@@ -157,7 +159,7 @@ def test_an_unacknowledged_checkpoint_times_out_in_a_time_pass(monkeypatch, with
     """A running job asked for a checkpoint to grow whose rank 0 never answers: the time pass
     ACK_TIMEOUT_SECONDS after the request replaces its workers, as planning every job would."""
     if not with_timer:
-        monkeypatch.setattr(training, "TIMERS", tuple(t for t in training.TIMERS if t is not training._ack_times_out))
+        monkeypatch.setattr(protocol, "TIMERS", tuple(t for t in protocol.TIMERS if t is not protocol._ack_times_out))
     world = SlowStarts(seed=0, nodes=1)
     key = lone_job(world, "small", NOW - 60, 1, 8, deadline=36000)
     allocator = Wants({key: {"n0": 2}})

@@ -15,7 +15,7 @@ from flotilla.operator.training import (
     rendezvous_service_name,
     worker_pods,
 )
-from flotilla.resources import checkpoint
+from flotilla.reshard import encoding as checkpoint
 from tests.operator_plan.builders import T0, pod, trainingjob, wname
 
 

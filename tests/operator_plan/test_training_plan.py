@@ -115,13 +115,16 @@ def test_a_failed_worker_restarts_the_set_from_the_last_checkpoint_until_the_lim
     pods = [pod(wname("job", 0, 0), "job", 0, "Running"), pod(wname("job", 0, 1), "job", 0, "Failed")]
     actions = training.plan_job(trainingjob(status=running), pods, decision, NOW, "fifo-gang", max_restarts=2)
     st = status_patch(actions)
-    assert st["phase"] == "Resharding" and st["restarts"] == 1 and st["reshards"] == 1
+    # A new worker set, counted as a restart and not as a reshard.
+    assert st["phase"] == "Resharding" and st["restarts"] == 1 and st["workerGeneration"] == 1
+    assert "reshards" not in st
     assert st["progress"]["steps"] == 300  # back to the last completed checkpoint
     assert sorted(a.name for a in actions if isinstance(a, DeletePod)) == [wname("job", 0, 0), wname("job", 0, 1)]
     # Rank 0 of the old set still holds a GPU of n0 while it terminates: the new set waits for it.
     assert not [a for a in actions if isinstance(a, CreatePod)]
     events = {a.reason: a.message for a in actions if isinstance(a, PostEvent)}
-    assert "restart 1 of 2" in events["WorkerFailed"] and "80 steps lost" in events["Resharding"]
+    assert "restart 1 of 2" in events["WorkerFailed"] and "80 steps lost" in events["RestartFromCheckpoint"]
+    assert "Resharding" not in events
 
     exhausted = training.plan_job(trainingjob(status={**running, "restarts": 2}), pods, decision, NOW, "fifo-gang",
                                   max_restarts=2)

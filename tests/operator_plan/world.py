@@ -12,7 +12,8 @@ from pathlib import Path
 from typing import Any
 
 from flotilla.operator import trim
-from flotilla.resources import checkpoint
+from flotilla.reshard import encoding as checkpoint
+from flotilla.reshard.view import worker_set_of
 from flotilla.operator.actions import ApplyDeployment, CreatePod, DeletePod, PatchAnnotations, PatchStatus
 from flotilla.operator.reconcile import plan
 from flotilla.operator.view import key_of, with_patches
@@ -124,7 +125,7 @@ class World:
 
     def report_progress(self, job_key: str, steps: int, now: float) -> None:
         body = self.jobs[job_key]
-        generation = int((body.get("status") or {}).get("reshards", 0))
+        generation = worker_set_of(body.get("status") or {})
         annotations = {**(body["metadata"].get("annotations") or {}),
                        **checkpoint.progress_annotation(steps, 1.0, now, generation, checkpoint_step=steps)}
         self.jobs[job_key] = {**body, "metadata": {**body["metadata"], "annotations": annotations}}

@@ -2,15 +2,13 @@
 
 from __future__ import annotations
 
-import json
 from typing import Any
 
-from flotilla.controller import views
 from flotilla.controller.actions import ClusterActions
 from flotilla.controller.metrics import ControllerMetrics
 from flotilla.controller.mirror import DecisionRecord
-from flotilla.resources.names import ANNOTATION_CHECKPOINT_REQUEST as CHECKPOINT_REQUEST
 from flotilla.controller.store import Store
+from flotilla.reshard import encoding
 
 
 def request(store: Store, actions: ClusterActions, metrics: ControllerMetrics, key: str, reason: str,
@@ -24,10 +22,10 @@ def request(store: Store, actions: ClusterActions, metrics: ControllerMetrics, k
     pending = job.checkpoint_request
     if pending and int(pending.get("generation", 0)) > job.checkpoint_generation:
         return False, dict(pending)
-    generation = max(job.checkpoint_generation, int((pending or {}).get("generation", 0))) + 1
-    req = {"generation": generation, "reason": reason, "requestedBy": requested_by, "restart": restart,
-           "time": views.iso(store.clock()) or ""}
-    actions.annotate("trainingjobs", job.namespace, job.name, CHECKPOINT_REQUEST, json.dumps(req))
+    generation = encoding.next_request_generation(job.checkpoint_generation,
+                                                     int((pending or {}).get("generation", 0)))
+    req = encoding.request_value(generation, reason, store.clock(), requested_by, restart)
+    actions.annotate("trainingjobs", job.namespace, job.name, encoding.REQUEST, encoding.dump(req))
     store.set_job_fields(key, checkpoint_request=req)
     decision = DecisionRecord("checkpoint-request", "TrainingJob", key, reason,
                               {"generation": generation, "restart": restart, "step": job.steps}, actor=actor)

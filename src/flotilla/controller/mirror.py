@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from typing import Any, Mapping
 
 from flotilla.allocation.snapshot import NodeState
+from flotilla.reshard import encoding
 from flotilla.resources import names, parse, serving_deployment, training_job
 from flotilla.resources import node as k8s_node
 from flotilla.resources.parse import parse_time
@@ -117,7 +118,7 @@ def parse_training_job(obj: Mapping[str, Any]) -> JobRecord:
         deadline_met=job.deadline_met,
         reshards=job.reshards,
         checkpoint_generation=job.checkpoint_generation,
-        checkpoint_request=parse.annotation_request(meta, names.ANNOTATION_CHECKPOINT_REQUEST),
+        checkpoint_request=encoding.strict_request(meta.get("annotations")),
         last_condition=parse.last_condition(job.conditions),
         lent_to=job.lent_to,
     )

@@ -1,4 +1,5 @@
-"""TrainingJobs: from watched objects to a snapshot, and from a decision to actions. Pure.
+"""TrainingJobs: from watched objects to the allocator's snapshot, the worker pods rendered, and the resharding
+protocol's transitions (flotilla.reshard) as actions. Pure.
 
 Restart safety: the placement a job runs on is recorded in `status.placement`
 before its pods are created, and pod names are derived from it
@@ -34,22 +35,18 @@ from flotilla.operator.actions import (
 )
 from flotilla.operator.pods import holds_gpus, pod_gpus, worker_job_uid
 from flotilla.operator.timeutil import rfc3339, to_unix
-from flotilla.resources import checkpoint, names, parse, phases, training_job
+from flotilla.reshard import protocol, view
+from flotilla.reshard.view import JobView, WorkerPod, label_int
+from flotilla.resources import names, parse, phases, training_job
 from flotilla.resources import node as k8s_node
 
 
 Body = Mapping[str, Any]
 PLURAL = "trainingjobs"
 UNHEALTHY_TOLERATION_SECONDS = 600
-# Status is for people and costs the API server a write each time: what changes often is written only when
-# it is worth one. Rank 0's progress: at a new checkpoint, else at most once a minute (planning reads the
-# annotation). A job's first moments: a job placed within QUIET_SECONDS of its creation is written once,
-# admitted and placed, without a Pending before; workers that started less than QUIET_SECONDS ago are
-# recorded Running with the next write or once that time has passed (a job that ends first goes from
-# Admitted to Succeeded in one write, its startedAt taken from its pods).
-PROGRESS_EVERY_SECONDS = 60.0
-QUIET_SECONDS = 10.0
-ACK_TIMEOUT_SECONDS = 120.0  # rank 0's time to acknowledge a checkpoint request before the workers are replaced
+ACK_TIMEOUT_SECONDS = protocol.ACK_TIMEOUT_SECONDS
+QUIET_SECONDS = protocol.QUIET_SECONDS
+set_condition, ref = protocol.set_condition, protocol.ref  # also the ServingDeployments' (flotilla.operator.serving)
 
 
 def key_of(body: Body) -> str:
@@ -70,16 +67,7 @@ def placement_reader(state_of: Callable[[Body], JobState] | None) -> Callable[[B
 def progress_of(body: Body) -> dict[str, Any] | None:
     """Rank 0's latest report (annotation) from the current worker set, else what status holds."""
     status = body.get("status") or {}
-    p = checkpoint.parse_progress(body["metadata"].get("annotations"))
-    if p and int(p.get("generation", 0)) >= int(status.get("reshards", 0)):
-        out = {"steps": int(p["steps"]), "stepsPerSecond": float(p.get("stepsPerSecond", 0.0)),
-               "updatedAt": p.get("time") or rfc3339(0)}
-        if p.get("checkpointStep") is not None:
-            out["checkpointStep"] = int(p["checkpointStep"])
-        if isinstance(p.get("restoreSeconds"), (int, float)) and p["restoreSeconds"] >= 0:
-            out["restoreSeconds"] = round(float(p["restoreSeconds"]), 2)
-        return out
-    return status.get("progress")
+    return view.progress_of(body["metadata"].get("annotations"), status, view.worker_set_of(status))
 
 
 _VERDICT_OF_PHASE = {
@@ -121,16 +109,16 @@ def job_state(body: Body) -> JobState:
         verdict=verdict,
         checkpoint_interval_steps=job.checkpoint_interval_steps,
         last_checkpoint_step=job.checkpoint_step,
-        resumes_at=_resumes_at(job.reshards, progress, placement, job.restore_seconds),
+        resumes_at=_resumes_at(view.worker_set_of(body.get("status") or {}), progress, placement, job.restore_seconds),
         share=job.guaranteed_share,
         rate_unknown=bool(placement) and measured <= 0,
     )
 
 
-def _resumes_at(reshards: int, progress: Mapping[str, Any], placement: Mapping[str, int], restore: float) -> float:
-    """When a resized job trains again: its restore runs from the switch (`_switch` resets the progress to
-    0 steps/s then) until rank 0 of the new worker set reports a rate; 0 when it trains now."""
-    if placement and reshards and not progress.get("stepsPerSecond") and progress.get("updatedAt"):
+def _resumes_at(worker_set: int, progress: Mapping[str, Any], placement: Mapping[str, int], restore: float) -> float:
+    """When a resized or restarted job trains again: its restore runs from the switch (which resets the progress
+    to 0 steps/s) until rank 0 of the new worker set reports a rate; 0 when it trains now."""
+    if placement and worker_set and not progress.get("stepsPerSecond") and progress.get("updatedAt"):
         return to_unix(progress["updatedAt"]) + restore
     return 0.0
 
@@ -208,23 +196,14 @@ def displaced(jobs: Iterable[Body], allocatable: Mapping[str, int], pods: Iterab
             own_now[(job, generation, node)] = own_now.get((job, generation, node), 0) + gpus
     out = set()
     for body in jobs:
-        if not _not_run_yet(body):
+        if not protocol.has_not_run(body.get("status") or {}):
             continue
-        uid, generation = body["metadata"].get("uid"), int((body.get("status") or {}).get("reshards", 0))
+        uid, generation = body["metadata"].get("uid"), view.worker_set_of(body.get("status") or {})
         if any(own_now.get((uid, generation, node), 0) < gpus
                and allocatable.get(node, 0) - (bound.get(node, 0) - own.get((uid, node), 0)) < gpus
                for node, gpus in placement_of(body).items()):
             out.add(key_of(body))
     return out
-
-
-def _not_run_yet(body: Body) -> bool:
-    """The current worker set has not had all its workers running: admitted and not yet Running, or
-    switched to a new generation (not waiting for rank 0's checkpoint on the old one)."""
-    status = body.get("status") or {}
-    ckpt = status.get("checkpoint") or {}
-    waiting = int(ckpt.get("requestedGeneration", 0)) > int(ckpt.get("generation", 0))
-    return status.get("phase") == phases.ADMITTED or (status.get("phase") == phases.RESHARDING and not waiting)
 
 
 POD_NAME_MAX = 63  # a DNS-1123 label: the pod's hostname is its name
@@ -417,479 +396,76 @@ def worker_pods(body: Body, placement: Mapping[str, int], generation: int,
     return pods
 
 
-def set_condition(status: Mapping[str, Any], new: dict[str, Any], now: float) -> list[dict[str, Any]]:
-    """Conditions with `new` merged in; lastTransitionTime moves only when status changes."""
-    out, found = [], False
-    for c in status.get("conditions") or []:
-        if c.get("type") == new["type"]:
-            found = True
-            merged = {**c, **new}
-            merged["lastTransitionTime"] = (c.get("lastTransitionTime") if c.get("status") == new["status"]
-                                            else rfc3339(now))
-            out.append(merged)
-        else:
-            out.append(c)
-    if not found:
-        out.append({**new, "lastTransitionTime": rfc3339(now)})
-    return out
-
-
-def _placement_list(placement: Mapping[str, int]) -> list[dict[str, Any]]:
-    return [{"node": n, "gpus": g} for n, g in sorted(placement.items())]
-
-
-def _describe(placement: Mapping[str, int]) -> str:
-    return ", ".join(f"{n}:{g}" for n, g in sorted(placement.items())) or "none"
-
-
-def checkpoint_request(body: Body) -> dict[str, Any] | None:
-    return checkpoint.parse_request(body["metadata"].get("annotations"))
-
-
-def checkpoint_ack(body: Body) -> dict[str, Any] | None:
-    return checkpoint.parse_ack(body["metadata"].get("annotations"))
-
-
-def _outlook(body: Body, state: JobState, gpus: int, now: float) -> dict[str, Any]:
-    """Predicted completion: at rank 0's measured rate when it has reported one on this
-    worker set, else at the rate the scaling curve gives for `gpus`."""
-    status = body.get("status") or {}
-    progress = progress_of(body) or {}
-    rate = float(progress.get("stepsPerSecond") or 0.0) or state.curve.rate(gpus)
-    if rate <= 0:
-        return {}
-    if progress.get("updatedAt"):
-        eta = to_unix(progress["updatedAt"]) + state.remaining_steps / rate
-    elif status.get("startedAt"):
-        eta = to_unix(status["startedAt"]) + state.total_steps / rate
-    else:
-        eta = now + state.remaining_steps / rate
-    return {"estimatedCompletion": rfc3339(eta), "deadlineMet": eta <= state.deadline}
-
 
 def lent_to(body: Body) -> dict[str, int]:
     """ServingDeployment key -> GPUs this job lent it through the unified pool and has not got back."""
     return {sd: gpus for sd, gpus in parse.keyed_gpus(body.get("status") or {}, "lentTo", "serving").items() if gpus}
 
 
-class _Plan:
-    """Accumulates one job's status patch, annotation patch, pod actions and Events."""
-
-    def __init__(self, body: Body, now: float, lending: Mapping[str, int] | None = None,
-                 agent_port: int = names.DEFAULT_AGENT_PORT):
-        self.body, self.now, self.agent_port = body, now, agent_port
-        self.lending = dict(lending or {})  # serving key -> GPUs the pool lends it in this decision
-        self.meta, self.status = body["metadata"], body.get("status") or {}
-        self.ns, self.name = self.meta["namespace"], self.meta["name"]
-        self.patch: dict[str, Any] = {}
-        self.lazy: dict[str, Any] = {}  # written only with another status change
-        self.annotations: dict[str, str] = {}
-        self.actions: list[Action] = []
-
-    def event(self, type_: str, reason: str, message: str) -> None:
-        self.actions.append(PostEvent(involved(self.body), type_, reason, message))
-
-    def condition(self, type_: str, status: str, reason: str, message: str) -> None:
-        base = {**self.status, "conditions": self.patch.get("conditions", self.status.get("conditions"))}
-        self.patch["conditions"] = set_condition(base, {"type": type_, "status": status, "reason": reason,
-                                                        "message": message}, self.now)
-
-    def checkpoint(self, **fields: Any) -> None:
-        self.patch["checkpoint"] = {**self.recorded_checkpoint(), **fields}
-
-    def recorded_checkpoint(self) -> dict[str, Any]:
-        """status.checkpoint as this pass's patch leaves it."""
-        return {**(self.status.get("checkpoint") or {}), **self.patch.get("checkpoint", {})}
-
-    def done(self, *, keep_creates: bool = True) -> list[Action]:
-        out: list[Action] = []
-        if self.patch:
-            out.append(PatchStatus(PLURAL, self.ns, self.name, {**self.lazy, **self.patch}))
-        if self.annotations:
-            out.append(PatchAnnotations(PLURAL, self.ns, self.name, self.annotations))
-        out.extend(a for a in self.actions if keep_creates or not isinstance(a, (CreatePod, ApplyObject)))
-        return out
+def worker_pod(pod: Body, job_uid: str) -> WorkerPod:
+    """A worker pod of the job with that UID, as the protocol reads it. Its rank is read from its name (`pod_name`):
+    a pod of another name is no rank of the set."""
+    meta, status = pod["metadata"], pod.get("status") or {}
+    worker_set = label_int(meta.get("labels") or {}, names.LABEL_GENERATION)
+    name = meta["name"]
+    tail = f"-{uid_hash(job_uid)}-g{worker_set}-w"
+    rank = name[name.rfind(tail) + len(tail):] if tail in name else ""
+    start = status.get("startTime")
+    return WorkerPod(name=name, uid=meta.get("uid"), worker_set=worker_set,
+                     rank=int(rank) if rank.isdigit() else -1, node=(pod.get("spec") or {}).get("nodeName"),
+                     phase=status.get("phase") or "Pending", started=to_unix(str(start)) if start else None,
+                     terminating=bool(meta.get("deletionTimestamp")), holds_gpus=holds_gpus(pod))
 
 
 def plan_job(body: Body, pods: Iterable[Body], decision: JobDecision | None, now: float,
              policy: str, ack_timeout: float = ACK_TIMEOUT_SECONDS, max_restarts: int = 3,
              lending: Mapping[str, int] | None = None,
              agent_port: int = names.DEFAULT_AGENT_PORT, state: JobState | None = None) -> list[Action]:
-    """Actions that bring one TrainingJob's pods and status in line with the decision.
-
-    A running job changes placement only through the resharding protocol: ask rank 0
-    for a checkpoint (annotation), wait for its acknowledgement (or `ack_timeout`, or
-    a request marked `restart`), then replace the worker set with a new generation.
-    A failed worker pod restarts the worker set from the last completed checkpoint, up to
-    `max_restarts` times; then the job fails.
-    `lending` (unified pool): the ServingDeployments the decision's shrink lends GPUs to; recorded in
-    `status.lentTo` when the job switches to the smaller worker set, and paid back as it grows again.
+    """Actions that bring one TrainingJob's pods and status in line with the decision: the resharding
+    protocol's transition (flotilla.reshard.protocol), its pods rendered.
+    `lending` (unified pool): the ServingDeployments the decision's shrink lends GPUs to.
     `agent_port`: the node agents' step-time port, given to the worker pods.
-    `state`: `job_state(body)`, when already made (the planner caches it).
-    """
+    `state`: `job_state(body)`, when already made (the planner caches it)."""
     if is_final(body):
         return []
-    plan = _Plan(body, now, lending, agent_port)
-    meta, status = plan.meta, plan.status
-    state = state or job_state(body)
-    if status.get("observedGeneration") != meta.get("generation"):
-        plan.patch["observedGeneration"] = meta.get("generation")
-    if not status.get("deadline"):
-        plan.patch["deadline"] = rfc3339(state.deadline)
-    if status.get("policy") != policy:
-        plan.patch["policy"] = policy
-
-    generation = int(status.get("reshards", 0))
-    by_gen: dict[int, list[Body]] = {}
-    for p in pods:
-        by_gen.setdefault(int(p["metadata"]["labels"].get(names.LABEL_GENERATION, -1)), []).append(p)
-    current = placement_of(body)
-    want = dict(decision.placement) if decision else {}
-    verdict = decision.verdict if decision else Verdict.PENDING
-    reason = decision.reason if decision else "waiting for the allocator"
-    _note_external_request(plan)
-    _consume_acknowledgement(plan)
-    if decision and decision.verdict is Verdict.ADMITTED and decision.share != state.share:
-        # The allocator's input next pass (JobState.share). A larger share is written at once; a smaller one
-        # (a job ahead of its plan) with the next write: until then the re-plan falls back on the larger.
-        (plan.patch if decision.share > state.share else plan.lazy)["guaranteedShare"] = decision.share
-
-    if not current:
-        if verdict is Verdict.REJECTED:
-            if status.get("phase") != phases.REJECTED:
-                plan.patch.update(phase=phases.REJECTED, message=reason, gpus=0)
-                plan.condition(names.COND_ADMITTED, "False", names.Reason.REJECTED, reason)
-                plan.event("Warning", names.Reason.REJECTED, reason)
-            return plan.done()
-        if want:
-            plan.patch["phase"] = phases.ADMITTED
-            admitted = "BestEffort" if verdict is Verdict.BEST_EFFORT else names.Reason.ADMITTED
-            plan.condition(names.COND_ADMITTED, "True", admitted, reason)
-            _switch(plan, state, by_gen, want, generation, reason)
-            return plan.done()
-        if not status.get("phase") and plan.now - to_unix(meta["creationTimestamp"]) < QUIET_SECONDS:
-            return []  # it may be placed in a moment: one write then, admitted and placed
-        if status.get("phase") != phases.PENDING or status.get("message") != reason:
-            plan.patch.update(phase=phases.PENDING, message=reason, gpus=0)
-        return plan.done()
-
-    if want and want != current:
-        workers = by_gen.get(generation, [])
-        # Workers need every rank: until all have run together there is no progress to checkpoint.
-        ran = not _not_run_yet(body) or (bool(workers) and all(
-            (p.get("status") or {}).get("phase") == "Running" for p in workers))
-        if not ran:  # nothing has run on the old placement: nothing to checkpoint
-            _switch(plan, state, by_gen, want, generation + 1, reason)
-            return plan.done()
-        if _ready_to_switch(plan, reason, ack_timeout):
-            _switch(plan, state, by_gen, want, generation + 1, reason)
-            return plan.done()
-        return _keep_running(plan, state, by_gen, current, generation, max_restarts, resharding=True)
-    if _acknowledged_now(plan):
-        # Rank 0 wrote the checkpoint it was asked for, and its worker set stopped to be replaced, but the
-        # decision no longer moves the job (it changed since the request): replace the set where it is.
-        _switch(plan, state, by_gen, current, generation + 1, f"checkpoint written; staying on {_describe(current)}")
-        return plan.done()
-    return _keep_running(plan, state, by_gen, current, generation, max_restarts)
+    settings = protocol.Settings(policy, ack_timeout, max_restarts, dict(lending or {}))
+    uid = str(body["metadata"].get("uid") or "")
+    move = protocol.transition(JobView.of(body), state or job_state(body), [worker_pod(p, uid) for p in pods],
+                               decision, now, settings)
+    return actions_of(body, move, agent_port)
 
 
-def _acknowledged_now(plan: _Plan) -> bool:
-    """This pass records rank 0's acknowledgement of the last checkpoint request (the workers stopped)."""
-    ckpt = plan.recorded_checkpoint()
-    return ("generation" in plan.patch.get("checkpoint", {})
-            and int(ckpt.get("generation", 0)) == int(ckpt.get("requestedGeneration", 0)) > 0)
-
-
-def _note_external_request(plan: _Plan) -> None:
-    """A checkpoint request the operator did not make (controller, admin) becomes the outstanding one."""
-    request = checkpoint_request(plan.body)
-    ckpt = plan.status.get("checkpoint") or {}
-    if request and request["generation"] > max(int(ckpt.get("requestedGeneration", 0)),
-                                               int(ckpt.get("generation", 0))):
-        plan.checkpoint(requestedGeneration=request["generation"],
-                        requestedAt=request.get("time") or rfc3339(plan.now), reason=str(request.get("reason", "")))
-        plan.event("Normal", names.Reason.CHECKPOINT_REQUESTED,
-                   f"checkpoint generation {request['generation']} requested by "
-                   f"{request.get('requestedBy', 'someone')}: {request.get('reason', '')}")
-
-
-def _consume_acknowledgement(plan: _Plan) -> None:
-    """Record a checkpoint that rank 0 has acknowledged (once)."""
-    ack = checkpoint_ack(plan.body)
-    ckpt = plan.status.get("checkpoint") or {}
-    if ack and ack["generation"] > int(ckpt.get("generation", 0)) and ack["generation"] <= int(
-            ckpt.get("requestedGeneration", 0)):
-        plan.checkpoint(generation=ack["generation"], step=ack["step"], time=ack.get("time") or rfc3339(plan.now))
-        plan.event("Normal", names.Reason.CHECKPOINT_WRITTEN,
-                   f"rank 0 wrote checkpoint generation {ack['generation']} at step {ack['step']}")
-
-
-def _ready_to_switch(plan: _Plan, reason: str, ack_timeout: float) -> bool:
-    """Drive the checkpoint request for a placement change; True once the workers may be replaced."""
-    ckpt = plan.recorded_checkpoint()
-    applied, requested = int(ckpt.get("generation", 0)), int(ckpt.get("requestedGeneration", 0))
-    request = checkpoint_request(plan.body)
-    if requested > applied:
-        if request and request.get("restart"):
-            return True
-        asked_at = to_unix(ckpt.get("requestedAt") or rfc3339(plan.now))
-        if plan.now - asked_at > ack_timeout:
-            plan.event("Warning", names.Reason.RESTART_FROM_CHECKPOINT,
-                       f"rank 0 did not acknowledge checkpoint generation {requested} within {ack_timeout:.0f}s")
-            return True
-        message = f"waiting for rank 0 to write checkpoint generation {requested}: {ckpt.get('reason') or reason}"
-        if plan.status.get("message") != message:
-            plan.patch.update(phase=phases.RESHARDING, message=message)
-        return False
-    if requested == applied and applied and ckpt.get("step") is not None and plan.patch.get("checkpoint"):
-        return True  # acknowledged in this very pass
-    generation = max(applied, requested, request["generation"] if request else 0) + 1
-    plan.annotations.update(checkpoint.request_annotation(generation, reason, plan.now))
-    plan.checkpoint(requestedGeneration=generation, requestedAt=rfc3339(plan.now), reason=reason)
-    plan.patch.update(phase=phases.RESHARDING, message=f"checkpoint requested to change size: {reason}")
-    plan.event("Normal", names.Reason.CHECKPOINT_REQUESTED, f"checkpoint generation {generation}: {reason}")
-    return False
-
-
-def _switch(plan: _Plan, state: JobState, by_gen: Mapping[int, list[Body]], want: Mapping[str, int],
-            generation: int, reason: str) -> None:
-    """Record the new placement (status first), then replace the worker set."""
-    status = plan.status
-    old = placement_of(plan.body)
-    if old:
-        ckpt = plan.recorded_checkpoint()
-        progress = progress_of(plan.body) or {}
-        resume = int(ckpt.get("step", 0))
-        if int(ckpt.get("requestedGeneration", 0)) > int(ckpt.get("generation", 0)):
-            plan.checkpoint(generation=int(ckpt["requestedGeneration"]))  # consumed, acknowledged or not
-        lost = max(0, int(progress.get("steps", resume)) - resume)
-        # The old worker set's rate says nothing of the new size: 0 until rank 0 reports again.
-        plan.patch["progress"] = {"steps": resume, "stepsPerSecond": 0.0, "updatedAt": rfc3339(plan.now)}
-        plan.patch.update(reshards=generation, phase=phases.RESHARDING)
-        plan.event("Normal", names.Reason.RESHARDING,
-                   f"from {sum(old.values())} to {sum(want.values())} GPUs ({_describe(want)}), resuming at step "
-                   f"{resume}" + (f", {lost} steps lost" if lost else "") + f": {reason}")
-        _settle_loans(plan, sum(old.values()), sum(want.values()))
-    gpus = sum(want.values())
-    plan.patch.update(placement=_placement_list(want), gpus=gpus, workers=gpus // state.gpus_per_worker,
-                      message=reason)
-    plan.patch.update(_outlook(plan.body, state, gpus, plan.now))
-    _retire_old(plan, by_gen, generation)
-    _create_when_free(plan, by_gen, generation, worker_pods(plan.body, want, generation, plan.agent_port))
-
-
-def _retire_old(plan: _Plan, by_gen: Mapping[int, list[Body]], generation: int) -> None:
-    """Delete the job's pods of other generations, each with its own grace period (the API server keeps a
-    terminating pod, and the scheduler its GPUs, until its containers are gone), and only the pod seen (UID)."""
-    plan.actions.extend(DeletePod(plan.ns, p["metadata"]["name"], p["metadata"].get("uid"))
-                        for g, ps in by_gen.items() if g != generation
-                        for p in ps if not p["metadata"].get("deletionTimestamp"))
-
-
-def _create_when_free(plan: _Plan, by_gen: Mapping[int, list[Body]], generation: int,
-                      manifests: Iterable[dict[str, Any]]) -> list[str]:
-    """Create the worker pods of `generation`, each once no pod of another generation of this job holds GPUs
-    on its node: the new worker must not start on GPUs whose old containers are still terminating.
-    Returns the nodes it waits for (a later pass creates the rest when the old pods are gone)."""
-    busy = {p["spec"]["nodeName"] for g, ps in by_gen.items() if g != generation for p in ps if holds_gpus(p)}
-    waiting = []
-    creating = False
-    manifests = list(manifests)
-    for m in manifests:
-        node = m["spec"]["nodeSelector"]["kubernetes.io/hostname"]
-        if node in busy:
-            waiting.append(node)
+def actions_of(body: Body, move: protocol.Transition, agent_port: int = names.DEFAULT_AGENT_PORT) -> list[Action]:
+    """A transition as the operator's writes: status, annotations, then its effects in order, pods rendered."""
+    meta = body["metadata"]
+    ns, name = meta["namespace"], meta["name"]
+    out: list[Action] = []
+    if move.status:
+        out.append(PatchStatus(PLURAL, ns, name, {**move.lazy, **move.status}))
+    if move.annotations:
+        out.append(PatchAnnotations(PLURAL, ns, name, move.annotations))
+    rendered: dict[tuple[int, tuple[tuple[str, int], ...]], list[dict[str, Any]]] = {}
+    for effect in move.effects:
+        if isinstance(effect, protocol.Event):
+            out.append(PostEvent(involved(body), effect.type, effect.reason, effect.message))
+        elif isinstance(effect, protocol.DeleteWorker):
+            out.append(DeletePod(ns, effect.name, effect.uid))
+        elif isinstance(effect, protocol.CreateWorker):
+            key = (effect.worker_set, effect.placement)
+            if key not in rendered:
+                rendered[key] = worker_pods(body, dict(effect.placement), effect.worker_set, agent_port)
+            out.append(CreatePod(rendered[key][effect.rank]))
         else:
-            plan.actions.append(CreatePod(m))
-            creating = True
-    # Applied with every pod creation of a set that needs it: idempotent, and there before rank 0 is looked up.
-    if creating and any("subdomain" in m["spec"] for m in manifests):
-        plan.actions.append(ApplyObject(rendezvous_service(plan.body)))
-    return sorted(set(waiting))
-
-
-def _settle_loans(plan: _Plan, before: int, after: int) -> None:
-    """status.lentTo: a shrink made for serving adds what it lends; growing back pays loans off, oldest key first."""
-    ledger = lent_to(plan.body)
-    ns = plan.ns
-    if after < before and plan.lending:
-        left = before - after
-        for sd, g in sorted(plan.lending.items()):
-            g = min(g, left)
-            if g:
-                left -= g
-                ledger[sd] = ledger.get(sd, 0) + g
-                plan.event("Normal", names.Reason.LENT_GPUS, f"lent {g} GPUs to {ref('sd', sd, ns)} "
-                                                             f"({ledger[sd]} in all)")
-    elif after > before and ledger:
-        back = after - before
-        for sd in sorted(ledger):
-            g = min(ledger[sd], back)
-            if g:
-                back -= g
-                ledger[sd] -= g
-                plan.event("Normal", names.Reason.GOT_GPUS_BACK, f"got {g} GPUs back from {ref('sd', sd, ns)}")
-    else:
-        return
-    plan.patch["lentTo"] = [{"serving": sd, "gpus": g} for sd, g in sorted(ledger.items()) if g]
-
-
-def ref(kind: str, key: str, namespace: str) -> str:
-    """"sd/name" for an object in `namespace`, "sd/other-ns/name" otherwise."""
-    ns, _, name = key.rpartition("/")
-    return f"{kind}/{name}" if ns == namespace else f"{kind}/{key}"
-
-
-def _keep_running(plan: _Plan, state: JobState, by_gen: Mapping[int, list[Body]], current: Mapping[str, int],
-                  generation: int, max_restarts: int, resharding: bool = False) -> list[Action]:
-    """On the recorded placement: keep the pod set whole and derive the phase from it. `resharding`: the
-    workers wait for rank 0's checkpoint to move (phase Resharding, not Running again)."""
-    status, name = plan.status, plan.name
-    _retire_old(plan, by_gen, generation)
-    mine = {p["metadata"]["name"]: p for p in by_gen.get(generation, [])}
-    expected = worker_names(plan.body, current, generation)
-    missing = [n for n in expected if n not in mine]
-    held_up = _create_when_free(plan, by_gen, generation, (
-        m for m in (worker_pods(plan.body, current, generation, plan.agent_port) if missing else [])
-        if m["metadata"]["name"] not in mine))
-    pod_phase = {n: (p.get("status") or {}).get("phase", "Pending") for n, p in mine.items()}
-    failed = sorted(n for n, ph in pod_phase.items() if ph == "Failed")
-    if failed:
-        restarts = int(status.get("restarts", 0))
-        if restarts < max_restarts:
-            why = f"worker pod {failed[0]} failed; restart {restarts + 1} of {max_restarts} from the last checkpoint"
-            plan.patch["restarts"] = restarts + 1
-            plan.event("Warning", names.Reason.WORKER_FAILED, why)
-            _switch(plan, state, by_gen, current, generation + 1, why)
-            return plan.done()
-        why = f"worker pod {failed[0]} failed after {restarts} restarts"
-        plan.patch.update(phase=phases.FAILED, message=why)
-        plan.condition(names.COND_READY, "False", names.Reason.WORKER_FAILED, why)
-        plan.event("Warning", names.Reason.WORKER_FAILED, why)
-        plan.actions.extend(DeletePod(plan.ns, n, mine[n]["metadata"].get("uid"))
-                            for n, ph in pod_phase.items() if ph not in ("Failed", "Succeeded"))
-        return plan.done(keep_creates=False)
-    if pod_phase.get(pod_name(name, plan.meta["uid"], generation, 0)) == "Succeeded":
-        met = plan.now <= state.deadline
-        plan.patch.update(phase=phases.SUCCEEDED, message="rank 0 exited successfully", gpus=0,
-                          estimatedCompletion=rfc3339(plan.now), deadlineMet=met)
-        if not status.get("startedAt") and (started := workers_started(mine.values())) is not None:
-            plan.patch["startedAt"] = rfc3339(started)
-        progress = progress_of(plan.body)
-        if progress:
-            plan.patch["progress"] = progress
-        plan.condition(names.COND_READY, "False", names.Reason.SUCCEEDED,
-                       f"finished; deadline {'met' if met else 'missed'}")
-        return plan.done(keep_creates=False)
-    all_running = len(mine) == len(expected) and all(ph == "Running" for ph in pod_phase.values())
-    waiting = resharding or plan.patch.get("phase") == phases.RESHARDING
-    if held_up and not waiting:
-        msg = f"waiting for the previous worker set's pods to terminate on {', '.join(held_up)}"
-        if status.get("message") != msg:
-            plan.patch["message"] = msg
-    _mirror_progress(plan)
-    started = workers_started(mine.values()) if all_running else None
-    if all_running and not waiting and status.get("phase") != phases.RUNNING and (
-            plan.patch or started is None or plan.now - started >= QUIET_SECONDS):
-        msg = f"{len(mine)} workers running on {_describe(current)}"
-        plan.patch.update(phase=phases.RUNNING, message=msg)
-        if not status.get("startedAt"):
-            plan.patch["startedAt"] = rfc3339(min(started or plan.now, plan.now))
-        plan.condition(names.COND_READY, "True", names.Reason.WORKERS_RUNNING, msg)
-    outlook = _outlook(plan.body, state, sum(current.values()), plan.now)
-    # The outlook moves with every progress report: refresh it with a patch made anyway, or when it flips.
-    if plan.patch or outlook.get("deadlineMet") != status.get("deadlineMet"):
-        plan.patch.update({k: v for k, v in outlook.items() if status.get(k) != v})
-    return plan.done()
-
-
-def workers_started(pods: Iterable[Body]) -> float | None:
-    """When the last of a worker set's pods started (their status.startTime); None if one has not said."""
-    times = [str((p.get("status") or {}).get("startTime") or "") for p in pods]
-    return max(to_unix(t) for t in times) if times and all(times) else None
-
-
-def _mirror_progress(plan: _Plan) -> None:
-    """Copy rank 0's report into status: a new checkpoint at once (restarts resume from it), plain
-    progress every PROGRESS_EVERY_SECONDS from the start (planning reads the annotation, status is for people;
-    a job shorter than that gets its progress recorded when it finishes), or with a write made anyway."""
-    progress, mirrored = progress_of(plan.body), plan.status.get("progress") or {}
-    measured = (progress or {}).pop("restoreSeconds", None)
-    if measured is not None and measured != (plan.status.get("checkpoint") or {}).get("restoreSeconds"):
-        plan.checkpoint(restoreSeconds=measured)  # the allocator's cost of moving this job follows reality
-    if not progress or progress == mirrored or "progress" in plan.patch:
-        return
-    checkpointed = progress.get("checkpointStep") is not None and progress["checkpointStep"] > int(
-        (plan.status.get("checkpoint") or {}).get("step", 0))
-    since = mirrored.get("updatedAt") or plan.status.get("startedAt")
-    age = to_unix(progress["updatedAt"]) - (to_unix(since) if since else 0.0)
-    if not checkpointed and age < PROGRESS_EVERY_SECONDS and not plan.patch:
-        return
-    plan.patch["progress"] = progress
-    if checkpointed:
-        plan.checkpoint(step=int(progress["checkpointStep"]), time=progress.get("updatedAt"))
+            out.append(ApplyObject(rendezvous_service(body)))
+    return out
 
 
 def replan_at(body: Body, pods: Iterable[Body], now: float, state: JobState | None = None) -> float | None:
     """When time alone next changes what `plan_job` does for this job (its objects and its decision
-    unchanged), after it was planned at `now`; None if only news does. The earliest of `TIMERS`, the
-    places where `plan_job` reads the clock (each gives None once what it times was seen at `now`).
+    unchanged), after it was planned at `now`; None if only news does (`protocol.next_change_at`).
     `state`: `job_state(body)`, when already made."""
     if is_final(body):
         return None
-    pods = list(pods)
-    return min((t for timer in TIMERS if (t := timer(body, pods, now, state)) is not None), default=None)
-
-
-def _quiet_start_ends(body: Body, pods: list[Body], now: float, state: JobState | None) -> float | None:
-    """A job's first status (Pending) is written QUIET_SECONDS after its creation."""
-    if (body.get("status") or {}).get("phase"):
-        return None
-    ends = to_unix(body["metadata"]["creationTimestamp"]) + QUIET_SECONDS
-    return ends if ends > now else None
-
-
-def _ack_times_out(body: Body, pods: list[Body], now: float, state: JobState | None) -> float | None:
-    """The workers are replaced once ACK_TIMEOUT_SECONDS have passed since an unacknowledged checkpoint request."""
-    ckpt = (body.get("status") or {}).get("checkpoint") or {}
-    if int(ckpt.get("requestedGeneration", 0)) > int(ckpt.get("generation", 0)) and ckpt.get("requestedAt"):
-        out = to_unix(ckpt["requestedAt"]) + ACK_TIMEOUT_SECONDS
-        return out if out >= now else None  # `_ready_to_switch`: strictly more than the timeout
-    return None
-
-
-def _running_recorded_at(body: Body, pods: list[Body], now: float, state: JobState | None) -> float | None:
-    """Workers all running are recorded Running QUIET_SECONDS after the last of them started (a job still
-    not Running after that waits for something else: a checkpoint, a patch)."""
-    status = body.get("status") or {}
-    if status.get("phase") in (None, "", phases.RUNNING):
-        return None
-    generation = str(status.get("reshards", 0))
-    mine = [p for p in pods if p["metadata"]["labels"].get(names.LABEL_GENERATION) == generation]
-    if mine and all((p.get("status") or {}).get("phase") == "Running" for p in mine):
-        if (started := workers_started(mine)) is not None and started + QUIET_SECONDS > now:
-            return started + QUIET_SECONDS
-    return None
-
-
-def _outlook_turns_at(body: Body, pods: list[Body], now: float, state: JobState | None) -> float | None:
-    """A placed job that has neither started nor reported progress is predicted to finish `now` plus what
-    is left at its rate (`_outlook`): its `deadlineMet` turns false when that passes the deadline (and is
-    written then: a time past it is the next pass)."""
-    status = body.get("status") or {}
-    placement = placement_of(body)
-    if not placement or status.get("startedAt") or status.get("deadlineMet") is False:
-        return None
-    progress = progress_of(body) or {}
-    if progress.get("updatedAt"):
-        return None
-    state = state or job_state(body)
-    rate = float(progress.get("stepsPerSecond") or 0.0) or state.curve.rate(sum(placement.values()))
-    if rate <= 0:
-        return None
-    # A hair early: `now + left <= deadline` is read in floating point, and a pass too early only plans it again.
-    return state.deadline - state.remaining_steps / rate - 1e-6
-
-
-TIMERS: tuple[Callable[[Body, list[Body], float, JobState | None], float | None], ...] = (
-    _quiet_start_ends, _ack_times_out, _running_recorded_at, _outlook_turns_at)
+    uid = str(body["metadata"].get("uid") or "")
+    return protocol.next_change_at(JobView.of(body), [worker_pod(p, uid) for p in pods], now,
+                                   state or job_state(body))

@@ -171,7 +171,11 @@ def _training_job_schema() -> Schema:
                                          "worker set's first step (stop, reschedule, rendezvous, reshard-load).",
                                          minimum=0),
             }),
-            "reshards": integer(minimum=0),
+            "reshards": integer("Times the worker set was replaced to change size or placement, or at a checkpoint "
+                                "request (crash restarts are counted in restarts).", minimum=0),
+            "workerGeneration": integer("The number of the worker set that runs now: its pods' "
+                                        "flotilla.dev/generation label. A new set at every reshard and restart.",
+                                        minimum=0),
             "startedAt": string("When all workers first ran.", fmt="date-time"),
             "restarts": integer("Times the worker set restarted from a checkpoint after a worker failed.", minimum=0),
             "workers": integer("Worker pods the current placement needs.", minimum=0),

@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from flotilla import GROUP, VERSION
-from flotilla.resources import checkpoint
+from flotilla.reshard import encoding as checkpoint
 from flotilla.worker.steps import StepReporter
 
 PLURAL = "trainingjobs"

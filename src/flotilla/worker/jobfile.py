@@ -16,7 +16,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Iterator
 
-from flotilla.resources import checkpoint
+from flotilla.reshard import encoding as checkpoint
 
 
 class FileJobAPI:

@@ -17,6 +17,7 @@ from typing import Any
 
 from flotilla import GROUP, VERSION
 from flotilla.allocation import ScalingCurve
+from flotilla.reshard.view import worker_set_of
 from flotilla.resources import names
 from flotilla.worker.client import JobClient, WorkerIdentity
 
@@ -73,7 +74,7 @@ class SimulatedWorkers:
             if status.get("phase") not in ("Admitted", "Running", "Resharding") or not status.get("placement"):
                 continue
             seen.add(key)
-            generation = int(status.get("reshards", 0))
+            generation = worker_set_of(status)
             mine = pods.get((meta["uid"], generation), [])
             running = bool(mine) and len(mine) == int(status.get("workers", 0)) and all(
                 p.status.phase == "Running" for p in mine)
