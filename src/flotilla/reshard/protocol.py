@@ -315,6 +315,9 @@ def _drive_checkpoint(p: _Pass, reason: str) -> Step:
         if request and request.restart:
             return Step.SWITCH
         asked_at = _unix(ckpt.get("requestedAt") or rfc3339(p.now))
+        if request is None or request.generation < requested:
+            # Recorded in status, but the operator stopped before the annotation rank 0 reads was written.
+            p.out.annotations.update(request_annotation(requested, ckpt.get("reason") or reason, asked_at))
         timeout = p.settings.ack_timeout
         if p.now - asked_at > timeout:
             p.event("Warning", names.Reason.RESTART_FROM_CHECKPOINT,
