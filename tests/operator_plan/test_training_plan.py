@@ -9,6 +9,7 @@ from flotilla.allocation.fifo import FifoGang
 from flotilla.operator import training
 from flotilla.operator.actions import CreatePod, DeletePod, PatchAnnotations, PatchStatus, PostEvent
 from flotilla.operator.reconcile import reconcile, training_snapshot
+from flotilla.reshard import encoding
 from tests.operator_plan.builders import T0, node, pod, trainingjob, wname
 
 NOW = T0 + 60
@@ -198,7 +199,8 @@ def test_an_acknowledged_checkpoint_replaces_the_worker_set_even_when_the_move_w
 def test_without_an_acknowledgement_the_job_waits_then_restarts_from_the_last_checkpoint():
     body = trainingjob(status=_running(phase="Resharding",
                                        checkpoint={"requestedGeneration": 1, "step": 300,
-                                                   "requestedAt": training.rfc3339(NOW - 10)}))
+                                                   "requestedAt": training.rfc3339(NOW - 10)}),
+                       annotations=encoding.request_annotation(1, "n0 lost", NOW - 10))
     waiting = training.plan_job(body, OLD_PODS, MOVE, NOW, "p", ack_timeout=60)
     assert not [a for a in waiting if isinstance(a, (CreatePod, DeletePod, PatchAnnotations))]
     late = training.plan_job(body, OLD_PODS, MOVE, NOW + 100, "p", ack_timeout=60)
@@ -206,6 +208,18 @@ def test_without_an_acknowledgement_the_job_waits_then_restarts_from_the_last_ch
     assert st["reshards"] == 1 and st["progress"]["steps"] == 300 and st["checkpoint"]["generation"] == 1
     events = {a.reason: a.message for a in late if isinstance(a, PostEvent)}
     assert "RestartFromCheckpoint" in events and "100 steps lost" in events["Resharding"]
+
+
+def test_a_request_in_status_without_its_annotation_gets_it_written_again():
+    """The operator stopped between the status patch and the annotation: rank 0 would never see the request."""
+    body = trainingjob(status=_running(phase="Resharding",
+                                       checkpoint={"requestedGeneration": 1, "step": 300, "reason": "n0 lost",
+                                                   "requestedAt": training.rfc3339(NOW - 10)}))
+    waiting = training.plan_job(body, OLD_PODS, MOVE, NOW, "p", ack_timeout=60)
+    [notes] = [a.annotations for a in waiting if isinstance(a, PatchAnnotations)]
+    assert encoding.parse_request(notes) == {"generation": 1, "reason": "n0 lost", "requestedBy": "operator",
+                                             "restart": False, "time": training.rfc3339(NOW - 10)}
+    assert not [a for a in waiting if isinstance(a, (CreatePod, DeletePod))]
 
 
 def test_a_restart_request_from_the_controller_does_not_wait():
