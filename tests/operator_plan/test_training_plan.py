@@ -406,3 +406,15 @@ def test_worker_names_are_the_worker_pods_names(per_worker, placement):
     for generation in (0, 3):
         assert training.worker_names(body, placement, generation) == [
             p["metadata"]["name"] for p in training.worker_pods(body, placement, generation)]
+
+
+def test_a_shrink_after_the_user_lowers_max_gpus_names_that_cause():
+    """Not "to make room for guaranteed shares": the user's own change of spec.elasticity.maxGPUs."""
+    from flotilla.allocation import policies
+
+    body = trainingjob(max_gpus=2, status=_running(placement=[{"node": "n0", "gpus": 4}], gpus=4,
+                                                    startedAt="2026-01-01T00:00:10Z"))
+    pods = {f"ns/{wname('job', 0, r)}": pod(wname("job", 0, r), "job", 0) for r in range(4)}
+    actions = reconcile(NOW, policies.get("elastic-deadline"), {"ns/job": body}, {"n0": node("n0")}, pods, {}, {})
+    [asked] = [a.message for a in actions if isinstance(a, PostEvent) and a.reason == "CheckpointRequested"]
+    assert "shrinks 4->2 GPUs: spec.elasticity.maxGPUs is now 2" in asked and "guaranteed shares" not in asked

@@ -743,8 +743,12 @@ def _reason(p: _Plan, gpus: int, unplaced: str | None) -> str:
         parts.append(f"restarts on {gpus} GPUs: it lost a node")
     elif p.current == 0:
         parts.append(f"starts on {gpus} GPUs")
+    elif gpus > p.current and p.current < p.job.min_gpus:
+        parts.append(f"grows {p.current}->{gpus} GPUs: spec.elasticity.minGPUs is now {p.job.min_gpus}")
     elif gpus > p.current:
         parts.append(f"grows {p.current}->{gpus} GPUs: marginal gain outweighs {p.job.restore_seconds:.0f} s restore")
+    elif p.current > p.job.max_gpus:
+        parts.append(f"shrinks {p.current}->{gpus} GPUs: spec.elasticity.maxGPUs is now {p.job.max_gpus}")
     else:
         parts.append(f"shrinks {p.current}->{gpus} GPUs to make room for guaranteed shares")
     if unplaced:
