@@ -3,8 +3,8 @@
   python bench/reconcile_pass.py [--quick]
 
 Builds the objects the operator watches (N nodes x 8 GPUs, M running one-GPU TrainingJobs with their
-worker pods, a queue of pending ones) and times `operator.reconcile.reconcile` in the same process
-twice: with no ServingDeployment (the elastic allocator alone, the baseline; the serving pods are
+worker pods, a queue of pending ones) and times the operator's full reconcile pass (a fresh
+`operator.reconcile.Planner`'s first pass, as after a start or a node change) in the same process twice: with no ServingDeployment (the elastic allocator alone, the baseline; the serving pods are
 then GPUs it may not use) and with one (the pool arbiter decides for both). Prints one line per size, then, as its last line, one JSON object:
 {"<nodes>x<jobs>": {"no_serving_ms": a, "pool_ms": b, "ratio": b/a}, ...} (medians of the repeats).
 """
@@ -21,7 +21,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 
 from flotilla.allocation import policies  # noqa: E402
-from flotilla.operator.reconcile import reconcile  # noqa: E402
+from flotilla.operator.reconcile import Planner  # noqa: E402
 from flotilla.operator.training import pod_name  # noqa: E402
 from flotilla.pool import PoolPolicy  # noqa: E402
 
@@ -108,7 +108,7 @@ def main() -> int:
         for _ in range(args.repeats):
             for label, servings in (("no_serving_ms", {}), ("pool_ms", {"bench/chat": _serving()})):
                 started = time.perf_counter()
-                reconcile(NOW, allocator, jobs, nodes, pods, servings, {}, pool=policy)
+                Planner().plan(NOW, allocator, jobs, nodes, pods, servings, {}, pool=policy)
                 times[label].append((time.perf_counter() - started) * 1e3)
         row = {k: round(statistics.median(v), 1) for k, v in times.items()}
         row["ratio"] = round(row["pool_ms"] / row["no_serving_ms"], 2)

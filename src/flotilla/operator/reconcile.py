@@ -51,26 +51,9 @@ def plan(now: float, allocator: Allocator, jobs: Mapping[str, Body], nodes: Mapp
          deployments: Mapping[str, Body], max_restarts: int = 3,
          pool: PoolPolicy | None = None, inference_pools: bool = False,
          agent_port: int = names.DEFAULT_AGENT_PORT) -> list[tuple[str, str, list[Action]]]:
-    """(view kind, key, actions) for every TrainingJob ("jobs") and ServingDeployment ("servings"): an
-    object's status and annotation patches come first, then its pods, Deployments and Events.
-
-    With a `pool` policy and ServingDeployments present, the unified-pool arbiter decides for both
-    (serving may borrow training's GPUs); otherwise the allocator decides for training alone and
-    serving's pods are GPUs it may not use. `inference_pools`: the InferencePool CRD is installed."""
-    if pool is not None and servings:
-        shared = arbitrate(now, pool, jobs, nodes, pods, servings)
-        job_decisions, lending, grants = shared.jobs, shared.lending, shared.serving
-    else:
-        job_decisions = allocator.decide(training_snapshot(now, jobs, nodes, pods)).jobs
-        lending, grants = {}, {}
-    pods_of = _pods_by_job(pods)
-    out: list[tuple[str, str, list[Action]]] = []
-    for key, body in jobs.items():
-        mine = pods_of.get(body["metadata"].get("uid"), [])
-        out.append(("jobs", key, training.plan_job(body, mine, job_decisions.get(key), now,
-                                                   allocator.name, max_restarts=max_restarts,
-                                                   lending=lending.get(key), agent_port=agent_port)))
-    return out + _plan_servings(now, servings, deployments, grants, inference_pools)
+    """A full re-plan: the first pass of a fresh `Planner`, which plans every live job and ServingDeployment."""
+    return Planner().plan(now, allocator, jobs, nodes, pods, servings, deployments, max_restarts, pool,
+                          inference_pools, agent_port)
 
 
 def _pods_by_job(pods: Mapping[str, Body]) -> dict[str, list[Body]]:
@@ -95,7 +78,7 @@ def _plan_servings(now: float, servings: Mapping[str, Body], deployments: Mappin
 
 @dataclass
 class Planner:
-    """`plan` that re-plans only what changed since its last pass.
+    """The reconcile pass: it re-plans only what changed since its last pass (`plan`: a fresh one's first pass).
 
     A pass is *full* (the allocator run) on the first call, whenever something global changed (a node
     added, lost, cordoned, its capacity or labels; a job's spec: deadline, curve, elasticity, its
@@ -168,17 +151,40 @@ class Planner:
         inputs = (base.nodes, base.jobs, tuple(self._states[s.key][2] for s in base.jobs),
                   {k: v[1] for k, v in self._pod_prints.items()}, tuple(servings), tuple(map(id, servings.values())))
         if full or inputs != self._inputs:
-            self.allocator_runs += 1
-            if pool is not None and servings:
-                shared = arbitrate(now, pool, jobs, nodes, pods, servings, state_of=self._state_of, base=base)
-                self._decided = (shared.jobs, shared.lending, shared.serving)
-            else:
-                self._decided = (allocator.decide(training_snapshot(now, jobs, nodes, pods, state_of=self._state_of,
-                                                                    base=base)).jobs, {}, {})
+            self._decide(now, allocator, pool, jobs, nodes, pods, servings, base)
             self._inputs = inputs
         decisions, lending, grants = self._decided
         pods_of = _pods_by_job(pods)
         ids = {uid: tuple(map(id, mine)) for uid, mine in pods_of.items()}
+        out, acted = self._plan_jobs(now, allocator.name, jobs, pods_of, ids, plan_all, busy, max_restarts,
+                                     agent_port)
+        out.extend(_plan_servings(now, servings, deployments, grants, inference_pools))
+        if full:
+            self.full_passes += 1
+            took = self.clock() - started
+            self._next_full = now + took + max(self.full_every, took * (1 - self.full_share) / self.full_share)
+        self._jobs, self._pods_of, self._nodes, self._acted = dict(jobs), ids, dict(nodes), acted
+        self._inference_pools = inference_pools
+        self._last_decisions, self._last_lending = decisions, lending
+        return out
+
+    def _decide(self, now: float, allocator: Allocator, pool: PoolPolicy | None, jobs: Mapping[str, Body],
+                nodes: Mapping[str, Body], pods: Mapping[str, Body], servings: Mapping[str, Body],
+                base: ClusterSnapshot) -> None:
+        """Run the allocator, or the unified pool's arbiter when there are ServingDeployments to share with."""
+        self.allocator_runs += 1
+        if pool is not None and servings:
+            shared = arbitrate(now, pool, jobs, nodes, pods, servings, state_of=self._state_of, base=base)
+            self._decided = (shared.jobs, shared.lending, shared.serving)
+        else:
+            self._decided = (allocator.decide(training_snapshot(now, jobs, nodes, pods, state_of=self._state_of,
+                                                                base=base)).jobs, {}, {})
+
+    def _plan_jobs(self, now: float, policy: str, jobs: Mapping[str, Body], pods_of: Mapping[str, list[Body]],
+                   ids: Mapping[str, tuple[int, ...]], plan_all: bool, busy: Collection[str], max_restarts: int,
+                   agent_port: int) -> tuple[list[tuple[str, str, list[Action]]], set[str]]:
+        """The jobs' actions (those that may have new ones, or all), their timers kept; -> (plans, keys that acted)."""
+        decisions, lending, _ = self._decided
         out: list[tuple[str, str, list[Action]]] = []
         acted = set()
         timers = {k: t for k, t in self._timers.items() if k in jobs}
@@ -192,9 +198,8 @@ class Planner:
                 continue
             mine = pods_of.get(uid, [])
             state = self._state_of(body)
-            actions = training.plan_job(body, mine, decisions.get(key), now, allocator.name,
-                                        max_restarts=max_restarts, lending=lending.get(key), agent_port=agent_port,
-                                        state=state)
+            actions = training.plan_job(body, mine, decisions.get(key), now, policy, max_restarts=max_restarts,
+                                        lending=lending.get(key), agent_port=agent_port, state=state)
             if actions:
                 acted.add(key)
             out.append(("jobs", key, actions))
@@ -202,16 +207,8 @@ class Planner:
                 timers[key] = when
             else:
                 timers.pop(key, None)
-        out.extend(_plan_servings(now, servings, deployments, grants, inference_pools))
         self._timers = timers
-        if full:
-            self.full_passes += 1
-            took = self.clock() - started
-            self._next_full = now + took + max(self.full_every, took * (1 - self.full_share) / self.full_share)
-        self._jobs, self._pods_of, self._nodes, self._acted = dict(jobs), ids, dict(nodes), acted
-        self._inference_pools = inference_pools
-        self._last_decisions, self._last_lending = decisions, lending
-        return out
+        return out, acted
 
     def _why_full(self, now: float, jobs: Mapping[str, Body], nodes: Mapping[str, Body],
                   inference_pools: bool) -> str | None:
