@@ -36,15 +36,15 @@ def passes_while_jobs_arrive(monkeypatch, batch_seconds: float, rate: float = 20
     at `rate`, the first of them `quiet_before` seconds after the loop started; `woken_before`: each comes that
     long after something else woke the loop (a pod's event); `gaps`: the seconds after each job before the next
     (instead of `rate` and `seconds`)."""
-    world, view = World(seed=2, nodes=2), View()
-    monkeypatch.setattr(handlers, "view", view)
-    monkeypatch.setattr(handlers, "settings", handlers.Settings(
-        allocator=policies.get("elastic-deadline"), debounce_seconds=0.2, batch_seconds=batch_seconds))
+    world = World(seed=2, nodes=2)
+    op = handlers.Operator(handlers.Settings(allocator=policies.get("elastic-deadline"), debounce_seconds=0.2,
+                                             batch_seconds=batch_seconds))
+    view = op.view
     arrived: dict[str, float] = {}
     waits: list[float] = []
     passes = 0
 
-    async def reconcile_once(kube):
+    async def reconcile_once(op, kube):
         nonlocal passes
         passes += 1
         now = asyncio.get_running_loop().time()
@@ -54,7 +54,7 @@ def passes_while_jobs_arrive(monkeypatch, batch_seconds: float, rate: float = 20
     async def run():
         monkeypatch.setattr(handlers, "_reconcile_once", reconcile_once)
         loop = asyncio.get_running_loop()
-        reconciling = loop.create_task(handlers._reconcile_forever(None))
+        reconciling = loop.create_task(handlers._reconcile_forever(op, None))
         await asyncio.sleep(quiet_before)
         for gap in gaps if gaps is not None else [1 / rate] * max(1, int(rate * seconds)):
             if woken_before is not None:

@@ -13,6 +13,7 @@ import urllib3
 from kubernetes import client
 
 from flotilla.kubeapi import ApiClient, ApiTimeout
+from flotilla.operator import handlers
 from flotilla.operator.actions import PatchStatus
 from flotilla.operator.kube import Kube
 from tests.operator_kube.test_writes_in_flight import operator  # noqa: F401 - fixture
@@ -61,13 +62,13 @@ def test_a_hung_write_fails_its_chain_and_the_object_is_planned_again(operator, 
         kube._call = call
         operator.view.put("nodes", node("n0", gpus=8))
         operator.view.put("jobs", trainingjob("j", min_gpus=4, max_gpus=4))
-        await operator._reconcile_once(kube)
+        await handlers._reconcile_once(operator, kube)
         assert list(operator.in_flight) == [("jobs", "ns/j")]
         assert operator.view.jobs["ns/j"]["status"]["phase"] == "Admitted"  # shown while on its way
         while operator.in_flight:
             await asyncio.sleep(0.01)
         assert operator.view.jobs["ns/j"]["status"] == {}  # given up: shown as the API server has it
-        await operator._reconcile_once(kube)  # planned again
+        await handlers._reconcile_once(operator, kube)  # planned again
         while operator.in_flight:
             await asyncio.sleep(0.01)
         assert sent[:2] == ["PatchStatus", "PatchStatus"]

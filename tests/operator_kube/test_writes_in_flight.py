@@ -77,7 +77,8 @@ def test_an_object_deleted_while_its_write_is_in_flight_stays_deleted():
 class GatedKube:
     """Answers each object's actions only when the test opens that object's gate."""
 
-    def __init__(self):
+    def __init__(self, view: View):
+        self.view = view
         self.requests, self.throttled_seconds = 0, 0.0
         self.gates: dict[str, asyncio.Event] = {}
         self.applied: list[list] = []
@@ -92,7 +93,7 @@ class GatedKube:
         done = []
         for a in actions:
             if isinstance(a, PatchStatus):
-                body = handlers.view.jobs.get(f"ns/{a.name}") or trainingjob(a.name)
+                body = self.view.jobs.get(f"ns/{a.name}") or trainingjob(a.name)
                 done.append((a, with_version({**body, "status": merge_patch(body.get("status"), a.status)}, 50)))
             else:
                 done.append((a, True))
@@ -100,11 +101,8 @@ class GatedKube:
 
 
 @pytest.fixture
-def operator(monkeypatch):
-    monkeypatch.setattr(handlers, "view", View())
-    monkeypatch.setattr(handlers, "in_flight", {})
-    handlers.configure(handlers.Settings(allocator=FifoGang()))
-    return handlers
+def operator():
+    return handlers.Operator(handlers.Settings(allocator=FifoGang()))
 
 
 def placed_on(actions):
@@ -112,13 +110,13 @@ def placed_on(actions):
 
 
 async def one_pass(operator, kube):
-    await operator._reconcile_once(kube)
+    await handlers._reconcile_once(operator, kube)
     await asyncio.sleep(0)  # the writes it handed off start
 
 
 def test_the_next_pass_plans_with_the_placement_in_flight(operator):
     async def scenario():
-        kube = GatedKube()
+        kube = GatedKube(operator.view)
         view = operator.view
         view.put("nodes", node("n0", gpus=8))
         view.put("jobs", trainingjob("late", min_gpus=8, max_gpus=8))

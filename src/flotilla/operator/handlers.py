@@ -66,22 +66,35 @@ class Settings:
     agent_port: int = names.DEFAULT_AGENT_PORT  # the node agents' step-time port, given to worker pods
 
 
-view = View()
-inference_pools = False  # the InferencePool CRD is installed (flotilla.operator.endpoint)
-in_flight: dict[tuple[str, str], asyncio.Task] = {}  # (view kind, key) -> the task writing that object's actions
-_planner = ThreadPoolExecutor(max_workers=1, thread_name_prefix="plan")
-# TrainingJob status patches answered, by what they set (`status_patch_kind`): logged now and then for the
-# benchmarks (each costs the API server more than any other request of the operator's).
-status_patches: Counter[str] = Counter()
-_status_patches_logged: tuple[float, int] = (0.0, 0)  # when, and how many there were then
-planner = Planner()
-settings: Settings | None = None
+@dataclass
+class Operator:
+    """Everything the operator's process keeps between passes, in one object handed to what uses it."""
+
+    settings: Settings
+    view: View = field(default_factory=View)
+    inference_pools: bool = False  # the InferencePool CRD is installed (flotilla.operator.endpoint)
+    # (view kind, key) -> the task writing that object's actions
+    in_flight: dict[tuple[str, str], asyncio.Task] = field(default_factory=dict)
+    planner: Planner = field(default_factory=Planner)
+    plan_thread: ThreadPoolExecutor = field(
+        default_factory=lambda: ThreadPoolExecutor(max_workers=1, thread_name_prefix="plan"))
+    # TrainingJob status patches answered, by what they set (`status_patch_kind`): logged now and then for the
+    # benchmarks (each costs the API server more than any other request of the operator's).
+    status_patches: Counter[str] = field(default_factory=Counter)
+    status_patches_logged: tuple[float, int] = (0.0, 0)  # when, and how many there were then
+
+    def __post_init__(self) -> None:
+        self.planner.full_every = self.settings.resync_seconds
 
 
-def configure(s: Settings) -> None:
-    global settings, planner
-    settings = s
-    planner = Planner(full_every=s.resync_seconds)
+# The operator kopf's handlers (login, startup, cleanup) run: set by `configure`.
+current: Operator | None = None
+
+
+def configure(s: Settings) -> Operator:
+    global current
+    current = Operator(s)
+    return current
 
 
 SELECTOR = ",".join(f"{k}={v}" for k, v in MANAGED.items())
@@ -104,21 +117,22 @@ class _IdentifiedConnection(kopf.ConnectionInfo):
 def login(**kwargs: Any) -> kopf.ConnectionInfo | None:
     with kubeapi.CONFIG_LOCK:  # not beside the operator's own clients' loads (flotilla.kubeapi)
         info = kopf.login_via_client(**kwargs)
-    if info is None or settings is None:
+    if info is None or current is None:
         return info
     fields = {f.name: getattr(info, f.name) for f in dataclasses.fields(kopf.ConnectionInfo)}
-    return _IdentifiedConnection(**fields, user_agent=f"{USER_AGENT}/{settings.identity}")
+    return _IdentifiedConnection(**fields, user_agent=f"{USER_AGENT}/{current.settings.identity}")
 
 
 @kopf.on.startup()
 async def startup(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) -> None:
-    ours = _settings()
+    op = _current()
+    ours = op.settings
     settings.posting.enabled = False  # kopf's own Events are not fenced; the operator's go through Kube
     # A timeout on every request of kopf's too: a hung connection must not stall a watch for good.
     settings.networking.request_timeout = ours.api_timeout
     settings.networking.connect_timeout = ours.api_timeout
     settings.persistence.finalizer = f"{GROUP}/operator"
-    memo.loop_task = asyncio.get_running_loop().create_task(_loop())
+    memo.loop_task = asyncio.get_running_loop().create_task(_loop(op))
 
 
 @kopf.on.cleanup()
@@ -126,12 +140,13 @@ async def cleanup(memo: kopf.Memo, **_: Any) -> None:
     task = getattr(memo, "loop_task", None)
     if task:
         task.cancel()
-    _log_status_patches(every=0.0)
+    if current is not None:
+        _log_status_patches(current, every=0.0)
 
 
-def _settings() -> Settings:
-    assert settings is not None, "flotilla.operator.handlers.configure() was not called"
-    return settings
+def _current() -> Operator:
+    assert current is not None, "flotilla.operator.handlers.configure() was not called"
+    return current
 
 
 def _api_client(s: Settings, connections: int, fence: kubeapi.Fence | None) -> kubeapi.ApiClient:
@@ -141,8 +156,8 @@ def _api_client(s: Settings, connections: int, fence: kubeapi.Fence | None) -> k
                            retries=False)
 
 
-async def _loop() -> None:
-    s = _settings()
+async def _loop(op: Operator) -> None:
+    s, view = op.settings, op.view
     # The clients are made off the event loop (each reads the kubeconfig and builds a TLS context, which
     # takes seconds on a busy machine): the Lease is renewed on the loop. One client reads for the watches,
     # a connection each, and the re-lists.
@@ -160,12 +175,12 @@ async def _loop() -> None:
     # The first decision waits for a full list of every kind: a new leader starts from what is, not a cache.
     await asyncio.gather(*(w.synced.wait() for w in watches))
     relisting = asyncio.get_running_loop().create_task(relister.run())
-    discovering = asyncio.get_running_loop().create_task(_discover_inference_pools(discovery))
+    discovering = asyncio.get_running_loop().create_task(_discover_inference_pools(op, discovery))
     log.info("reconcile loop started as %s: policy=%s resync=%ss relist=%ss api-timeout=%ss concurrency=%d qps=%s "
              "burst=%d unified pool: %s fenced by the lease: %s", s.identity, s.allocator.name, s.resync_seconds,
              s.relist_seconds, s.api_timeout, s.concurrency, s.qps, s.burst, s.pool or "off", s.fence is not None)
     try:
-        await _reconcile_forever(kube)
+        await _reconcile_forever(op, kube)
     finally:
         relisting.cancel()
         discovering.cancel()
@@ -173,19 +188,18 @@ async def _loop() -> None:
             w.stop()
 
 
-async def _discover_inference_pools(api: kubeapi.ApiClient) -> None:
-    """Keeps `inference_pools` true while the InferencePool CRD is installed (checked every relist period)."""
-    global inference_pools
-    s = _settings()
+async def _discover_inference_pools(op: Operator, api: kubeapi.ApiClient) -> None:
+    """Keeps `op.inference_pools` true while the InferencePool CRD is installed (checked every relist period)."""
+    s = op.settings
     while True:
         try:
             served = await asyncio.get_running_loop().run_in_executor(None, inference_pools_served, api,
                                                                       s.api_timeout)
-            if served != inference_pools:
+            if served != op.inference_pools:
                 log.info("InferencePools %s: ServingDeployments %s", "served" if served else "not served",
                          "get one each" if served else "get Services only")
-                inference_pools = served
-                view.wake.set()
+                op.inference_pools = served
+                op.view.wake.set()
         except Exception as e:  # the API server away: keep what was known
             log.warning("could not check for the InferencePool API: %s", e)
         await asyncio.sleep(s.relist_seconds)
@@ -197,14 +211,14 @@ async def _discover_inference_pools(api: kubeapi.ApiClient) -> None:
 QUIET_BATCHES = 2.0
 
 
-def _lone_arrival() -> bool:
+def _lone_arrival(op: Operator) -> bool:
     """A TrainingJob new to the view came QUIET_BATCHES x `batch_seconds` or more after the previous one."""
-    arrival = view.first_arrival
-    return arrival is not None and arrival - view.taken_arrival >= QUIET_BATCHES * _settings().batch_seconds
+    arrival = op.view.first_arrival
+    return arrival is not None and arrival - op.view.taken_arrival >= QUIET_BATCHES * op.settings.batch_seconds
 
 
-async def _reconcile_forever(kube: Kube) -> None:
-    assert settings is not None
+async def _reconcile_forever(op: Operator, kube: Kube) -> None:
+    settings, view = op.settings, op.view
     plan_seconds = 0.0
     passed = -float("inf")  # when the last pass ended
     while True:
@@ -216,12 +230,12 @@ async def _reconcile_forever(kube: Kube) -> None:
         # a busy machine), the next pass waits as long as the last took, so that planning takes at most half of
         # the operator's CPU. (By the wall clock: on a machine short of CPU, passes then slow down instead of
         # taking more of it.)
-        if _lone_arrival():
+        if _lone_arrival(op):
             # A job arriving after a quiet spell is planned at once: no debounce, no batch to wait for.
             await asyncio.sleep(passed + plan_seconds - view.clock())
         else:
             await asyncio.sleep(max(settings.debounce_seconds, plan_seconds))
-            if view.first_arrival is not None and not _lone_arrival():
+            if view.first_arrival is not None and not _lone_arrival(op):
                 # Jobs arriving in a stream or a burst: the pass that takes them (one allocator run for them all)
                 # starts once arrivals pause for the debounce, or `batch_seconds` after the first, if sooner.
                 while (wait := min(view.first_arrival + settings.batch_seconds,
@@ -229,7 +243,7 @@ async def _reconcile_forever(kube: Kube) -> None:
                     await asyncio.sleep(wait)
         view.taken()
         try:
-            plan_seconds = await _reconcile_once(kube)
+            plan_seconds = await _reconcile_once(op, kube)
         except asyncio.CancelledError:
             raise
         except Exception:
@@ -237,9 +251,9 @@ async def _reconcile_forever(kube: Kube) -> None:
         passed = view.clock()
 
 
-async def _reconcile_once(kube: Kube) -> float:
+async def _reconcile_once(op: Operator, kube: Kube) -> float:
     """One pass; returns the seconds it spent planning."""
-    assert settings is not None
+    settings, view, planner, in_flight = op.settings, op.view, op.planner, op.in_flight
     started = time.perf_counter()
     view.prune()
     # Planned in a thread of its own on copies of the view (the objects are replaced, never changed in place),
@@ -248,8 +262,8 @@ async def _reconcile_once(kube: Kube) -> float:
         dict(d) for d in (view.jobs, view.nodes, view.pods, view.servings, view.deployments))
     full_passes = planner.full_passes
     plans, plan_cpu = await asyncio.get_running_loop().run_in_executor(
-        _planner, _timed, planner.plan, time.time(), settings.allocator, jobs, nodes, pods, servings, deployments,
-        settings.max_restarts, settings.pool, inference_pools, settings.agent_port,
+        op.plan_thread, _timed, planner.plan, time.time(), settings.allocator, jobs, nodes, pods, servings,
+        deployments, settings.max_restarts, settings.pool, op.inference_pools, settings.agent_port,
         {key for kind, key in in_flight if kind == "jobs"})
     planned = time.perf_counter()
     actions = dispatched = deferred = 0
@@ -270,7 +284,7 @@ async def _reconcile_once(kube: Kube) -> float:
             deferred += 1
             continue
         view.expect(kind, key, [a for a in acts if isinstance(a, (PatchStatus, PatchAnnotations))])
-        in_flight[(kind, key)] = asyncio.get_running_loop().create_task(_write(kube, kind, key, acts))
+        in_flight[(kind, key)] = asyncio.get_running_loop().create_task(_write(op, kube, kind, key, acts))
         dispatched += 1
     # One line per pass (INFO when it acted), parsed by bench/scale.py: re-plan time and API requests so far.
     log.log(logging.INFO if actions else logging.DEBUG,
@@ -279,7 +293,7 @@ async def _reconcile_once(kube: Kube) -> float:
             actions, dispatched, deferred, len(in_flight), kube.requests, kube.throttled_seconds, plan_cpu * 1e3,
             len(plans),
             planner.full_passes - full_passes, f" ({planner.full_reason})" if planner.full_reason else "")
-    _log_status_patches()
+    _log_status_patches(op)
     return planned - started
 
 
@@ -290,13 +304,12 @@ def status_patch_kind(patch: dict[str, Any]) -> str:
     return "+".join([str(patch.get("phase", "no phase")), *(f for f in notable if f in patch)])
 
 
-def _log_status_patches(every: float = 10.0) -> None:
-    global _status_patches_logged
-    now, total = time.monotonic(), sum(status_patches.values())
-    if total != _status_patches_logged[1] and now - _status_patches_logged[0] >= every:
-        log.info("TrainingJob status patches so far: %s", json.dumps(dict(status_patches.most_common())))
+def _log_status_patches(op: Operator, every: float = 10.0) -> None:
+    now, total = time.monotonic(), sum(op.status_patches.values())
+    if total != op.status_patches_logged[1] and now - op.status_patches_logged[0] >= every:
+        log.info("TrainingJob status patches so far: %s", json.dumps(dict(op.status_patches.most_common())))
         log.info("CPU seconds by thread so far: %s", json.dumps(thread_cpu_seconds()))
-        _status_patches_logged = (now, total)
+        op.status_patches_logged = (now, total)
 
 
 def thread_cpu_seconds() -> dict[str, float]:
@@ -320,19 +333,19 @@ def _timed(fn: Callable[..., Any], *args: Any) -> tuple[Any, float]:
     return fn(*args), time.thread_time() - started
 
 
-async def _write(kube: Kube, kind: str, key: str, actions: list[Action]) -> None:
-    answer = None
+async def _write(op: Operator, kube: Kube, kind: str, key: str, actions: list[Action]) -> None:
+    view, answer = op.view, None
     try:
         for action, result in await kube.apply(actions):
             if isinstance(action, (PatchStatus, PatchAnnotations)) and isinstance(result, dict):
                 answer = result
                 if isinstance(action, PatchStatus) and kind == "jobs":
-                    status_patches[status_patch_kind(action.status)] += 1
+                    op.status_patches[status_patch_kind(action.status)] += 1
             elif isinstance(action, CreatePod):
                 view.created(key_of(action.manifest), time.monotonic())
             elif isinstance(action, ApplyObject):
                 view.applied(action.manifest, time.monotonic())
     finally:
         view.settle(kind, key, answer)
-        in_flight.pop((kind, key), None)
+        op.in_flight.pop((kind, key), None)
         view.wake.set()
