@@ -131,7 +131,8 @@ def test_job_succeeds_when_rank0_exits_zero_and_a_failing_worker_restarts_then_f
     wait_for("quick Succeeded", lambda: phase("quick", namespace) == "Succeeded", timeout=60)
     wait_for("broken Failed", lambda: phase("broken", namespace) == "Failed", timeout=90)
     broken = get("trainingjob", "broken", namespace)["status"]
-    assert broken["restarts"] == 3 and broken["reshards"] == 3  # restarted from its checkpoint 3 times
+    # Restarted from its checkpoint 3 times: 3 new worker sets, no reshard (its size and placement never changed).
+    assert broken["restarts"] == 3 and broken["workerGeneration"] == 3 and broken.get("reshards", 0) == 0
     assert "failed after 3 restarts" in broken["message"]
     assert events_for(namespace, "broken").count("WorkerFailed") == 4
     ready = [c for c in get("trainingjob", "quick", namespace)["status"]["conditions"] if c["type"] == "Ready"]
