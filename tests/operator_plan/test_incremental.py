@@ -212,3 +212,23 @@ def test_a_busy_job_is_planned_in_the_first_pass_after_its_writes():
     assert ("jobs", key) not in planned
     again = by_key(planner.plan(NOW, allocator, *world.views()))  # its writes failed: nothing changed
     assert again[("jobs", key)] == by_key(plan(NOW, allocator, *world.views()))[("jobs", key)] != []
+
+
+def test_what_earlier_writes_did_is_left_out_and_the_job_planned_again():
+    """Pods created whose watch events have not come (`Done.pods`) are not created again, nor the rendezvous
+    Service that goes with their creation; the job is planned again in the next pass (its pods may never come)."""
+    from flotilla.allocation.fifo import FifoGang
+    from flotilla.operator.actions import ApplyObject, CreatePod, Done, pod_key
+    from tests.operator_plan.builders import node, trainingjob
+
+    jobs, nodes = {"ns/j": trainingjob("j", min_gpus=2, max_gpus=2)}, {"n0": node("n0")}
+    [(_, _, first)] = [p for p in Planner().plan(NOW, FifoGang(), jobs, nodes, {}, {}, {}) if p[0] == "jobs"]
+    creates = [pod_key(a.manifest) for a in first if isinstance(a, CreatePod)]
+    assert len(creates) == 2 and any(isinstance(a, ApplyObject) for a in first)
+    planner = Planner(full_every=float("inf"))
+    done = Done(pods=frozenset(creates))
+    for _ in range(2):
+        [(_, _, actions)] = planner.plan(NOW, FifoGang(), jobs, nodes, {}, {}, {}, done=done)
+        assert actions and not [a for a in actions if isinstance(a, (CreatePod, ApplyObject))]
+    assert Done(pods=frozenset(creates[:1])).outstanding("jobs", first) == [
+        a for a in first if not (isinstance(a, CreatePod) and pod_key(a.manifest) == creates[0])]

@@ -261,21 +261,15 @@ async def _reconcile_once(op: Operator, kube: Kube) -> float:
     jobs, nodes, pods, servings, deployments = (
         dict(d) for d in (view.jobs, view.nodes, view.pods, view.servings, view.deployments))
     full_passes = planner.full_passes
+    # What the writes of earlier passes did that the view's copies may not show yet: planned around, not re-sent.
+    done = view.done(time.monotonic(), settings.relist_seconds)
     plans, plan_cpu = await asyncio.get_running_loop().run_in_executor(
         op.plan_thread, _timed, planner.plan, time.time(), settings.allocator, jobs, nodes, pods, servings,
         deployments, settings.max_restarts, settings.pool, op.inference_pools, settings.agent_port,
-        {key for kind, key in in_flight if kind == "jobs"})
+        {key for kind, key in in_flight if kind == "jobs"}, done)
     planned = time.perf_counter()
     actions = dispatched = deferred = 0
-    now = time.monotonic()
     for kind, key, acts in plans:
-        # Pods created while this pass was planned, or whose watch events are late: creating them again
-        # would only cost a 409 each.
-        acts = [a for a in acts if not (isinstance(a, CreatePod) and view.has_pod(key_of(a.manifest), now))]
-        if kind == "jobs" and not any(isinstance(a, CreatePod) for a in acts):
-            acts = [a for a in acts if not isinstance(a, ApplyObject)]  # the rendezvous Service goes with pod creations
-        acts = [a for a in acts if not (isinstance(a, ApplyObject)
-                                        and view.applied_recently(a.manifest, now, settings.relist_seconds))]
         if not acts:
             continue
         actions += len(acts)

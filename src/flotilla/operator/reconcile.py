@@ -9,7 +9,7 @@ from typing import Any, Callable, Collection, Mapping
 
 from flotilla.allocation import Allocator, ClusterSnapshot, JobDecision, JobState, NodeState
 from flotilla.operator import serving, training
-from flotilla.operator.actions import Action
+from flotilla.operator.actions import Action, Done
 from flotilla.operator.pods import holds_gpus, pod_gpus, serving_key, worker_job_uid
 from flotilla.operator.pool import arbitrate
 from flotilla.pool import PoolPolicy, with_foreign_gpus
@@ -125,10 +125,11 @@ class Planner:
              pods: Mapping[str, Body], servings: Mapping[str, Body], deployments: Mapping[str, Body],
              max_restarts: int = 3, pool: PoolPolicy | None = None, inference_pools: bool = False,
              agent_port: int = names.DEFAULT_AGENT_PORT,
-             busy: Collection[str] = ()) -> list[tuple[str, str, list[Action]]]:
-        """As `plan`, but only the objects that may have new actions (see the class). `busy`: jobs whose
+             busy: Collection[str] = (), done: Done | None = None) -> list[tuple[str, str, list[Action]]]:
+        """The actions of the objects that may have new ones (see the class). `busy`: jobs whose
         writes are still on their way; they are not planned now (what they would do next waits for those
-        writes' answers) and are planned in the first pass after."""
+        writes' answers) and are planned in the first pass after. `done`: what the operator's writes already
+        did that the objects do not show yet, left out of the actions returned."""
         started = self.clock()
         # A finished job has nothing to plan and holds nothing: planning and the allocator see the live ones
         # (at scale most jobs are finished).
@@ -159,6 +160,8 @@ class Planner:
         out, acted = self._plan_jobs(now, allocator.name, jobs, pods_of, ids, plan_all, busy, max_restarts,
                                      agent_port)
         out.extend(_plan_servings(now, servings, deployments, grants, inference_pools))
+        if done is not None:  # after `acted`: a job whose actions are all done is planned again next pass
+            out = [(kind, key, done.outstanding(kind, actions)) for kind, key, actions in out]
         if full:
             self.full_passes += 1
             took = self.clock() - started

@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable, Mapping
 
 from flotilla.operator import training, trim
-from flotilla.operator.actions import PatchAnnotations, PatchStatus
+from flotilla.operator.actions import Done, PatchAnnotations, PatchStatus, object_key
 from flotilla.operator.pods import holds_gpus, worker_job_uid
 
 _TRIM = {"jobs": trim.trainingjob, "pods": trim.pod, "nodes": trim.node}
@@ -226,24 +226,25 @@ class View:
 
     def has_pod(self, pod_key: str, now: float) -> bool:
         """The pod is in the view, or this operator created it less than CREATED_TTL_SECONDS ago and its
-        watch event has not come (a pass planned on an older copy of the view may want it created again)."""
-        if pod_key in self.pods:
-            return True
-        at = self._created.get(pod_key)
-        if at is not None and now - at <= CREATED_TTL_SECONDS:
-            return True
-        self._created.pop(pod_key, None)
-        return False
+        watch event has not come (`done`)."""
+        return pod_key in self.pods or pod_key in self.done(now, 0.0).pods
+
+    def done(self, now: float, ttl: float) -> Done:
+        """What a pass planned now must not do again: pods created within CREATED_TTL_SECONDS whose watch events
+        have not come, endpoint objects applied as they are within `ttl` (applied again after it, which brings
+        back one deleted by hand)."""
+        for key in [k for k, at in self._created.items() if k in self.pods or now - at > CREATED_TTL_SECONDS]:
+            del self._created[key]
+        return Done(frozenset(self._created),
+                    {k: manifest for k, (manifest, at) in self._applied.items() if now - at < ttl})
 
     def applied(self, manifest: dict[str, Any], now: float) -> None:
         """An endpoint object (Service, InferencePool) was server-side applied as `manifest`."""
-        self._applied[_object_key(manifest)] = (json.dumps(manifest, sort_keys=True), now)
+        self._applied[object_key(manifest)] = (json.dumps(manifest, sort_keys=True), now)
 
     def applied_recently(self, manifest: dict[str, Any], now: float, ttl: float) -> bool:
-        """The same manifest was applied less than `ttl` ago: not sent again. Endpoint objects are not
-        watched; applying each again every `ttl` brings back one deleted by hand."""
-        was = self._applied.get(_object_key(manifest))
-        return was is not None and now - was[1] < ttl and was[0] == json.dumps(manifest, sort_keys=True)
+        """The same manifest was applied less than `ttl` ago: not sent again (`done`)."""
+        return self.done(now, ttl).applied.get(object_key(manifest)) == json.dumps(manifest, sort_keys=True)
 
     def prune(self) -> None:
         """Forget the pods of finished jobs once they hold no GPUs: a pass then plans with live ones only.
@@ -254,11 +255,6 @@ class View:
         for key, pod in list(self.pods.items()):
             if worker_job_uid(pod) in self._pruned and not holds_gpus(pod):
                 del self.pods[key]
-
-
-def _object_key(manifest: dict[str, Any]) -> str:
-    meta = manifest["metadata"]
-    return f"{manifest['kind']}/{meta.get('namespace')}/{meta['name']}"
 
 
 def _same(was: dict[str, Any] | None, now: dict[str, Any]) -> bool:
