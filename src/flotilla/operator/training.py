@@ -36,7 +36,7 @@ from flotilla.operator.actions import (
 from flotilla.operator.pods import holds_gpus, pod_gpus, worker_job_uid
 from flotilla.operator.timeutil import rfc3339, to_unix
 from flotilla.reshard import protocol, view
-from flotilla.reshard.view import JobView, WorkerPod, label_int
+from flotilla.reshard.view import JobView, WorkerPod
 from flotilla.resources import names, parse, phases, training_job
 from flotilla.resources import node as k8s_node
 
@@ -406,7 +406,8 @@ def worker_pod(pod: Body, job_uid: str) -> WorkerPod:
     """A worker pod of the job with that UID, as the protocol reads it. Its rank is read from its name (`pod_name`):
     a pod of another name is no rank of the set."""
     meta, status = pod["metadata"], pod.get("status") or {}
-    worker_set = label_int(meta.get("labels") or {}, names.LABEL_GENERATION)
+    raw = (meta.get("labels") or {}).get(names.LABEL_GENERATION, "")
+    worker_set = int(raw) if str(raw).isdigit() else -1
     name = meta["name"]
     tail = f"-{uid_hash(job_uid)}-g{worker_set}-w"
     rank = name[name.rfind(tail) + len(tail):] if tail in name else ""

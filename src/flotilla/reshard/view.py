@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from typing import Any, Mapping
 
 from flotilla.reshard import encoding
-from flotilla.resources import names, parse
+from flotilla.resources import parse
 
 Body = Mapping[str, Any]
 
@@ -163,14 +163,3 @@ def progress_of(notes: Mapping[str, str] | None, status: Mapping[str, Any], work
         return out
     recorded = status.get("progress")
     return dict(recorded) if recorded else None
-
-
-def label_int(labels: Mapping[str, str], key: str) -> int:
-    try:
-        return int(labels.get(key, -1))
-    except (TypeError, ValueError):
-        return -1
-
-
-GENERATION_LABEL = names.LABEL_GENERATION
-RANK_LABEL = names.LABEL_RANK
