@@ -38,6 +38,7 @@ from typing import Callable, Literal, Sequence
 
 from flotilla.controller import checkpoints, views
 from flotilla.controller.actions import ClusterActionError, ClusterActions
+from flotilla.controller.db import is_outage
 from flotilla.controller.metrics import ControllerMetrics
 from flotilla.controller.mirror import DecisionRecord
 from flotilla.controller.store import Store
@@ -104,11 +105,18 @@ class HealthResponder:
 
     def run(self, interval: float = 0.5) -> None:
         """Tick every `interval` s: the monitor judges liveness every half of its own interval (1 s)."""
+        unreachable = False
         while not self._stop.wait(interval):
             try:
                 self.tick()
-            except Exception:
-                log.exception("health tick failed")
+            except Exception as e:
+                if not is_outage(e):
+                    log.exception("health tick failed")
+                elif not unreachable:  # one line per outage, not one a tick
+                    log.warning("health tick: the database is unreachable (%s); ticking on", type(e).__name__)
+                unreachable = unreachable or is_outage(e)
+            else:
+                unreachable = False
 
     def stop(self) -> None:
         self._stop.set()

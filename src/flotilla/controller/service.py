@@ -15,7 +15,7 @@ import uvicorn
 from flotilla.controller.actions import ClusterActions, OfflineActions
 from flotilla.controller.api import Controller, Policy, create_app
 from flotilla.controller.auth import TokenAuthenticator, create_tokens_file
-from flotilla.controller.db import create_engine, upgrade
+from flotilla.controller.db import create_engine, is_outage, upgrade
 from flotilla.controller.health import HealthResponder
 from flotilla.controller.ingest import Ingestor, RedisConsumer, Retention, SampleSink, SampleStoreSink
 from flotilla.controller.ingest_auth import (
@@ -126,7 +126,7 @@ class ControllerService:
                        if settings.health else None)
         if self.health is not None:
             sinks.append(self.health)
-        self.ingestor = Ingestor(sinks, self.metrics)
+        self.ingestor = Ingestor(sinks, self.metrics, dead_letters=self.store)
         authenticator = TokenAuthenticator(settings.tokens_file, reviewer)
         self.controller = Controller(
             store=self.store, actions=actions, auth=authenticator, ingest_policy=ingest_policy,
@@ -150,8 +150,12 @@ class ControllerService:
                 if dropped:
                     log.info("retention: dropped %d samples older than %gs", dropped,
                              self.settings.sample_retention_s)
-            except Exception:
-                log.exception("retention run failed")
+            except Exception as e:
+                if is_outage(e):
+                    log.warning("retention: the database is unreachable (%s); next run in %gs", type(e).__name__,
+                                self.settings.retention_every_s)
+                else:
+                    log.exception("retention run failed")
 
     def start(self) -> None:
         threading.Thread(target=self._retention_loop, name="retention", daemon=True).start()

@@ -12,12 +12,14 @@ from sqlalchemy.orm import sessionmaker
 
 from flotilla.controller.db import (
     AllocationRow,
+    DeadLetterRow,
     DecisionRow,
     IdempotencyRow,
     NodeRow,
     SampleRow,
     ServingDeploymentRow,
     TrainingJobRow,
+    is_outage,
 )
 from flotilla.controller.mirror import (
     DecisionRecord,
@@ -86,6 +88,13 @@ def _serving_record(row: ServingDeploymentRow) -> ServingRecord:
 
 def _node_record(row: NodeRow) -> NodeRecord:
     return NodeRecord(**{f.name: getattr(row, f.name) for f in dataclasses.fields(NodeRecord)})
+
+
+def _one_line(e: Exception) -> str:
+    """`Kind: first line` of a database error, without SQLAlchemy's statement and parameters."""
+    cause = getattr(e, "orig", None) or e
+    text = str(cause).strip().splitlines()
+    return f"{type(cause).__name__}: {text[0] if text else ''}"[:500]
 
 
 def _decision_row(d: DecisionRecord, now: float) -> DecisionRow:
@@ -404,6 +413,43 @@ class Store:
                 {"ts": x.ts, "node": x.node, "metric": x.metric, "value": x.value, "job": x.job, "gpu": x.gpu,
                  "role": x.role, "rank": x.rank}
                 for x in samples])
+
+    def add_samples_or_refuse(self, samples: Sequence[Sample]) -> list[tuple[Sample, str]]:
+        """Store what the database takes -> [(a sample it refused, why)]. One transaction for the batch; when
+        that is refused, a transaction per sample, so that one bad sample costs no other. An outage raises."""
+        try:
+            self.add_samples(samples)
+            return []
+        except Exception as e:
+            if is_outage(e):
+                raise
+        refused = []
+        for sample in samples:
+            try:
+                self.add_samples([sample])
+            except Exception as e:
+                if is_outage(e):
+                    raise
+                refused.append((sample, _one_line(e)))
+        return refused
+
+    # ---- dead letters ----
+
+    def add_dead_letters(self, letters: Iterable[tuple[str, str, str, bytes]]) -> None:
+        """(transport, source, reason, raw) of entries never to be stored."""
+        now = self.clock()
+        with self.session.begin() as s:
+            s.add_all(DeadLetterRow(time=now, transport=t, source=src, reason=why, raw=raw)
+                      for t, src, why, raw in letters)
+
+    def dead_letters(self, limit: int = 100) -> list[DeadLetterRow]:
+        """The newest first."""
+        with self.session() as s:
+            return list(s.scalars(sa.select(DeadLetterRow).order_by(DeadLetterRow.id.desc()).limit(limit)))
+
+    def drop_dead_letters_before(self, ts: float) -> int:
+        with self.session.begin() as s:
+            return s.execute(sa.delete(DeadLetterRow).where(DeadLetterRow.time < ts)).rowcount or 0
 
     def latest_samples(self, node: str, limit: int = 50) -> list[SampleRow]:
         """The newest sample of each metric (and GPU) seen from `node`."""
