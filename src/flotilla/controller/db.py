@@ -156,6 +156,16 @@ class DeadLetterRow(Base):
     raw: Mapped[bytes] = mapped_column(sa.LargeBinary)  # as received (bytes: whatever it holds, NUL included)
 
 
+class MemoryRow(Base):
+    """What a decider of the controller remembers across a restart (kind: whose memory; key: about what)."""
+
+    __tablename__ = "controller_memory"
+    kind: Mapped[str] = mapped_column(sa.String(32), primary_key=True)
+    key: Mapped[str] = mapped_column(sa.String(512), primary_key=True)
+    value: Mapped[dict[str, Any]] = mapped_column(sa.JSON)
+    updated: Mapped[float] = mapped_column(Seconds)
+
+
 # The database could not be reached (down, restarting, the network): the request or entry is retried, never
 # refused. Anything else a database raises is about what was asked of it.
 OUTAGES: tuple[type[Exception], ...] = (sa.exc.OperationalError, sa.exc.InterfaceError, sa.exc.TimeoutError,

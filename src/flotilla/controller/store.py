@@ -15,6 +15,7 @@ from flotilla.controller.db import (
     DeadLetterRow,
     DecisionRow,
     IdempotencyRow,
+    MemoryRow,
     NodeRow,
     SampleRow,
     ServingDeploymentRow,
@@ -432,6 +433,21 @@ class Store:
                     raise
                 refused.append((sample, _one_line(e)))
         return refused
+
+    # ---- deciders' memory ----
+
+    def remember(self, kind: str, key: str, value: dict[str, Any] | None) -> None:
+        """Keep (None: forget) what decider `kind` must remember about `key` across a restart."""
+        with self.session.begin() as s:
+            if value is None:
+                s.execute(sa.delete(MemoryRow).where(MemoryRow.kind == kind, MemoryRow.key == key))
+            else:
+                s.merge(MemoryRow(kind=kind, key=key, value=value, updated=self.clock()))
+
+    def recall(self, kind: str) -> dict[str, dict[str, Any]]:
+        """key -> what decider `kind` remembered."""
+        with self.session() as s:
+            return {r.key: r.value for r in s.scalars(sa.select(MemoryRow).where(MemoryRow.kind == kind))}
 
     # ---- dead letters ----
 

@@ -1,4 +1,5 @@
-"""Dead letters: samples the validator or the database refused, kept with why (never retried).
+"""Dead letters: samples the validator or the database refused, kept with why (never retried); the controller's
+memory: what its deciders must remember across a restart (the serving re-planner's hysteresis).
 
 Revision ID: 0006
 Revises: 0005
@@ -24,8 +25,16 @@ def upgrade() -> None:
         sa.Column("raw", sa.LargeBinary(), nullable=False),
     )
     op.create_index("ix_dead_letters_time", "dead_letters", ["time"])
+    op.create_table(
+        "controller_memory",
+        sa.Column("kind", sa.String(32), primary_key=True),
+        sa.Column("key", sa.String(512), primary_key=True),
+        sa.Column("value", sa.JSON(), nullable=False),
+        sa.Column("updated", sa.Float(precision=53), nullable=False),
+    )
 
 
 def downgrade() -> None:
+    op.drop_table("controller_memory")
     op.drop_index("ix_dead_letters_time", table_name="dead_letters")
     op.drop_table("dead_letters")
