@@ -111,8 +111,8 @@ class Strict(BaseModel):
 
 
 class CheckpointBody(Strict):
-    reason: StrictStr = Field("requested through the API", min_length=1, max_length=1000)
-    restart: StrictBool = Field(False, description="true when the workers cannot checkpoint and must restart "
+    reason: StrictStr = Field(default="requested through the API", min_length=1, max_length=1000)
+    restart: StrictBool = Field(default=False, description="true when the workers cannot checkpoint and must restart "
                                                    "from the last completed checkpoint")
 
 
@@ -122,7 +122,7 @@ class JobPatch(Strict):
 
 
 class ReasonBody(Strict):
-    reason: StrictStr = Field("requested through the API", min_length=1, max_length=1000)
+    reason: StrictStr = Field(default="requested through the API", min_length=1, max_length=1000)
 
 
 class SampleIn(Strict):

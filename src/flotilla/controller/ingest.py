@@ -28,7 +28,7 @@ import logging
 import threading
 import time
 from dataclasses import dataclass
-from typing import Protocol, Sequence
+from typing import Any, Protocol, Sequence
 
 import redis
 
@@ -202,8 +202,9 @@ class RedisConsumer:
         """Take over entries another consumer read but did not ack within claim_idle_ms; -> samples handled."""
         n, start = 0, "0-0"
         while True:
-            start_raw, entries, *_ = self.redis.xautoclaim(self.stream, self.group, self.consumer,
-                                                           self.claim_idle_ms, start, count=self.count)
+            claimed: Any = self.redis.xautoclaim(self.stream, self.group, self.consumer, self.claim_idle_ms, start,
+                                                 count=self.count)  # (the sync client's replies are typed loosely)
+            start_raw, entries, *_ = claimed
             n += self._handle(entries)
             start = start_raw.decode() if isinstance(start_raw, bytes) else start_raw
             if start == "0-0" or not entries:
@@ -212,6 +213,7 @@ class RedisConsumer:
     def poll(self) -> int:
         """Read and process one round of new entries (first our own pending ones, after a review failed);
         -> samples handled."""
+        reply: Any
         if self._reread_own:
             reply = self.redis.xreadgroup(self.group, self.consumer, {self.stream: "0"}, count=self.count)
             if not any(entries for _, entries in reply or []):
@@ -223,7 +225,8 @@ class RedisConsumer:
         return sum(self._handle(entries) for _, entries in reply or [])
 
     def pending(self) -> int:
-        return int(self.redis.xpending(self.stream, self.group)["pending"])
+        summary: Any = self.redis.xpending(self.stream, self.group)
+        return int(summary["pending"])
 
     def run(self, claim_every_s: float = 10.0) -> None:
         self.ensure_group()

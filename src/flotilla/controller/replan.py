@@ -151,7 +151,7 @@ class ServingReplanner:
         plan = self._applied.get(key) or spec.get("plan")
         if decision.plan is not None:
             p = decision.plan
-            plan = plan_field(p, decision.reason, iso(now))
+            plan = plan_field(p, decision.reason, iso(now) or "")
             record = DecisionRecord("plan", "ServingDeployment", key, decision.reason,
                                     {"observed": asdict(window),
                                      "from": {"prefill": current.prefill_replicas, "decode": current.decode_replicas},
@@ -162,7 +162,7 @@ class ServingReplanner:
             acts.append(Record(record))
             log.info("%s: new plan %d:%d (%s)", key, p.prefill_replicas, p.decode_replicas, decision.reason)
         elif forced:
-            plan = plan_field(replanner.current, f"re-plan requested: {decision.reason}", iso(now))
+            plan = plan_field(replanner.current, f"re-plan requested: {decision.reason}", iso(now) or "")
         observed = json.dumps(observed_status(window), sort_keys=True)
         if plan == spec.get("plan") and (meta.get("annotations") or {}).get(ANNOTATION_OBSERVED) == observed:
             return acts  # nothing new to write to the object

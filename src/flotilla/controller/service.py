@@ -8,7 +8,7 @@ import socket
 import threading
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Sequence
+from typing import TYPE_CHECKING, Literal, Sequence
 
 import uvicorn
 
@@ -66,7 +66,7 @@ class Settings:
     replan: bool = True  # re-plan auto-mode ServingDeployments from pushed statistics (needs Kubernetes)
     replan_policy: ReplanPolicy = field(default_factory=ReplanPolicy)
     scrape_interval_s: float = 15.0  # scrape the serving engines' /metrics this often (0: off; needs Kubernetes)
-    straggler_action: str = "report"  # report | evict
+    straggler_action: Literal["report", "evict"] = "report"
     taint_budget: TaintBudgetConfig = field(default_factory=TaintBudgetConfig)
     # The controller's own Pod (downward API), for Events about the metric pipeline; unset: no such Events.
     pod_namespace: str | None = field(default_factory=lambda: os.environ.get("POD_NAMESPACE") or None)
@@ -137,9 +137,10 @@ class ControllerService:
             conditions=self.health.conditions if self.health is not None else None,
             serving_placement=serving_placement)
         self.app = create_app(self.controller)
-        entry_auth = {"auth": authenticator, "policy": ingest_policy} if settings.ingest_auth == TOKENREVIEW else {}
+        checked = settings.ingest_auth == TOKENREVIEW  # every stream entry's token is reviewed
         self.consumer = (RedisConsumer(settings.redis_url, self.ingestor, f"{socket.gethostname()}-{os.getpid()}",
-                                       **entry_auth) if settings.redis_url else None)
+                                       auth=authenticator if checked else None,
+                                       policy=ingest_policy if checked else None) if settings.redis_url else None)
         self.retention = Retention(self.store, settings.sample_retention_s)
         self._stop = threading.Event()
 
