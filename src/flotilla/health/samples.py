@@ -57,9 +57,8 @@ class Sample:
         """The sample `d` describes; ValueError naming the field when it is not one."""
         if not isinstance(d, dict):
             raise ValueError("a sample must be a JSON object")
-        unknown = sorted(str(k) for k in d.keys() - FIELDS)
-        if unknown:
-            raise ValueError(f"sample has unknown field {unknown[0]!r}")
+        if not FIELDS.issuperset(d):
+            raise ValueError(f"sample has unknown field {sorted(str(k) for k in d.keys() - FIELDS)[0]!r}")
         try:
             ts, node, metric, value = d["ts"], d["node"], d["metric"], d["value"]
         except KeyError as e:
