@@ -40,6 +40,7 @@ from flotilla.controller.store import Store
 from flotilla.controller.views import iso
 from flotilla.resources.names import ANNOTATION_OBSERVED
 from flotilla.resources.names import ANNOTATION_REPLAN_REQUEST as REPLAN_REQUEST
+from flotilla.serving.planner import Plan
 from flotilla.serving.replan import ObservedWindow, ReplanMemory, ReplanPolicy, Replanner
 from flotilla.serving.spec import plan_field, plan_from_spec, plan_from_status, plan_request
 
@@ -112,13 +113,10 @@ class ServingReplanner:
         """What to do about one ServingDeployment now (no writes: the actions for the applier)."""
         meta, spec, status = body["metadata"], body["spec"], body.get("status") or {}
         key = f"{meta['namespace']}/{meta['name']}"
-        planner = spec.get("planner") or {}
         # What the operator deploys: the plan in the spec, else its first plan for spec.workload (status).
         current = plan_from_spec(spec) or plan_from_status(status)
-        if planner.get("mode", "auto") != "auto" or current is None:
-            had = self._replanners.pop(key, None) is not None or (self._recalled or {}).pop(key, None) is not None
-            self._applied.pop(key, None)  # fixed mode, or the operator has not made the first plan yet
-            return [Remember(MEMORY, key, None)] if had else []
+        if (spec.get("planner") or {}).get("mode", "auto") != "auto" or current is None:
+            return self._forget(key)  # fixed mode, or the operator has not made the first plan yet
         with self._lock:
             window = self._windows.get(key)
         inputs = _planning_inputs(spec)
@@ -127,12 +125,37 @@ class ServingReplanner:
             self._evaluated.setdefault(key, remembered.evaluated)
             self._checked_window.setdefault(key, remembered.checked_window)
         forced = _replan_pending(meta, spec)
-        due = now - self._evaluated.get(key, float("-inf")) >= float(planner.get("intervalSeconds", 30))
+        interval = float((spec.get("planner") or {}).get("intervalSeconds", 30))
+        due = now - self._evaluated.get(key, float("-inf")) >= interval
         # A window newer than the last one evaluated that calls for a scale-up goes in at once, not at the
         # next interval: waiting for the pass added up to an interval to every re-plan after a load change.
         fresh = window is not None and window.time > self._checked_window.get(key, float("-inf"))
         if window is None or not (due or forced or fresh):
             return []
+        replanner = self._replanner(key, spec, current, inputs, remembered)
+        self._checked_window[key] = window.time
+        if not (due or forced or replanner.short_of_capacity(window)):
+            return []
+        self._evaluated[key] = now
+        decision = replanner.observe(window)
+        acts: list[Action] = [Remember(MEMORY, key, Remembered(inputs, now, window.time, replanner.memory()).to_dict())]
+        plan = self._applied.get(key) or spec.get("plan")
+        if decision.plan is not None:
+            plan = plan_field(decision.plan, decision.reason, iso(now) or "")
+            acts.append(Record(_plan_record(key, current, decision.plan, decision.reason, window, forced)))
+            log.info("%s: new plan %d:%d (%s)", key, decision.plan.prefill_replicas, decision.plan.decode_replicas,
+                     decision.reason)
+        elif forced:
+            plan = plan_field(replanner.current, f"re-plan requested: {decision.reason}", iso(now) or "")
+        return [*acts, *self._write(key, meta, spec, plan, window)]
+
+    def _forget(self, key: str) -> list[Action]:
+        had = self._replanners.pop(key, None) is not None or (self._recalled or {}).pop(key, None) is not None
+        self._applied.pop(key, None)
+        return [Remember(MEMORY, key, None)] if had else []
+
+    def _replanner(self, key: str, spec: dict[str, Any], current: Plan, inputs: str,
+                   remembered: Remembered | None) -> Replanner:
         replanner = self._replanners.get(key)
         if replanner is None or self._inputs.get(key) != inputs:
             # new, or the user changed what plans are made from (SLO, budget, profile, ...): start
@@ -142,36 +165,20 @@ class ServingReplanner:
             if remembered is not None:
                 replanner.resume(remembered.replanner)
             (self._recalled or {}).pop(key, None)
-        self._checked_window[key] = window.time
-        if not (due or forced or replanner.short_of_capacity(window)):
-            return []
-        self._evaluated[key] = now
-        decision = replanner.observe(window)
-        acts: list[Action] = [Remember(MEMORY, key, Remembered(inputs, now, window.time, replanner.memory()).to_dict())]
-        plan = self._applied.get(key) or spec.get("plan")
-        if decision.plan is not None:
-            p = decision.plan
-            plan = plan_field(p, decision.reason, iso(now) or "")
-            record = DecisionRecord("plan", "ServingDeployment", key, decision.reason,
-                                    {"observed": asdict(window),
-                                     "from": {"prefill": current.prefill_replicas, "decode": current.decode_replicas},
-                                     "to": {"prefill": p.prefill_replicas, "decode": p.decode_replicas,
-                                            "prefillGPUsPerInstance": p.prefill_gpus_per_instance,
-                                            "decodeGPUsPerInstance": p.decode_gpus_per_instance},
-                                     "forced": forced}, actor="controller")
-            acts.append(Record(record))
-            log.info("%s: new plan %d:%d (%s)", key, p.prefill_replicas, p.decode_replicas, decision.reason)
-        elif forced:
-            plan = plan_field(replanner.current, f"re-plan requested: {decision.reason}", iso(now) or "")
+        return replanner
+
+    def _write(self, key: str, meta: dict[str, Any], spec: dict[str, Any], plan: dict[str, Any] | None,
+               window: ObservedWindow) -> list[Action]:
+        """The apply of what the controller owns on the object, when any of it changed."""
         observed = json.dumps(observed_status(window), sort_keys=True)
         if plan == spec.get("plan") and (meta.get("annotations") or {}).get(ANNOTATION_OBSERVED) == observed:
-            return acts  # nothing new to write to the object
+            return []  # nothing new to write
         # Everything the controller owns, every time: server-side apply removes what its manager leaves out.
         fields: dict[str, Any] = {"metadata": {"annotations": {ANNOTATION_OBSERVED: observed}}}
         if plan:
             fields["spec"] = {"plan": plan}
             self._applied[key] = plan  # before the call: a failed apply is retried with this plan next pass
-        return [*acts, ApplyFields(PLURAL, meta["namespace"], meta["name"], fields)]
+        return [ApplyFields(PLURAL, meta["namespace"], meta["name"], fields)]
 
     def _remembered(self, key: str, inputs: str) -> Remembered | None:
         """What an earlier run remembered about `key`, if it planned from the same spec."""
@@ -194,6 +201,17 @@ class ServingReplanner:
 
     def stop(self) -> None:
         self._stop.set()
+
+
+def _plan_record(key: str, current: Plan, p: Plan, reason: str, window: ObservedWindow, forced: bool
+                 ) -> DecisionRecord:
+    return DecisionRecord("plan", "ServingDeployment", key, reason,
+                          {"observed": asdict(window),
+                           "from": {"prefill": current.prefill_replicas, "decode": current.decode_replicas},
+                           "to": {"prefill": p.prefill_replicas, "decode": p.decode_replicas,
+                                  "prefillGPUsPerInstance": p.prefill_gpus_per_instance,
+                                  "decodeGPUsPerInstance": p.decode_gpus_per_instance},
+                           "forced": forced}, actor="controller")
 
 
 def _planning_inputs(spec: dict[str, Any]) -> str:
