@@ -156,3 +156,39 @@ def test_postgres_stopped_under_load_answers_503_and_loses_nothing_acknowledged(
     assert "Traceback" not in text, text[-3000:]  # an outage is a line or two, not a traceback a request
     print(f"answers {len(load.answers)} (503: {sum(1 for a in load.answers if a[1] == 503)}), "
           f"HTTP acked {len(load.acked_http)}, Redis acked {len(load.acked_redis)}")
+
+
+def test_every_route_answers_503_with_retry_after_while_the_database_is_unreachable(tokens_file):
+    """In process, against a PostgreSQL port nothing listens on: reads, ingest and metrics answer 503 (never a
+    500) with the DatabaseAvailable condition; liveness still answers."""
+    from fastapi.testclient import TestClient
+
+    from flotilla.controller.actions import RecordingActions
+    from flotilla.controller.api import Controller, create_app
+    from flotilla.controller.auth import TokenAuthenticator
+    from flotilla.controller.ingest import Ingestor, SampleStoreSink
+    from flotilla.controller.metrics import ControllerMetrics
+    from flotilla.controller.store import Store
+
+    engine = create_engine(f"postgresql://postgres@127.0.0.1:{free_port()}/flotilla")
+    store = Store(engine)
+    metrics = ControllerMetrics(store)
+    ctl = Controller(store=store, actions=RecordingActions(), auth=TokenAuthenticator(tokens_file), metrics=metrics,
+                     ingestor=Ingestor([SampleStoreSink(store)], metrics, dead_letters=store))
+    sample = {"ts": 1.0, "node": "a", "metric": "m", "value": 1.0}
+    with TestClient(create_app(ctl), raise_server_exceptions=False) as client:
+        answers = [client.get("/v1/cluster", headers=auth(READER)), client.get("/v1/jobs", headers=auth(READER)),
+                   client.get("/v1/nodes/a", headers=auth(READER)), client.get("/metrics", headers=auth(READER)),
+                   client.post("/v1/ingest", json={"node": "a", "samples": [sample]}, headers=auth(AGENT)),
+                   client.post("/v1/nodes/a/drain", headers=auth(ADMIN))]
+        assert [r.status_code for r in answers] == [503] * len(answers)
+        assert {r.headers["Retry-After"] for r in answers} == {"5"}
+        [condition] = answers[0].json()["conditions"]
+        assert (condition["type"], condition["status"], condition["reason"]) == (
+            "DatabaseAvailable", "False", "Unreachable")
+        ready = client.get("/readyz")
+        assert ready.status_code == 503 and ready.headers["Retry-After"] == "5"
+        assert client.get("/healthz").status_code == 200
+    counted = [s.value for m in metrics.database_unavailable.collect() for s in m.samples if s.name.endswith("_total")]
+    assert counted == [len(answers)]  # the counter alone: a scrape of the registry would read the database
+    engine.dispose()
