@@ -21,6 +21,7 @@ from kubernetes.client.rest import ApiException
 from flotilla import GROUP, VERSION, kubeapi
 from flotilla.controller.actions import ClusterActionError, ObjectNotFound
 from flotilla.controller.auth import NO_ROLE, Identity, ReviewUnavailable
+from flotilla.controller.db import is_outage
 from flotilla.controller.ingest_auth import NODE_NAME_EXTRA, StatsAccess
 from flotilla.controller.metrics import ControllerMetrics
 from flotilla.controller.mirror import parse_node, parse_serving_deployment, parse_training_job
@@ -206,7 +207,8 @@ class Sync:
                         return
                     self.apply(mk, event["type"], self._as_dict(event["object"]))
             except Exception as e:  # the loop must survive API server restarts and expired resourceVersions
-                log.warning("sync of %s: %s; re-listing in 2 s", mk.kind, e)
+                why = f"the database is unreachable ({type(e).__name__})" if is_outage(e) else e  # one line, no SQL
+                log.warning("sync of %s: %s; re-listing in 2 s", mk.kind, why)
                 self._stop.wait(2.0)
 
     def start(self) -> list[threading.Thread]:
