@@ -70,6 +70,10 @@ class PostgresServer:
             self.proc.wait(timeout=30)
             self.proc = None
 
+    def create_database(self) -> str:
+        """A new, empty database on this server; -> its URL."""
+        return create_pg_database(self.url)
+
     def remove(self) -> None:
         self.stop()
         shutil.rmtree(self.dir, ignore_errors=True)

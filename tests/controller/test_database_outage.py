@@ -97,9 +97,7 @@ def stored(engine: sa.Engine, node: str) -> set[int]:
 
 
 def test_postgres_stopped_under_load_answers_503_and_loses_nothing_acknowledged(own_postgres, tmp_path):
-    from conftest import create_pg_database
-
-    db_url = create_pg_database(own_postgres.url)
+    db_url = own_postgres.create_database()
     engine = create_engine(db_url)
     upgrade(engine)
     (tmp_path / "tokens").write_text(f"{ADMIN},admin,alice\n{READER},read,bob\n{AGENT},ingest,agent-1\n")
