@@ -61,7 +61,24 @@ class PostgresServer:
                                       "-c", "full_page_writes=off", "-c", "synchronous_commit=off"],
                                      stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, **self.as_postgres)
         wait_for_port(self.port, timeout=30, proc=self.proc)
+        self._wait_ready(30)
         return self
+
+    def _wait_ready(self, timeout: float) -> None:
+        """The port opens before the server takes connections ("the database system is starting up")."""
+        import time
+
+        import psycopg
+
+        deadline = time.monotonic() + timeout
+        while True:
+            try:
+                psycopg.connect(f"postgresql://postgres@127.0.0.1:{self.port}/postgres", connect_timeout=3).close()
+                return
+            except psycopg.OperationalError:
+                if time.monotonic() > deadline:
+                    raise
+                time.sleep(0.1)
 
     def stop(self) -> None:
         """Fast shutdown: open connections are closed, new ones refused."""
