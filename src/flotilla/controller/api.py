@@ -112,8 +112,8 @@ class Strict(BaseModel):
 
 class CheckpointBody(Strict):
     reason: StrictStr = Field(default="requested through the API", min_length=1, max_length=1000)
-    restart: StrictBool = Field(default=False, description="true when the workers cannot checkpoint and must restart "
-                                                   "from the last completed checkpoint")
+    restart: StrictBool = Field(default=False, description="true when the workers cannot checkpoint and must "
+                                                           "restart from the last completed checkpoint")
 
 
 class JobPatch(Strict):
