@@ -113,24 +113,25 @@ def test_postgres_stopped_under_load_answers_503_and_loses_nothing_acknowledged(
         load = Load(f"http://127.0.0.1:{port}", redis_url)
         threads = [threading.Thread(target=f, daemon=True) for f in (load.post, load.read, load.publish)]
         try:
-            wait_for_port(port, timeout=60, proc=proc)
-            for t in threads:
-                t.start()
-            wait_until(lambda: load.seen("ingest", 202) and load.seen("cluster", 200), 30, "no service before")
-            own_postgres.stop()
-            wait_until(lambda: load.seen("ingest", 503) and load.seen("cluster", 503), 30,
-                       f"no 503 while the database is down: {load.answers[-5:]} {load.errors[-3:]}")
-            time.sleep(1.0)  # a second of outage under load
-            own_postgres.start()
-            restarted = time.monotonic()
-            wait_until(lambda: load.seen("ingest", 202, restarted) and load.seen("cluster", 200, restarted), 60,
-                       "service did not come back with the database")
-            time.sleep(0.5)
-        finally:
-            load.stop.set()
-            for t in threads:
-                t.join(timeout=20)
-        try:
+            try:
+                wait_for_port(port, timeout=60, proc=proc)
+                for t in threads:
+                    t.start()
+                wait_until(lambda: load.seen("ingest", 202) and load.seen("cluster", 200), 30, "no service before")
+                own_postgres.stop()
+                wait_until(lambda: load.seen("ingest", 503) and load.seen("cluster", 503), 30,
+                           f"no 503 while the database is down: {load.answers[-5:]} {load.errors[-3:]}")
+                time.sleep(1.0)  # a second of outage under load
+                own_postgres.start()
+                restarted = time.monotonic()
+                wait_until(lambda: load.seen("ingest", 202, restarted) and load.seen("cluster", 200, restarted), 60,
+                           "service did not come back with the database")
+                time.sleep(0.5)
+            finally:
+                load.stop.set()
+                for t in threads:
+                    if t.ident is not None:
+                        t.join(timeout=20)
             # Everything acknowledged is stored: HTTP's 202s at once, Redis's entries once re-read.
             assert load.acked_http <= stored(engine, "http-node")
             wait_until(lambda: load.acked_redis <= stored(engine, "redis-node"), 60,
