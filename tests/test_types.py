@@ -1,4 +1,5 @@
-"""The pure packages, the resources' typed parse and the operator type-check clean ([tool.mypy] in pyproject)."""
+"""The pure packages, the resources' typed parse, the operator, the controller, the agent, the commands and the test
+helpers type-check clean ([tool.mypy] in pyproject)."""
 
 import subprocess
 import sys

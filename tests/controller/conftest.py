@@ -36,34 +36,87 @@ class Clock:
         return self.now
 
 
+class PostgresServer:
+    """A throw-away PostgreSQL 15 cluster that can be stopped and started again on the same port and data (run as
+    the postgres user: initdb refuses root)."""
+
+    def __init__(self) -> None:
+        if not (PG_BIN / "postgres").exists():
+            pytest.skip(f"PostgreSQL binaries not found in {PG_BIN} (apt-get install postgresql-15)")
+        self.dir = Path(tempfile.mkdtemp(prefix="flotilla-pg-"))
+        self.as_postgres: dict[str, Any] = {}
+        if os.geteuid() == 0:  # initdb and postgres refuse to run as root
+            shutil.chown(self.dir, "postgres", "postgres")
+            self.as_postgres = {"user": "postgres", "group": "postgres", "extra_groups": []}
+        subprocess.run([str(PG_BIN / "initdb"), "-D", str(self.dir / "data"), "-A", "trust", "-U", "postgres",
+                        "--no-sync", "-E", "UTF8"], check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                       **self.as_postgres)
+        self.port = free_port()
+        self.proc: subprocess.Popen[bytes] | None = None
+        self.url = f"postgresql+psycopg://postgres@127.0.0.1:{self.port}"
+
+    def start(self) -> "PostgresServer":
+        self.proc = subprocess.Popen([str(PG_BIN / "postgres"), "-D", str(self.dir / "data"), "-p", str(self.port),
+                                      "-k", str(self.dir), "-c", "listen_addresses=127.0.0.1", "-c", "fsync=off",
+                                      "-c", "full_page_writes=off", "-c", "synchronous_commit=off"],
+                                     stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, **self.as_postgres)
+        wait_for_port(self.port, timeout=30, proc=self.proc)
+        self._wait_ready(30)
+        return self
+
+    def _wait_ready(self, timeout: float) -> None:
+        """The port opens before the server takes connections ("the database system is starting up")."""
+        import time
+
+        import psycopg
+
+        deadline = time.monotonic() + timeout
+        while True:
+            try:
+                psycopg.connect(f"postgresql://postgres@127.0.0.1:{self.port}/postgres", connect_timeout=3).close()
+                return
+            except psycopg.OperationalError:
+                if time.monotonic() > deadline:
+                    raise
+                time.sleep(0.1)
+
+    def stop(self) -> None:
+        """Fast shutdown: open connections are closed, new ones refused."""
+        if self.proc is not None:
+            self.proc.send_signal(signal.SIGINT)  # do not wait for pooled connections to close
+            self.proc.wait(timeout=30)
+            self.proc = None
+
+    def create_database(self) -> str:
+        """A new, empty database on this server; -> its URL."""
+        return create_pg_database(self.url)
+
+    def remove(self) -> None:
+        self.stop()
+        shutil.rmtree(self.dir, ignore_errors=True)
+
+
 @pytest.fixture(scope="session")
 def postgres_server() -> Iterator[str]:
-    """A throw-away PostgreSQL 15 cluster (run as the postgres user: initdb refuses root); yields a base URL."""
-    if not (PG_BIN / "postgres").exists():
-        pytest.skip(f"PostgreSQL binaries not found in {PG_BIN} (apt-get install postgresql-15)")
-    tmp = Path(tempfile.mkdtemp(prefix="flotilla-pg-"))
-    as_postgres: dict[str, Any] = {}
-    if os.geteuid() == 0:  # initdb and postgres refuse to run as root
-        shutil.chown(tmp, "postgres", "postgres")
-        as_postgres = {"user": "postgres", "group": "postgres", "extra_groups": []}
-    subprocess.run([str(PG_BIN / "initdb"), "-D", str(tmp / "data"), "-A", "trust", "-U", "postgres",
-                    "--no-sync", "-E", "UTF8"], check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                   **as_postgres)
-    port = free_port()
-    proc = subprocess.Popen([str(PG_BIN / "postgres"), "-D", str(tmp / "data"), "-p", str(port),
-                             "-k", str(tmp), "-c", "listen_addresses=127.0.0.1", "-c", "fsync=off",
-                             "-c", "full_page_writes=off", "-c", "synchronous_commit=off"],
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, **as_postgres)
+    """A PostgreSQL server for the session; yields a base URL."""
+    server = PostgresServer().start()
     try:
-        wait_for_port(port, timeout=30, proc=proc)
-        yield f"postgresql+psycopg://postgres@127.0.0.1:{port}"
+        yield server.url
     finally:
-        proc.send_signal(signal.SIGINT)  # fast shutdown: do not wait for pooled connections to close
-        proc.wait(timeout=30)
-        shutil.rmtree(tmp, ignore_errors=True)
+        server.remove()
 
 
-def _create_pg_database(base: str, template: str | None = None) -> str:
+@pytest.fixture
+def own_postgres() -> Iterator[PostgresServer]:
+    """A PostgreSQL server of the test's own, to stop and start (the session's is shared)."""
+    server = PostgresServer().start()
+    try:
+        yield server
+    finally:
+        server.remove()
+
+
+def create_pg_database(base: str, template: str | None = None) -> str:
     name = f"t_{uuid.uuid4().hex[:12]}"
     admin = sa.create_engine(f"{base}/postgres", isolation_level="AUTOCOMMIT")
     with admin.connect() as conn:
@@ -75,7 +128,7 @@ def _create_pg_database(base: str, template: str | None = None) -> str:
 @pytest.fixture(scope="session")
 def postgres_template(postgres_server: str) -> str:
     """A database migrated to head once; tests get copies (CREATE DATABASE ... TEMPLATE is fast)."""
-    url = _create_pg_database(postgres_server)
+    url = create_pg_database(postgres_server)
     engine = create_engine(url)
     upgrade(engine)
     engine.dispose()
@@ -87,7 +140,7 @@ def db_url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
     """An empty database of each kind."""
     if request.param == "sqlite":
         return f"sqlite:///{tmp_path / 'controller.db'}"
-    return _create_pg_database(request.getfixturevalue("postgres_server"))
+    return create_pg_database(request.getfixturevalue("postgres_server"))
 
 
 @pytest.fixture(params=["sqlite", "postgresql"])
@@ -99,7 +152,7 @@ def migrated_db_url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
         upgrade(engine)
         engine.dispose()
         return url
-    return _create_pg_database(request.getfixturevalue("postgres_server"),
+    return create_pg_database(request.getfixturevalue("postgres_server"),
                                template=request.getfixturevalue("postgres_template"))
 
 

@@ -99,7 +99,7 @@ def test_cluster_after_every_job_finished_counts_no_training_gpus(client, store)
 
 def test_probes(client):
     assert client.get("/healthz").json() == {"status": "ok"}
-    assert client.get("/readyz").json() == {"status": "ready", "schema": "0005"}
+    assert client.get("/readyz").json() == {"status": "ready", "schema": "0006"}
     assert client.get("/openapi.json").json()["info"]["title"] == "Flotilla controller"
 
 
@@ -313,7 +313,7 @@ def test_http_ingest(client, store):
                {"ts": NOW, "node": "a", "metric": "step_time", "value": 0.9, "gpu": 1, "job": "default/j1",
                 "role": "pp1/4", "rank": 9}]
     r = client.post("/v1/ingest", json={"node": "a", "samples": samples}, headers=auth(AGENT))
-    assert r.status_code == 202 and r.json() == {"accepted": 3}
+    assert r.status_code == 202 and r.json() == {"accepted": 3, "deadLettered": 0}
     assert max(s.ts for s in store.latest_samples("a")) == NOW + 1
     from flotilla.controller import views
     step = [views.sample(s) for s in store.latest_samples("a") if s.metric == "step_time"]

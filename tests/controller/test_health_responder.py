@@ -200,8 +200,26 @@ def test_the_ingest_condition_is_in_the_cluster_answer(controller, store, clock)
     beat(responder, clock, 3, nodes=["a", "b", "c"])
     idle(responder, clock, 5)
     with TestClient(create_app(controller)) as client:
-        [cond] = client.get("/v1/cluster", headers=auth(READER)).json()["conditions"]
+        conditions = client.get("/v1/cluster", headers=auth(READER)).json()["conditions"]
+        [cond] = [c for c in conditions if c["type"] == "IngestHealthy"]
         assert (cond["type"], cond["status"], cond["reason"]) == ("IngestHealthy", "False", "NoDelivery")
         assert cond["lastTransitionTime"].endswith("Z") and "3 of 3" in cond["message"]
         text = client.get("/metrics", headers=auth(READER)).text
         assert "flotilla_ingest_pipeline_healthy 0.0" in text
+
+
+def test_the_responder_decides_by_returning_actions(responder, store, clock):
+    """_decide writes nothing: the taint, the checkpoint requests and the history are actions the applier writes."""
+    from flotilla.controller.apply import CheckpointJobsOn, CountDetection, Record, SetNodeHealth
+
+    with responder._lock:
+        [d] = responder.monitor.observe(responder._with_jobs([Sample(NOW, "a", "xid", 79.0, gpu=3)]), clock())
+    acts = responder._decide(d)
+    assert [type(a) for a in acts] == [CountDetection, Record, SetNodeHealth, CheckpointJobsOn]
+    taint, checkpoint = acts[2], acts[3]
+    assert (taint.node, taint.healthy, taint.effect) == ("a", False, "NoExecute")
+    assert (checkpoint.node, checkpoint.restart) == ("a", True)
+    assert responder.actions.calls == [] and store.decisions(limit=10).items == []
+    responder.applier.apply(acts)
+    assert [c[0] for c in responder.actions.calls] == ["set_node_health", "annotate"]
+    assert {r.kind for r in store.decisions(limit=10).items} == {"detection", "checkpoint-request"}

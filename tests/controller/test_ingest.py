@@ -27,6 +27,10 @@ def stream():
     return f"test:metrics:{uuid.uuid4().hex[:8]}"  # one stream per test on the shared server
 
 
+def counted(counter, **labels):
+    return sum(s.value for m in counter.collect() for s in m.samples if s.name.endswith("_total") and s.labels == labels)
+
+
 def batch(node, n, t0=NOW):
     return [Sample(t0 + i, node, "gpu_util", float(i), gpu=i % 8) for i in range(n)]
 
@@ -76,18 +80,49 @@ def test_young_pending_entries_are_left_to_their_consumer(redis_url, stream):
     assert live.claim_stale() == 0 and live.pending() == 1
 
 
-def test_sink_failure_leaves_the_entry_pending(redis_url, stream):
-    class Failing:
+def test_a_database_outage_leaves_the_entry_pending_and_it_is_read_again(redis_url, stream):
+    import sqlalchemy as sa
+
+    class Flaky:
+        def __init__(self):
+            self.down, self.batches = True, []
+
         def accept(self, samples):
-            raise RuntimeError("database down")
+            if self.down:
+                raise sa.exc.OperationalError("INSERT", {}, ConnectionRefusedError("connection refused"))
+            self.batches.append(list(samples))
 
     r = redis.Redis.from_url(redis_url)
-    c = consumer(redis_url, stream, Failing(), "c1")
+    sink = Flaky()
+    c = consumer(redis_url, stream, sink, "c1")
     c.ensure_group()
     r.xadd(stream, {FIELD: encode_batch(batch("a", 2))})
-    with pytest.raises(RuntimeError):
+    r.xadd(stream, {FIELD: encode_batch(batch("b", 1))})
+    with pytest.raises(sa.exc.OperationalError):
         c.poll()
-    assert c.pending() == 1  # not acked: claimed again later
+    assert c.pending() == 2  # not acked, not dead-lettered: read again when the database answers
+    sink.down = False
+    assert c.poll() == 3 and c.pending() == 0  # its own pending entries first, at once (no 30 s claim wait)
+    assert [[s.node for s in b] for b in sink.batches] == [["a", "a"], ["b"]]
+
+
+def test_a_sink_failing_otherwise_dead_letters_the_entry_and_blocks_nothing(redis_url, stream):
+    class Picky(ListSink):
+        def accept(self, samples):
+            if samples[0].node == "poison":
+                raise RuntimeError("a bug on this data")
+            super().accept(samples)
+
+    r = redis.Redis.from_url(redis_url)
+    sink = Picky()
+    metrics = ControllerMetrics(None)  # its counters only (no scrape of the database's state)
+    c = RedisConsumer(redis_url, Ingestor([sink], metrics), "c1", stream=stream, block_ms=100)
+    c.ensure_group()
+    for node in ("a", "poison", "b"):
+        r.xadd(stream, {FIELD: encode_batch(batch(node, 1))})
+    assert c.poll() == 2 and c.pending() == 0
+    assert [b[0].node for b in sink.batches] == ["a", "b"]
+    assert counted(metrics.ingest_dead_letters, transport="redis", reason="sink-failed") == 1
 
 
 def test_store_sink_metrics_and_retention(redis_url, stream, store, clock):

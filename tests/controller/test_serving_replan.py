@@ -236,3 +236,48 @@ def test_a_plan_whose_apply_failed_is_applied_on_the_next_pass(setup, clock, mon
     step(replanner, clock, 18.0)  # no new decision: the same load
     [fields] = applies(actions)
     assert fields["spec"]["plan"]["reason"].startswith("scale up")
+
+
+def test_a_restarted_controller_resumes_the_replanners_hysteresis(setup, store, clock):
+    """The memory of a peak (here 120 s) holds a bigger plan through a restart: kept in the database, not lost with
+    the process. Forgotten, the same low load shrinks the plan at once: what a restart did before."""
+    from flotilla.controller.replan import MEMORY
+
+    replanner, actions, first = setup
+
+    def low_load(r, seconds):
+        for _ in range(seconds // 5):
+            step(r, clock, 6.0)
+            land(actions)
+        return actions.objects["servingdeployments"][0]["spec"]["plan"]
+
+    def restart():
+        return ServingReplanner(actions, store, ControllerMetrics(store), ReplanPolicy(scale_down_delay_s=20),
+                                clock=clock)
+
+    step(replanner, clock, 18.0)
+    big = land(actions)["spec"]["plan"]
+    assert big["reason"].startswith("scale up")
+    assert low_load(replanner, 20) == big  # the peak is remembered: no scale-down yet
+    assert set(store.recall(MEMORY)) == {"default/chat"}
+    assert low_load(restart(), 40) == big  # restarted: it still remembers the peak of 65 s ago
+    store.remember(MEMORY, "default/chat", None)  # what a restart lost before the memory was kept
+    shrunk = low_load(restart(), 40)
+    assert shrunk["reason"].startswith("scale down")
+    assert shrunk["prefillReplicas"] + shrunk["decodeReplicas"] < big["prefillReplicas"] + big["decodeReplicas"]
+
+
+def test_the_replanner_decides_by_returning_actions(setup, store, clock):
+    """_step_one writes nothing: its actions (a memory, a decision, an apply) are what the applier writes."""
+    from flotilla.controller.apply import ApplyFields, Record, Remember
+
+    replanner, actions, _ = setup
+    [body] = actions.objects["servingdeployments"]
+    replanner.step()  # reads what an earlier run remembered (nothing)
+    clock.now += 5
+    replanner.observe("default/chat", window(clock.now, 18.0))
+    acts = replanner._step_one(body, clock.now)
+    assert [type(a) for a in acts] == [Remember, Record, ApplyFields]
+    assert actions.calls == [] and store.decisions(limit=10).items == [] and store.recall("serving-replan") == {}
+    replanner.applier.apply(acts)
+    assert [c[0] for c in actions.calls] == ["apply"] and len(store.decisions(limit=10).items) == 1

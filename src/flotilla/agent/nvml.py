@@ -13,12 +13,13 @@ from __future__ import annotations
 import importlib
 import logging
 from types import ModuleType
-from typing import Any, Callable
+from typing import Any, Callable, TypeVar
 
 from flotilla.agent.rates import CounterRates
 from flotilla.agent.sources import SourceUnavailable
 from flotilla.health.samples import Sample
 
+T = TypeVar("T")
 log = logging.getLogger(__name__)
 
 _THERMAL_BITS = 0x20 | 0x40          # SW and HW thermal slowdown
@@ -63,7 +64,7 @@ class NvmlSource:
                 log.warning("cannot register XID events on a GPU: %s", e)
         return events
 
-    def _query(self, gpu: int, name: str, fn: Callable[[], float]) -> float | None:
+    def _query(self, gpu: int, name: str, fn: Callable[[], T]) -> T | None:
         if (gpu, name) in self._unsupported or gpu in self._lost:
             return None
         try:

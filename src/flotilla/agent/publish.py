@@ -18,7 +18,7 @@ import ssl
 import time
 from collections import deque
 from pathlib import Path
-from typing import Callable, Protocol, Sequence
+from typing import Any, Callable, Protocol, Sequence, cast
 
 import httpx
 import redis
@@ -69,7 +69,7 @@ class RedisTransport:
         if token:
             entry[TOKEN_FIELD] = token
         try:
-            self.client.xadd(self.stream, entry, maxlen=self.maxlen, approximate=True)
+            self.client.xadd(self.stream, cast(Any, entry), maxlen=self.maxlen, approximate=True)
         except redis.RedisError as e:
             raise PublishError(f"redis: {e}") from e
 

@@ -303,8 +303,7 @@ class Fleet:
                 out.append(Sample(ts, node, "heartbeat", 1.0, name))
                 out.append(Sample(ts, node, "gpu_count", float(hard["gpu_count"][i]), name))
                 out += [Sample(ts, node, m, float(host[m][i]), name) for m in HOST_METRICS]
-                for g in np.flatnonzero(hard["gpu_alive"][i]):
-                    g = int(g)
+                for g in map(int, np.flatnonzero(hard["gpu_alive"][i])):
                     out += [Sample(ts, node, m, float(gpu[m][i, g]), name, g) for m in GPU_METRICS]
                     out.append(Sample(ts, node, "ecc_uncorrected", float(hard["ecc_uncorrected"][i, g]), name, g))
                     if name is not None:

@@ -82,7 +82,7 @@ def _gpu_source(args: argparse.Namespace, start: float) -> list[MetricSource]:
                                 for f in faults], args.ground_truth)
         return [SimulatedSource(args.node, args.job, start, faults=faults, gpus=args.sim_gpus, seed=args.sim_seed,
                                 clock_offset=args.clock_offset)]
-    host = [HostSource(args.node), HeartbeatSource(args.node)]
+    host: list[MetricSource] = [HostSource(args.node), HeartbeatSource(args.node)]
     reasons = []
     if args.source in ("dcgm", "auto"):
         try:

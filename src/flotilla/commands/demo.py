@@ -21,6 +21,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 HELP = "Bring up a local cluster with fake GPU nodes, run the operator and apply examples/"
 
@@ -65,7 +66,7 @@ def run(args: argparse.Namespace) -> int:
     kubectl = str(Path(subprocess.run([str(cluster), "bin"], check=True, env=env, capture_output=True,
                                       text=True).stdout.strip().splitlines()[-1]) / "kubectl")
 
-    def k(*a: str, **kw) -> subprocess.CompletedProcess:
+    def k(*a: str, **kw: Any) -> subprocess.CompletedProcess[str]:
         return subprocess.run([kubectl, *a], env=env, text=True, **kw)
 
     k("apply", "--server-side", "-f", str(repo / "crds"), check=True)

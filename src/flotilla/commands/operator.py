@@ -13,12 +13,16 @@ import asyncio
 import logging
 import os
 from pathlib import Path
+from typing import TYPE_CHECKING, Any, Coroutine
 
 import yaml
 
 from flotilla.allocation import policies
 from flotilla.pool import PoolPolicy
 from flotilla.resources import names
+
+if TYPE_CHECKING:
+    from flotilla.operator.leader import LeaderElector
 
 log = logging.getLogger("flotilla.operator")
 HELP = "Run the operator: reconcile TrainingJobs, ServingDeployments and Nodes"
@@ -99,7 +103,7 @@ def run(args: argparse.Namespace) -> int:
     logging.getLogger("kopf.objects").setLevel(logging.WARNING)
     log.info("operator %s: requests carry User-Agent %s/%s", identity, handlers.USER_AGENT, identity)
 
-    def operator(liveness: str | None):
+    def operator(liveness: str | None) -> Coroutine[Any, Any, None]:
         return kopf.operator(standalone=True, clusterwide=not args.namespace, namespaces=args.namespace or [],
                              liveness_endpoint=liveness)
 
@@ -135,7 +139,7 @@ def pool_policy(args: argparse.Namespace) -> PoolPolicy | None:
         raise SystemExit(f"--pool-policy {args.pool_policy}: {e}") from None
 
 
-def _elector(args: argparse.Namespace):
+def _elector(args: argparse.Namespace) -> LeaderElector:
     import socket
     import uuid
 

@@ -13,7 +13,7 @@ API server, `RecordingActions` records the calls (unit tests),
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any, NoReturn, Protocol
 
 
 class ClusterActionError(Exception):
@@ -106,7 +106,7 @@ class RecordingActions:
 class OfflineActions:
     """For `--no-kubernetes`: every action fails with a message saying why."""
 
-    def _refuse(self, *_: Any, **__: Any) -> None:
+    def _refuse(self, *_: Any, **__: Any) -> NoReturn:
         raise ClusterUnavailable("the controller runs with --no-kubernetes; cluster actions are unavailable")
 
     annotate = patch_spec = apply = list_objects = ready_pods = set_unschedulable = set_node_health = post_event = _refuse

@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Annotated, Any, Callable, Sequence
 
+import sqlalchemy as sa
 from fastapi import Depends, FastAPI, Header, Query, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.middleware.cors import CORSMiddleware
@@ -34,14 +35,23 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from flotilla.controller import checkpoints, console, views, vllm
 from flotilla.controller.actions import ClusterActionError, ClusterActions, ClusterUnavailable, ObjectNotFound
 from flotilla.controller.auth import Identity, ReviewUnavailable, TokenAuthenticator
-from flotilla.controller.db import current_revision, head_revision
+from flotilla.controller.availability import RETRY_AFTER_S, DatabaseAvailability
+from flotilla.controller.db import OUTAGES, current_revision, head_revision, is_outage
 from flotilla.controller.ingest import Ingestor
 from flotilla.controller.ingest_auth import UNAUTHENTICATED_REFUSAL, IngestPolicy, Refusal
 from flotilla.controller.metrics import ControllerMetrics
 from flotilla.controller.mirror import DecisionRecord, parse_time
 from flotilla.resources.names import ANNOTATION_REPLAN_REQUEST as REPLAN_REQUEST
 from flotilla.controller.store import OUTLOOKS, Store
-from flotilla.health.samples import MAX_GPU_INDEX, MAX_RANK, MAX_ROLE_LENGTH, Sample
+from flotilla.health.samples import (
+    MAX_GPU_INDEX,
+    MAX_JOB_LENGTH,
+    MAX_METRIC_LENGTH,
+    MAX_NODE_LENGTH,
+    MAX_RANK,
+    MAX_ROLE_LENGTH,
+    Sample,
+)
 from flotilla.serving.replan import ObservedWindow
 
 log = logging.getLogger(__name__)
@@ -80,6 +90,8 @@ class Controller:
     conditions: Callable[[], list[dict[str, Any]]] | None = None
     # node -> {ServingDeployment (namespace/name): GPUs its pods hold there}, for the GPU map; None without a cluster.
     serving_placement: Callable[[], dict[str, dict[str, int]]] | None = None
+    # Whether the database answers: 503 with Retry-After while it does not, and GET /v1/cluster's condition.
+    database: DatabaseAvailability = field(default_factory=DatabaseAvailability)
 
 
 class ApiError(Exception):
@@ -99,9 +111,9 @@ class Strict(BaseModel):
 
 
 class CheckpointBody(Strict):
-    reason: StrictStr = Field("requested through the API", min_length=1, max_length=1000)
-    restart: StrictBool = Field(False, description="true when the workers cannot checkpoint and must restart "
-                                                   "from the last completed checkpoint")
+    reason: StrictStr = Field(default="requested through the API", min_length=1, max_length=1000)
+    restart: StrictBool = Field(default=False, description="true when the workers cannot checkpoint and must "
+                                                           "restart from the last completed checkpoint")
 
 
 class JobPatch(Strict):
@@ -110,22 +122,25 @@ class JobPatch(Strict):
 
 
 class ReasonBody(Strict):
-    reason: StrictStr = Field("requested through the API", min_length=1, max_length=1000)
+    reason: StrictStr = Field(default="requested through the API", min_length=1, max_length=1000)
 
 
 class SampleIn(Strict):
+    """The schema of a sample (for OpenAPI and an early 422); its bounds are `flotilla.health.samples`', and
+    `Sample.from_dict`, which the Redis consumer applies too, has the last word."""
+
     ts: StrictFloat | StrictInt
-    node: StrictStr = Field(min_length=1, max_length=253)
-    metric: StrictStr = Field(min_length=1, max_length=128)
+    node: StrictStr = Field(min_length=1, max_length=MAX_NODE_LENGTH)
+    metric: StrictStr = Field(min_length=1, max_length=MAX_METRIC_LENGTH)
     value: StrictFloat | StrictInt
-    job: StrictStr | None = Field(None, max_length=512)
+    job: StrictStr | None = Field(None, max_length=MAX_JOB_LENGTH)
     gpu: StrictInt | None = Field(None, ge=0, le=MAX_GPU_INDEX)
     role: StrictStr | None = Field(None, min_length=1, max_length=MAX_ROLE_LENGTH)
     rank: StrictInt | None = Field(None, ge=0, le=MAX_RANK)
 
 
 class IngestBody(Strict):
-    node: StrictStr = Field(min_length=1, max_length=253)
+    node: StrictStr = Field(min_length=1, max_length=MAX_NODE_LENGTH)
     samples: list[SampleIn]
 
 
@@ -279,6 +294,18 @@ def create_app(ctl: Controller) -> FastAPI:
     async def _http_error(_: Request, e: StarletteHTTPException) -> JSONResponse:
         return error(e.status_code, str(e.detail), getattr(e, "headers", None))
 
+    async def _database_unreachable(_: Request, e: Exception) -> JSONResponse:
+        if not is_outage(e):
+            raise e  # a database error that is no outage is a bug: 500, with its traceback in the log
+        ctl.database.outage(e)
+        ctl.metrics.database_unavailable.inc()
+        body = {"error": {"status": 503, "message": "the controller's database is unreachable; retry later"},
+                "conditions": [ctl.database.condition(), *(ctl.conditions() if ctl.conditions is not None else [])]}
+        return JSONResponse(body, 503, headers={"Retry-After": str(RETRY_AFTER_S)})
+
+    for outage in (*OUTAGES, sa.exc.DBAPIError):  # DBAPIError: one whose connection was invalidated
+        app.add_exception_handler(outage, _database_unreachable)
+
     @app.exception_handler(RequestValidationError)
     async def _validation_error(_: Request, e: RequestValidationError) -> JSONResponse:
         problems = []
@@ -335,7 +362,10 @@ def create_app(ctl: Controller) -> FastAPI:
             store.ping()
             revision = current_revision(store.engine)
         except Exception as e:  # any database failure means not ready
-            return error(503, f"database unavailable: {type(e).__name__}")
+            if is_outage(e):
+                ctl.database.outage(e)
+            return error(503, f"database unavailable: {type(e).__name__}", {"Retry-After": str(RETRY_AFTER_S)})
+        ctl.database.answered()
         if revision != head_revision():
             return error(503, f"database schema at {revision}, expected {head_revision()}")
         return JSONResponse({"status": "ready", "schema": revision})
@@ -371,9 +401,10 @@ def create_app(ctl: Controller) -> FastAPI:
 
     @app.get("/v1/cluster", tags=["cluster"], summary="GPU capacity, allocation and free; deadline outlook; node health")
     def cluster(_: Reader) -> dict[str, Any]:
-        conditions = ctl.conditions() if ctl.conditions is not None else []
-        return {"capacity": store.capacity(), "outlook": store.outlook_counts(), "nodes": store.node_health_counts(),
-                "conditions": conditions, "time": now_iso()}
+        answer = {"capacity": store.capacity(), "outlook": store.outlook_counts(), "nodes": store.node_health_counts()}
+        ctl.database.answered()
+        conditions = [ctl.database.condition(), *(ctl.conditions() if ctl.conditions is not None else [])]
+        return {**answer, "conditions": conditions, "time": now_iso()}
 
     @app.get("/v1/cluster/domains", tags=["cluster"], summary="GPU capacity, allocation and free by topology domain")
     def domains(_: Reader, limit: Limit = 100, cursor: Cursor = None) -> dict[str, Any]:
@@ -622,8 +653,9 @@ def create_app(ctl: Controller) -> FastAPI:
             except ValueError as e:
                 ctl.ingestor.rejected("http", "malformed")
                 raise ApiError(422, f"samples[{i}]: {e}") from None
-        ctl.ingestor.ingest("http", samples)
-        return {"accepted": len(samples)}
+        # 503 while the database is unreachable (the agent keeps the batch and sends it again)
+        accepted = ctl.ingestor.ingest("http", samples)
+        return {"accepted": accepted, "deadLettered": len(samples) - accepted}
 
     def may_post_stats(who: Identity, namespace: str, name: str) -> None:
         try:

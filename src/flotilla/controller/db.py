@@ -142,6 +142,40 @@ class IdempotencyRow(Base):
     created: Mapped[float] = mapped_column(Seconds, index=True)
 
 
+class DeadLetterRow(Base):
+    """A sample (or a whole stream entry) that will never be stored: refused by the validator or the database.
+    Kept with why, so that it is acknowledged at once and blocks nothing behind it."""
+
+    __tablename__ = "dead_letters"
+    id: Mapped[int] = mapped_column(sa.BigInteger().with_variant(sa.Integer, "sqlite"), primary_key=True,
+                                    autoincrement=True)
+    time: Mapped[float] = mapped_column(Seconds, index=True)
+    transport: Mapped[str] = mapped_column(sa.String(16))  # redis, http
+    source: Mapped[str] = mapped_column(sa.String(64))  # the stream entry's id; "" over HTTP
+    reason: Mapped[str] = mapped_column(sa.Text)
+    raw: Mapped[bytes] = mapped_column(sa.LargeBinary)  # as received (bytes: whatever it holds, NUL included)
+
+
+class MemoryRow(Base):
+    """What a decider of the controller remembers across a restart (kind: whose memory; key: about what)."""
+
+    __tablename__ = "controller_memory"
+    kind: Mapped[str] = mapped_column(sa.String(32), primary_key=True)
+    key: Mapped[str] = mapped_column(sa.String(512), primary_key=True)
+    value: Mapped[dict[str, Any]] = mapped_column(sa.JSON)
+    updated: Mapped[float] = mapped_column(Seconds)
+
+
+# The database could not be reached (down, restarting, the network): the request or entry is retried, never
+# refused. Anything else a database raises is about what was asked of it.
+OUTAGES: tuple[type[Exception], ...] = (sa.exc.OperationalError, sa.exc.InterfaceError, sa.exc.TimeoutError,
+                                        sa.exc.DisconnectionError)
+
+
+def is_outage(e: BaseException) -> bool:
+    return isinstance(e, OUTAGES) or bool(getattr(e, "connection_invalidated", False))
+
+
 def create_engine(url: str) -> sa.Engine:
     """An engine for `url`; a SQLite file's folder is created, and SQLite runs in WAL mode."""
     if url.startswith("sqlite"):
@@ -160,7 +194,8 @@ def create_engine(url: str) -> sa.Engine:
         return engine
     if url.startswith("postgresql://") or url.startswith("postgres://"):
         url = "postgresql+psycopg://" + url.split("://", 1)[1]
-    return sa.create_engine(url, pool_pre_ping=True)
+    # A server that does not answer fails a connection in seconds (the API then answers 503), not minutes.
+    return sa.create_engine(url, pool_pre_ping=True, connect_args={"connect_timeout": 3})
 
 
 def alembic_config(connection: sa.Connection) -> Config:

@@ -26,6 +26,9 @@ Two limits keep a fault of the pipeline or of the detectors from draining the fl
 Every decision and its evidence goes into the decision history. Returning a node to
 service after a non-transient fault is the admin's `POST /v1/nodes/{name}/return-to-service`,
 which calls `release`.
+
+`_decide` turns one detector decision into actions (`flotilla.controller.apply`) and writes nothing;
+one applier writes them, in order.
 """
 
 from __future__ import annotations
@@ -36,8 +39,18 @@ import threading
 import time
 from typing import Callable, Literal, Sequence
 
-from flotilla.controller import checkpoints, views
+from flotilla.controller import views
 from flotilla.controller.actions import ClusterActionError, ClusterActions
+from flotilla.controller.apply import (
+    Action,
+    Applier,
+    CheckpointJobsOn,
+    CountDetection,
+    CountSuppressed,
+    Record,
+    SetNodeHealth,
+)
+from flotilla.controller.db import is_outage
 from flotilla.controller.metrics import ControllerMetrics
 from flotilla.controller.mirror import DecisionRecord
 from flotilla.controller.store import Store
@@ -49,7 +62,6 @@ from flotilla.health.samples import Sample
 from flotilla.resources.names import Reason
 
 log = logging.getLogger(__name__)
-TERMINAL = ("Succeeded", "Failed", "Rejected")
 
 
 class HealthResponder:
@@ -59,6 +71,7 @@ class HealthResponder:
                  budget: TaintBudget | None = None, pod: tuple[str, str] | None = None) -> None:
         """`pod`: the controller's own (namespace, name), for Events about the pipeline; None: no Events."""
         self.store, self.actions, self.metrics = store, actions, metrics
+        self.applier = Applier(store, actions, metrics)
         self.monitor = monitor or HealthMonitor()
         self.straggler_action = straggler_action
         self.clock = clock
@@ -104,11 +117,18 @@ class HealthResponder:
 
     def run(self, interval: float = 0.5) -> None:
         """Tick every `interval` s: the monitor judges liveness every half of its own interval (1 s)."""
+        unreachable = False
         while not self._stop.wait(interval):
             try:
                 self.tick()
-            except Exception:
-                log.exception("health tick failed")
+            except Exception as e:
+                if not is_outage(e):
+                    log.exception("health tick failed")
+                elif not unreachable:  # one line per outage, not one a tick
+                    log.warning("health tick: the database is unreachable (%s); ticking on", type(e).__name__)
+                unreachable = unreachable or is_outage(e)
+            else:
+                unreachable = False
 
     def stop(self) -> None:
         self._stop.set()
@@ -134,55 +154,49 @@ class HealthResponder:
                 self._report_pipeline(f)
             for d in decisions:
                 try:
-                    self._act_one(d)
+                    self.applier.apply(self._decide(d))
                 except ClusterActionError as e:
                     log.error("could not act on %s %s for node %s: %s", d.kind, d.state, d.node, e)
 
-    def _act_one(self, d: HealthDecision) -> None:
+    def _decide(self, d: HealthDecision) -> list[Action]:
+        """The actions for one decision of the detectors (the responder's memory, the budget and what it held
+        back, moves on here; nothing is written)."""
         acts = d.kind == "fault" or self.straggler_action == "evict"
         inputs = {"evidence": d.evidence, "job": d.job, "transient": d.transient, "checkpointable": d.checkpointable,
                   "detectedAt": d.ts}
         if d.state == "cleared":
+            out: list[Action] = []
             if acts and (d.node, d.key) not in self._held:
                 remaining = self._acted_on(d.node)
-                if remaining:   # another fault still holds the node: keep its taint, un-do only this finding
-                    self._taint(remaining[0], self._effect(remaining))
-                else:
-                    self.actions.set_node_health(d.node, True, "Cleared", d.reason)
-                    self.store.set_node_fields(d.node, healthy=True, taint=None, health_reason=None,
-                                               health_message=None)
-            self._record(DecisionRecord("health-cleared", "Node", d.node, d.reason, inputs, actor="controller"))
+                # another fault still holds the node: keep its taint, un-do only this finding
+                out.append(self._taint(remaining[0], self._effect(remaining)) if remaining
+                           else SetNodeHealth(d.node, True, "Cleared", d.reason))
+            out.append(Record(DecisionRecord("health-cleared", "Node", d.node, d.reason, inputs, actor="controller")))
             log.info("node %s: %s cleared (%s)", d.node, d.kind, d.reason)
             self._held.discard((d.node, d.key))
-            return
-        self.metrics.detected(d.kind, max(0.0, self.clock() - d.ts))
+            return out
         kind = "detection" if d.kind == "fault" else "straggler"
-        self._record(DecisionRecord(kind, "Node", d.node, d.reason, inputs, actor="controller"))
+        out = [CountDetection(d.kind, max(0.0, self.clock() - d.ts)),
+               Record(DecisionRecord(kind, "Node", d.node, d.reason, inputs, actor="controller"))]
         log.warning("node %s: %s confirmed: %s (evidence %s)", d.node, d.kind, d.reason, d.evidence)
         if not acts:
-            return
+            return out
         domain = self._domains.get(d.node, d.node)
         held = self.budget.check(self.clock(), d.node, domain, len(self._domains.keys() | {d.node}),
                                  sum(1 for x in self._domains.values() if x == domain) or 1)
         if held is not None:
             self._held.add((d.node, d.key))
-            self.metrics.health_actions_suppressed.labels("taint-budget").inc()
-            self._record(DecisionRecord("action-suppressed", "Node", d.node, held, inputs | {"detection": d.reason},
-                                        actor="controller"))
             log.warning("node %s: %s %s NOT acted on (no taint, no checkpoint request): %s; the decision is in "
                         "the history, an admin decides", d.node, d.kind, d.reason, held)
-            return
+            return [*out, CountSuppressed("taint-budget"),
+                    Record(DecisionRecord("action-suppressed", "Node", d.node, held, inputs | {"detection": d.reason},
+                                          actor="controller"))]
         self.budget.spend(self.clock(), d.node, domain)
         self._held.discard((d.node, d.key))
         # the taint is the strongest any acted-on finding of the node asks for: a transient one never weakens it
         acted = self._acted_on(d.node) or [d]
-        self._taint(acted[0], self._effect([d, *acted]))
-        for job in self.store.jobs_on_node(d.node):
-            if job.phase in TERMINAL:
-                continue
-            checkpoints.request(self.store, self.actions, self.metrics, job.key,
-                                f"{d.kind} on node {d.node}: {d.reason}", not d.checkpointable,
-                                actor="controller", requested_by="controller")
+        return [*out, self._taint(acted[0], self._effect([d, *acted])),
+                CheckpointJobsOn(d.node, f"{d.kind} on node {d.node}: {d.reason}", not d.checkpointable)]
 
     def _acted_on(self, node: str) -> list[HealthDecision]:
         """The node's active decisions the responder acted on (tainted for), the governing one first."""
@@ -197,11 +211,9 @@ class HealthResponder:
         lasting = any(not d.transient and d.kind == "fault" for d in decisions)
         return "NoExecute" if lasting else "NoSchedule"
 
-    def _taint(self, d: HealthDecision, effect: str) -> None:
-        reason = _condition_reason(d)
-        self.actions.set_node_health(d.node, False, reason, d.reason, effect=effect)
-        self.store.set_node_fields(d.node, healthy=False, taint={"value": reason, "effect": effect},
-                                   health_reason=reason, health_message=d.reason)
+    @staticmethod
+    def _taint(d: HealthDecision, effect: str) -> SetNodeHealth:
+        return SetNodeHealth(d.node, False, _condition_reason(d), d.reason, effect)
 
     def _report_pipeline(self, f: PipelineFinding) -> None:
         inputs = {"reason": f.reason, "silent": list(f.silent), "watched": f.watched, "since": f.since,

@@ -13,7 +13,7 @@ import threading
 import time
 from dataclasses import dataclass
 from datetime import datetime, timezone
-from typing import Any, Callable, Mapping
+from typing import Any, Callable, Mapping, cast
 
 from kubernetes import client, watch
 from kubernetes.client.rest import ApiException
@@ -21,6 +21,7 @@ from kubernetes.client.rest import ApiException
 from flotilla import GROUP, VERSION, kubeapi
 from flotilla.controller.actions import ClusterActionError, ObjectNotFound
 from flotilla.controller.auth import NO_ROLE, Identity, ReviewUnavailable
+from flotilla.controller.db import is_outage
 from flotilla.controller.ingest_auth import NODE_NAME_EXTRA, StatsAccess
 from flotilla.controller.metrics import ControllerMetrics
 from flotilla.controller.mirror import parse_node, parse_serving_deployment, parse_training_job
@@ -86,7 +87,8 @@ class KubeActions:
 
     def list_objects(self, plural: str) -> list[dict[str, Any]]:
         try:
-            return self.custom.list_cluster_custom_object(GROUP, VERSION, plural)["items"]
+            listed: Any = self.custom.list_cluster_custom_object(GROUP, VERSION, plural)
+            return list(listed["items"])
         except ApiException as e:
             raise _wrap(e, plural) from None
 
@@ -96,9 +98,13 @@ class KubeActions:
                 namespace, label_selector=",".join(f"{k}={v}" for k, v in sorted(selector.items()))).items
         except ApiException as e:
             raise _wrap(e, f"pods in {namespace}") from None
-        return sorted((p.metadata.name, p.status.pod_ip) for p in pods
-                      if p.status.pod_ip and p.metadata.deletion_timestamp is None
-                      and any(c.type == "Ready" and c.status == "True" for c in p.status.conditions or []))
+        ready = []
+        for p in pods:
+            meta, status = p.metadata, p.status
+            if (meta is not None and status is not None and status.pod_ip and meta.deletion_timestamp is None
+                    and any(c.type == "Ready" and c.status == "True" for c in status.conditions or [])):
+                ready.append((str(meta.name), str(status.pod_ip)))
+        return sorted(ready)
 
     def set_unschedulable(self, node: str, unschedulable: bool) -> None:
         try:
@@ -111,18 +117,20 @@ class KubeActions:
         now = datetime.now(timezone.utc).isoformat().replace("+00:00", "Z")
         try:
             current = self.core.read_node(node)
-            taints = [self.core.api_client.sanitize_for_serialization(t) for t in current.spec.taints or []
-                      if t.key != TAINT_UNHEALTHY]
+            meta = current.metadata
+            assert meta is not None  # the API server always answers an object with its metadata
+            taints = [self.core.api_client.sanitize_for_serialization(t)
+                      for t in (current.spec.taints if current.spec else None) or [] if t.key != TAINT_UNHEALTHY]
             if not healthy:
                 value = re.sub(r"[^A-Za-z0-9_.-]", "-", reason)[:63].strip("-_.") or "unhealthy"
                 taints.append({"key": TAINT_UNHEALTHY, "value": value, "effect": effect})
             # Taints have no merge key: send the whole list, guarded by the resourceVersion we read.
-            self.core.patch_node(node, {"metadata": {"resourceVersion": current.metadata.resource_version},
+            self.core.patch_node(node, {"metadata": {"resourceVersion": meta.resource_version},
                                         "spec": {"taints": taints}})
             self.core.patch_node_status(node, {"status": {"conditions": [{
                 "type": NODE_CONDITION_HEALTHY, "status": "True" if healthy else "False", "reason": reason,
                 "message": message, "lastTransitionTime": now, "lastHeartbeatTime": now}]}})
-            self.events.record({"apiVersion": "v1", "kind": "Node", "name": node, "uid": current.metadata.uid},
+            self.events.record({"apiVersion": "v1", "kind": "Node", "name": node, "uid": meta.uid},
                                "Normal" if healthy else "Warning",
                                Reason.GPU_HEALTHY if healthy else Reason.GPU_UNHEALTHY, f"{reason}: {message}")
         except ApiException as e:
@@ -199,7 +207,8 @@ class Sync:
                         return
                     self.apply(mk, event["type"], self._as_dict(event["object"]))
             except Exception as e:  # the loop must survive API server restarts and expired resourceVersions
-                log.warning("sync of %s: %s; re-listing in 2 s", mk.kind, e)
+                why = f"the database is unreachable ({type(e).__name__})" if is_outage(e) else e  # one line, no SQL
+                log.warning("sync of %s: %s; re-listing in 2 s", mk.kind, why)
                 self._stop.wait(2.0)
 
     def start(self) -> list[threading.Thread]:
@@ -306,9 +315,9 @@ def token_reviewer(api: client.ApiClient, admins: set[str], *, audience: str, re
 
     def review(token: str) -> Identity | None:
         digest = hashlib.sha256(token.encode()).digest()
-        found, who = cache.get(digest)
+        found, cached = cache.get(digest)
         if found:
-            return who
+            return cast(Identity | None, cached)
         try:
             status = auth.create_token_review(
                 client.V1TokenReview(spec=client.V1TokenReviewSpec(token=token, audiences=[audience])),
@@ -317,11 +326,12 @@ def token_reviewer(api: client.ApiClient, admins: set[str], *, audience: str, re
             raise _review_failed("TokenReview", e) from None
         who = None
         # The API server checks the audience; a reviewer must still check the answer names it.
-        if status.authenticated and status.user is not None and audience in (status.audiences or []):
+        if (status is not None and status.authenticated and status.user is not None
+                and audience in (status.audiences or [])):
             user = status.user
             extra = {k: tuple(v or ()) for k, v in (user.extra or {}).items()}
             node = extra.get(NODE_NAME_EXTRA, ())
-            who = Identity(user.username, "admin" if user.username in admins else no_role, kubernetes=True,
+            who = Identity(user.username or "", "admin" if user.username in admins else no_role, kubernetes=True,
                            node=node[0] if len(node) == 1 else None, groups=tuple(user.groups or ()),
                            uid=user.uid or "", extra=tuple(sorted(extra.items())))
         cache.put(digest, who)
@@ -353,7 +363,7 @@ def access_reviewer(api: client.ApiClient, ttl_s: float = 10.0, negative_ttl_s: 
                                                         _request_timeout=REVIEW_TIMEOUT_S).status
         except Exception as e:
             raise _review_failed("SubjectAccessReview", e) from None
-        answer = bool(status.allowed) and not status.denied
+        answer = status is not None and bool(status.allowed) and not status.denied
         cache.put(key, answer)
         return answer
 

@@ -22,6 +22,8 @@ read at scrape time by `StateCollector`, so it is right after a restart; events
 | flotilla_detection_latency_seconds | histogram | |
 | flotilla_ingest_samples_total, flotilla_ingest_batches_total | counter | transport: http, redis (batches also result) |
 | flotilla_ingest_rejected_total | counter | transport: http, redis, stats; reason: malformed, unauthenticated, forbidden, node-mismatch, no-node-claim |
+| flotilla_ingest_dead_letters_total | counter | transport: http, redis; reason: invalid, refused, sink-failed (kept in the `dead_letters` table) |
+| flotilla_api_database_unavailable_total | counter | (API requests answered 503 while the database was unreachable) |
 | flotilla_ingest_lag_seconds | gauge | transport (now minus the newest sample's time, at ingest) |
 | flotilla_ingest_pending_entries | gauge | (Redis entries delivered to the group, not yet acked) |
 | flotilla_ingest_pipeline_healthy | gauge | (1 while samples arrive; 0 while a pipeline fault is open) |
@@ -120,6 +122,12 @@ class ControllerMetrics:
                                       registry=r)
         self.ingest_rejected = Counter("flotilla_ingest_rejected", "Sample batches and statistics refused, by why",
                                        ["transport", "reason"], registry=r)
+        self.ingest_dead_letters = Counter("flotilla_ingest_dead_letters",
+                                           "Samples (or stream entries) never to be stored, kept as dead letters",
+                                           ["transport", "reason"], registry=r)
+        self.database_unavailable = Counter("flotilla_api_database_unavailable",
+                                            "API requests answered 503 because the database was unreachable",
+                                            registry=r)
         self.ingest_lag = Gauge("flotilla_ingest_lag_seconds", "Now minus the newest sample's time, at ingest",
                                 ["transport"], registry=r)
         self.ingest_pending = Gauge("flotilla_ingest_pending_entries",

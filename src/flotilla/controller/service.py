@@ -8,14 +8,14 @@ import socket
 import threading
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Sequence
+from typing import TYPE_CHECKING, Literal, Sequence
 
 import uvicorn
 
 from flotilla.controller.actions import ClusterActions, OfflineActions
 from flotilla.controller.api import Controller, Policy, create_app
 from flotilla.controller.auth import TokenAuthenticator, create_tokens_file
-from flotilla.controller.db import create_engine, upgrade
+from flotilla.controller.db import create_engine, is_outage, upgrade
 from flotilla.controller.health import HealthResponder
 from flotilla.controller.ingest import Ingestor, RedisConsumer, Retention, SampleSink, SampleStoreSink
 from flotilla.controller.ingest_auth import (
@@ -66,7 +66,7 @@ class Settings:
     replan: bool = True  # re-plan auto-mode ServingDeployments from pushed statistics (needs Kubernetes)
     replan_policy: ReplanPolicy = field(default_factory=ReplanPolicy)
     scrape_interval_s: float = 15.0  # scrape the serving engines' /metrics this often (0: off; needs Kubernetes)
-    straggler_action: str = "report"  # report | evict
+    straggler_action: Literal["report", "evict"] = "report"
     taint_budget: TaintBudgetConfig = field(default_factory=TaintBudgetConfig)
     # The controller's own Pod (downward API), for Events about the metric pipeline; unset: no such Events.
     pod_namespace: str | None = field(default_factory=lambda: os.environ.get("POD_NAMESPACE") or None)
@@ -126,7 +126,7 @@ class ControllerService:
                        if settings.health else None)
         if self.health is not None:
             sinks.append(self.health)
-        self.ingestor = Ingestor(sinks, self.metrics)
+        self.ingestor = Ingestor(sinks, self.metrics, dead_letters=self.store)
         authenticator = TokenAuthenticator(settings.tokens_file, reviewer)
         self.controller = Controller(
             store=self.store, actions=actions, auth=authenticator, ingest_policy=ingest_policy,
@@ -137,9 +137,10 @@ class ControllerService:
             conditions=self.health.conditions if self.health is not None else None,
             serving_placement=serving_placement)
         self.app = create_app(self.controller)
-        entry_auth = {"auth": authenticator, "policy": ingest_policy} if settings.ingest_auth == TOKENREVIEW else {}
+        checked = settings.ingest_auth == TOKENREVIEW  # every stream entry's token is reviewed
         self.consumer = (RedisConsumer(settings.redis_url, self.ingestor, f"{socket.gethostname()}-{os.getpid()}",
-                                       **entry_auth) if settings.redis_url else None)
+                                       auth=authenticator if checked else None,
+                                       policy=ingest_policy if checked else None) if settings.redis_url else None)
         self.retention = Retention(self.store, settings.sample_retention_s)
         self._stop = threading.Event()
 
@@ -150,8 +151,12 @@ class ControllerService:
                 if dropped:
                     log.info("retention: dropped %d samples older than %gs", dropped,
                              self.settings.sample_retention_s)
-            except Exception:
-                log.exception("retention run failed")
+            except Exception as e:
+                if is_outage(e):
+                    log.warning("retention: the database is unreachable (%s); next run in %gs", type(e).__name__,
+                                self.settings.retention_every_s)
+                else:
+                    log.exception("retention run failed")
 
     def start(self) -> None:
         threading.Thread(target=self._retention_loop, name="retention", daemon=True).start()

@@ -12,12 +12,15 @@ from sqlalchemy.orm import sessionmaker
 
 from flotilla.controller.db import (
     AllocationRow,
+    DeadLetterRow,
     DecisionRow,
     IdempotencyRow,
+    MemoryRow,
     NodeRow,
     SampleRow,
     ServingDeploymentRow,
     TrainingJobRow,
+    is_outage,
 )
 from flotilla.controller.mirror import (
     DecisionRecord,
@@ -88,6 +91,18 @@ def _node_record(row: NodeRow) -> NodeRecord:
     return NodeRecord(**{f.name: getattr(row, f.name) for f in dataclasses.fields(NodeRecord)})
 
 
+def _deleted(result: sa.Result[Any]) -> int:
+    """The rows a DELETE removed."""
+    return int(getattr(result, "rowcount", 0) or 0)
+
+
+def _one_line(e: Exception) -> str:
+    """`Kind: first line` of a database error, without SQLAlchemy's statement and parameters."""
+    cause = getattr(e, "orig", None) or e
+    text = str(cause).strip().splitlines()
+    return f"{type(cause).__name__}: {text[0] if text else ''}"[:500]
+
+
 def _decision_row(d: DecisionRecord, now: float) -> DecisionRow:
     return DecisionRow(time=d.time or now, kind=d.kind, object_kind=d.object_kind, object=d.object,
                        actor=d.actor, reason=d.reason, inputs=dict(d.inputs))
@@ -108,12 +123,12 @@ class Store:
             # The same name with another UID: the old job was deleted and a new one created while the watch was
             # away. Nothing of the old row (changes, resharding time, allocations) is the new job's.
             same = row is not None and (not row.uid or not rec.uid or row.uid == rec.uid)
-            old = _job_record(row) if same else None
+            old = _job_record(row) if row is not None and same else None
             values = {f.name: getattr(rec, f.name) for f in dataclasses.fields(JobRecord) if f.name != "last_condition"}
             values["placement"] = dict(rec.placement)
             values["lent_to"] = dict(rec.lent_to)
             values["checkpoint_request"] = dict(rec.checkpoint_request) if rec.checkpoint_request else None
-            since = row.resharding_since if same else None
+            since = row.resharding_since if row is not None and same else None
             reshard_seconds = None
             if rec.phase == "Resharding":
                 since = since or now
@@ -306,7 +321,7 @@ class Store:
 
     # ---- nodes and capacity ----
 
-    def _node_alloc_query(self) -> sa.Select[Any]:
+    def _node_alloc_query(self) -> sa.Select[NodeRow, Any]:
         allocated = (sa.select(AllocationRow.node, sa.func.sum(AllocationRow.gpus).label("gpus"))
                      .group_by(AllocationRow.node).subquery())
         return (sa.select(NodeRow, sa.func.coalesce(allocated.c.gpus, 0))
@@ -359,9 +374,9 @@ class Store:
             training = s.scalar(sa.select(sa.func.coalesce(sa.func.sum(AllocationRow.gpus), 0)))
             serving = s.scalar(sa.select(sa.func.coalesce(sa.func.sum(
                 sd.prefill_replicas * sd.prefill_gpus_per_instance + sd.decode_replicas * sd.decode_gpus_per_instance), 0)))
+        training, serving = int(training or 0), int(serving or 0)
         return {"nodes": int(nodes), "gpus": int(total), "schedulableGpus": int(sched),
-                "trainingGpus": int(training), "servingGpus": int(serving),
-                "freeGpus": max(0, int(sched) - int(training) - int(serving))}
+                "trainingGpus": training, "servingGpus": serving, "freeGpus": max(0, int(sched) - training - serving)}
 
     def gpu_map(self) -> tuple[list[tuple[Any, ...]], list[tuple[str, str, int]]]:
         """Every node (name, domain, rack label or None, GPUs, ready, unschedulable, healthy, taint) by name, and
@@ -405,6 +420,58 @@ class Store:
                  "role": x.role, "rank": x.rank}
                 for x in samples])
 
+    def add_samples_or_refuse(self, samples: Sequence[Sample]) -> list[tuple[Sample, str]]:
+        """Store what the database takes -> [(a sample it refused, why)]. One transaction for the batch; when
+        that is refused, a transaction per sample, so that one bad sample costs no other. An outage raises."""
+        try:
+            self.add_samples(samples)
+            return []
+        except Exception as e:
+            if is_outage(e):
+                raise
+        refused = []
+        for sample in samples:
+            try:
+                self.add_samples([sample])
+            except Exception as e:
+                if is_outage(e):
+                    raise
+                refused.append((sample, _one_line(e)))
+        return refused
+
+    # ---- deciders' memory ----
+
+    def remember(self, kind: str, key: str, value: dict[str, Any] | None) -> None:
+        """Keep (None: forget) what decider `kind` must remember about `key` across a restart."""
+        with self.session.begin() as s:
+            if value is None:
+                s.execute(sa.delete(MemoryRow).where(MemoryRow.kind == kind, MemoryRow.key == key))
+            else:
+                s.merge(MemoryRow(kind=kind, key=key, value=value, updated=self.clock()))
+
+    def recall(self, kind: str) -> dict[str, dict[str, Any]]:
+        """key -> what decider `kind` remembered."""
+        with self.session() as s:
+            return {r.key: r.value for r in s.scalars(sa.select(MemoryRow).where(MemoryRow.kind == kind))}
+
+    # ---- dead letters ----
+
+    def add_dead_letters(self, letters: Iterable[tuple[str, str, str, bytes]]) -> None:
+        """(transport, source, reason, raw) of entries never to be stored."""
+        now = self.clock()
+        with self.session.begin() as s:
+            s.add_all(DeadLetterRow(time=now, transport=t, source=src, reason=why, raw=raw)
+                      for t, src, why, raw in letters)
+
+    def dead_letters(self, limit: int = 100) -> list[DeadLetterRow]:
+        """The newest first."""
+        with self.session() as s:
+            return list(s.scalars(sa.select(DeadLetterRow).order_by(DeadLetterRow.id.desc()).limit(limit)))
+
+    def drop_dead_letters_before(self, ts: float) -> int:
+        with self.session.begin() as s:
+            return _deleted(s.execute(sa.delete(DeadLetterRow).where(DeadLetterRow.time < ts)))
+
     def latest_samples(self, node: str, limit: int = 50) -> list[SampleRow]:
         """The newest sample of each metric (and GPU) seen from `node`."""
         newest = (sa.select(SampleRow.metric, SampleRow.gpu, sa.func.max(SampleRow.ts).label("ts"))
@@ -419,7 +486,7 @@ class Store:
 
     def drop_samples_before(self, ts: float) -> int:
         with self.session.begin() as s:
-            return s.execute(sa.delete(SampleRow).where(SampleRow.ts < ts)).rowcount or 0
+            return _deleted(s.execute(sa.delete(SampleRow).where(SampleRow.ts < ts)))
 
     # ---- idempotency keys ----
 
@@ -433,7 +500,7 @@ class Store:
 
     def drop_answers_before(self, ts: float) -> int:
         with self.session.begin() as s:
-            return s.execute(sa.delete(IdempotencyRow).where(IdempotencyRow.created < ts)).rowcount or 0
+            return _deleted(s.execute(sa.delete(IdempotencyRow).where(IdempotencyRow.created < ts)))
 
     def ping(self) -> None:
         with self.session() as s:

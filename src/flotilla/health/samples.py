@@ -12,6 +12,11 @@ and writes them as JSON lines. One sample is
 appended where known): machines with equal (job, role) do the same work and are compared with each other.
 `rank` (optional) is the worker's global rank, on per-rank metrics such as `step_time`.
 
+`Sample.from_dict` is the one validator of a sample, whatever its transport: the HTTP route's schema
+(`controller/api.SampleIn`) is drawn from the same bounds, and a sample it lets through is checked here
+again. The bounds are the controller database's columns, so that SQLite and PostgreSQL hold every
+sample that passes (a 300-character node name is refused here, not by one database and not the other).
+
 Transport encodings (both carry a JSON array of samples):
   * Redis Streams: XADD to stream `STREAM` with field `FIELD`, and `TOKEN_FIELD` (the agent's
     ServiceAccount token) where the controller checks who speaks for which node.
@@ -22,12 +27,15 @@ from __future__ import annotations
 
 import json
 import math
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, fields
 from typing import Any, Iterable
 
 STREAM = "flotilla:metrics"
 FIELD = "samples"
 TOKEN_FIELD = "token"
+MAX_NODE_LENGTH = 253  # a Kubernetes node name
+MAX_METRIC_LENGTH = 128
+MAX_JOB_LENGTH = 512  # namespace/name
 MAX_GPU_INDEX = 65_535  # a device index; bounded so that every database's integer column holds it
 MAX_ROLE_LENGTH = 63
 MAX_RANK = 2**31 - 1  # bounded, as a GPU index is, so that every database's integer column holds it
@@ -45,28 +53,30 @@ class Sample:
     rank: int | None = None   # the worker's global rank, for per-rank metrics (step_time)
 
     @classmethod
-    def from_dict(cls, d: dict[str, Any]) -> "Sample":
+    def from_dict(cls, d: Any) -> "Sample":
+        """The sample `d` describes; ValueError naming the field when it is not one."""
+        if not isinstance(d, dict):
+            raise ValueError("a sample must be a JSON object")
+        if not FIELDS.issuperset(d):
+            raise ValueError(f"sample has unknown field {sorted(str(k) for k in d.keys() - FIELDS)[0]!r}")
         try:
             ts, node, metric, value = d["ts"], d["node"], d["metric"], d["value"]
         except KeyError as e:
             raise ValueError(f"sample is missing field {e.args[0]!r}") from None
-        if not isinstance(node, str) or not node:
-            raise ValueError("sample field 'node' must be a non-empty string")
-        if not isinstance(metric, str) or not metric:
-            raise ValueError("sample field 'metric' must be a non-empty string")
+        _check_text("node", node, MAX_NODE_LENGTH)
+        _check_text("metric", metric, MAX_METRIC_LENGTH)
         if isinstance(ts, bool) or not isinstance(ts, (int, float)) or not math.isfinite(ts):
             raise ValueError("sample field 'ts' must be a finite number of seconds")
         if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
             raise ValueError(f"sample field 'value' must be a finite number (metric {metric!r})")
         job, gpu = d.get("job"), d.get("gpu")
-        if job is not None and not isinstance(job, str):
-            raise ValueError("sample field 'job' must be a string or null")
+        if job is not None:
+            _check_text("job", job, MAX_JOB_LENGTH, empty=True)
         if gpu is not None and (isinstance(gpu, bool) or not isinstance(gpu, int) or not 0 <= gpu <= MAX_GPU_INDEX):
             raise ValueError(f"sample field 'gpu' must be an integer from 0 to {MAX_GPU_INDEX} or null")
         role, rank = d.get("role"), d.get("rank")
-        if role is not None and (not isinstance(role, str) or not 0 < len(role) <= MAX_ROLE_LENGTH):
-            raise ValueError(f"sample field 'role' must be a non-empty string of at most {MAX_ROLE_LENGTH} "
-                             "characters or null")
+        if role is not None:
+            _check_text("role", role, MAX_ROLE_LENGTH)
         if rank is not None and (isinstance(rank, bool) or not isinstance(rank, int) or not 0 <= rank <= MAX_RANK):
             raise ValueError(f"sample field 'rank' must be an integer from 0 to {MAX_RANK} or null")
         return cls(float(ts), node, metric, float(value), job, gpu, role, rank)
@@ -75,12 +85,44 @@ class Sample:
         return asdict(self)
 
 
+FIELDS = frozenset(f.name for f in fields(Sample))
+
+
+def _check_text(name: str, value: Any, max_length: int, empty: bool = False) -> None:
+    """A string field: not empty (unless `empty`), at most `max_length` characters, no NUL (PostgreSQL's text
+    types refuse it, SQLite's keep it)."""
+    if not isinstance(value, str) or (not value and not empty) or len(value) > max_length or "\x00" in value:
+        raise ValueError(f"sample field {name!r} must be a{'' if empty else ' non-empty'} string of at most "
+                         f"{max_length} characters without NUL" + ("" if name in ("node", "metric") else " or null"))
+
+
 def encode_batch(samples: Iterable[Sample]) -> str:
     return json.dumps([s.to_dict() for s in samples], separators=(",", ":"))
 
 
 def decode_batch(data: str | bytes) -> list[Sample]:
-    raw = json.loads(data)
+    """Every sample of a batch; ValueError at the first that is not one."""
+    return [Sample.from_dict(d) for d in _array(data)]
+
+
+def split_batch(data: str | bytes) -> tuple[list[Sample], list[tuple[str, str]]]:
+    """-> (the batch's valid samples, [(an invalid item as JSON, why)]), so that one bad sample does not cost
+    the others; ValueError when `data` is no JSON array at all."""
+    valid: list[Sample] = []
+    invalid: list[tuple[str, str]] = []
+    for item in _array(data):
+        try:
+            valid.append(Sample.from_dict(item))
+        except ValueError as e:
+            invalid.append((json.dumps(item, separators=(",", ":")), str(e)))
+    return valid, invalid
+
+
+def _array(data: str | bytes) -> list[Any]:
+    try:
+        raw = json.loads(data)
+    except (ValueError, UnicodeDecodeError) as e:
+        raise ValueError(f"a sample batch must be JSON: {e}") from None
     if not isinstance(raw, list):
         raise ValueError("a sample batch must be a JSON array")
-    return [Sample.from_dict(d) for d in raw]
+    return raw

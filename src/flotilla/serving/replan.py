@@ -35,8 +35,9 @@ from __future__ import annotations
 import math
 from collections import deque
 from collections.abc import Sequence
-from dataclasses import dataclass, replace
+from dataclasses import asdict, dataclass, replace
 from statistics import NormalDist
+from typing import Any
 
 from flotilla.serving.planner import (InstanceCapacities, Plan, PlanRequest, instance_capacities, plan,
                                      plan_capacity, plan_from_capacities)
@@ -77,6 +78,27 @@ class ReplanPolicy:
 
 
 @dataclass(frozen=True)
+class ReplanMemory:
+    """What a Replanner remembers beyond its current plan (the plan lives in spec.plan): the recent windows and
+    its hysteresis. Kept by the controller so that a restart resumes it instead of forgetting up to an hour."""
+
+    windows: tuple[ObservedWindow, ...]
+    since: float | None
+    peak_memory_s: float
+    last_up: float | None
+    down_since_up: bool
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> ReplanMemory:
+        """ValueError (or TypeError) when `d` is not what `to_dict` wrote."""
+        return cls(tuple(ObservedWindow(**w) for w in d["windows"]), d["since"], float(d["peak_memory_s"]),
+                   d["last_up"], bool(d["down_since_up"]))
+
+
+@dataclass(frozen=True)
 class ReplanDecision:
     plan: Plan | None  # None: keep the current plan
     reason: str
@@ -94,6 +116,15 @@ class Replanner:
         self._memory = self.policy.peak_memory_s  # grows to the period of peaks that came back
         self._last_up: float | None = None  # when the load last made the plan grow
         self._down_since_up = False  # whether the plan shrank after that
+
+    def memory(self) -> ReplanMemory:
+        return ReplanMemory(tuple(self._windows), self._since, self._memory, self._last_up, self._down_since_up)
+
+    def resume(self, memory: ReplanMemory) -> None:
+        """Take up where a Replanner of the same plan left off (before a restart)."""
+        self._windows = deque(memory.windows)
+        self._since, self._memory = memory.since, memory.peak_memory_s
+        self._last_up, self._down_since_up = memory.last_up, memory.down_since_up
 
     @classmethod
     def start(cls, request: PlanRequest, policy: ReplanPolicy | None = None) -> Replanner:

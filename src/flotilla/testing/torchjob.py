@@ -126,7 +126,7 @@ class Run:
     def trained(self, stops: Mapping[int, int]) -> list[tuple[int, list[int]]]:
         """(step, samples) in the order the job's final state saw them: each worker set's steps up to where it
         stopped (`stops`: generation -> acknowledged step; a set's steps past it were rolled back)."""
-        out = []
+        out: list[tuple[int, list[int]]] = []
         for gen in self.generations:
             last = stops.get(gen.generation)
             out.extend((s, gen.steps[s]) for s in sorted(gen.steps) if last is None or s <= last)
@@ -153,11 +153,11 @@ def audit(trained: Iterable[tuple[int, list[int]]], expected: list[list[int]]) -
     seen_steps = [s for s, _ in trained]
     repeated_steps = len(seen_steps) - len(set(seen_steps))
     lost_steps = len(set(range(1, len(expected) + 1)) - set(seen_steps))
-    got = defaultdict(int)
+    got: defaultdict[int, int] = defaultdict(int)
     for _, ids in trained:
         for i in ids:
             got[i] += 1
-    want = defaultdict(int)
+    want: defaultdict[int, int] = defaultdict(int)
     for ids in expected:
         for i in ids:
             want[i] += 1
