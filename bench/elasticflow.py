@@ -196,6 +196,8 @@ def _next(plan: list[tuple[float, float, int]], t: float) -> float:
 # ElasticFlow's scheduling slot (its --scheduling_slot, 60 s): a piece of a plan that starts within the slot
 # from now is given now; a later one asks for a re-plan when it starts.
 SLOT = 60.0
+# How often (in jobs, in deadline order) a layout keeps its profile for trials to start from.
+_KEEP_EVERY = 16
 
 
 def _edf(job: JobState) -> tuple[float, float, str]:
@@ -284,36 +286,45 @@ class ElasticFlow:
         return Decision(out, self.name, replan_at=wake if wake < math.inf else None)
 
     @staticmethod
-    def _layout(jobs: list[JobState], now: float, capacity: int) -> tuple[dict[str, _Share], list[_Profile]]:
-        """Reserve `jobs` (in deadline order); profiles[i] is the profile before jobs[i] (the last: after all)."""
+    def _layout(jobs: list[JobState], now: float, capacity: int) -> tuple[dict[str, _Share], dict[int, _Profile]]:
+        """Reserve `jobs` (in deadline order). The profile before jobs[i] is kept for every i that is a multiple
+        of `_KEEP_EVERY` (up to len(jobs) included), so that a trial replays only from the last one before it."""
         profile = _Profile(now, capacity)
-        profiles: list[_Profile] = []
+        profiles: dict[int, _Profile] = {}
         shares: dict[str, _Share] = {}
-        for job in jobs:
-            profiles.append(profile.copy())
+        for i, job in enumerate(jobs):
+            if i % _KEEP_EVERY == 0:
+                profiles[i] = profile.copy()
             shares[job.key] = _reserve(profile, job, now, capacity)
-        profiles.append(profile)
+        if len(jobs) % _KEEP_EVERY == 0:
+            profiles[len(jobs)] = profile
         return shares, profiles
 
     @staticmethod
-    def _try(admitted: list[JobState], shares: dict[str, _Share], profiles: list[_Profile], job: JobState,
-             now: float, capacity: int) -> tuple[list[JobState], dict[str, _Share], list[_Profile]] | None:
+    def _try(admitted: list[JobState], shares: dict[str, _Share], profiles: dict[int, _Profile], job: JobState,
+             now: float, capacity: int) -> tuple[list[JobState], dict[str, _Share], dict[int, _Profile]] | None:
         """The layout with `job` admitted, or None if it gets no share, or an admitted job that had one loses
         it. Jobs due before it keep their shares: only it and the ones after are laid out again."""
         if job.deadline <= now or not levels(job, capacity)[0]:
             return None
         order = sorted(admitted + [job], key=_edf)
         at = order.index(job)
-        profile = profiles[at].copy()
+        start = at - at % _KEEP_EVERY
+        profile = profiles[start].copy()
+        for before in order[start:at]:  # the same reservations as in the layout it came from
+            _reserve(profile, before, now, capacity)
         new_shares = {j.key: shares[j.key] for j in order[:at]}
-        new_profiles = profiles[:at]
-        for other in order[at:]:
-            new_profiles.append(profile.copy())
+        new_profiles = {i: p for i, p in profiles.items() if i <= start}
+        for i in range(at, len(order)):
+            if i % _KEEP_EVERY == 0:
+                new_profiles[i] = profile.copy()
+            other = order[i]
             s = _reserve(profile, other, now, capacity)
             if not s.q and (other is job or shares[other.key].q):
                 return None
             new_shares[other.key] = s
-        new_profiles.append(profile)
+        if len(order) % _KEEP_EVERY == 0:
+            new_profiles[len(order)] = profile
         return order, new_shares, new_profiles
 
     @staticmethod
