@@ -123,6 +123,9 @@ class JobDecision:
 class Decision:
     jobs: Mapping[str, JobDecision]
     policy: str
+    # When the policy's plan changes by itself (a reservation that starts later): the caller re-plans then even
+    # if nothing else happens (the simulator does; the operator's periodic resync covers it). None: no such time.
+    replan_at: float | None = None
 
     def for_job(self, key: str) -> JobDecision | None:
         return self.jobs.get(key)

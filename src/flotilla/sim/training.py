@@ -1,7 +1,7 @@
 """Discrete-event simulation of training jobs on a GPU cluster under one allocation policy.
 
-Jobs arrive at their submit time; every arrival and completion triggers a
-re-plan by the policy (the same `Allocator.decide` the operator calls). A job
+Jobs arrive at their submit time; every arrival and completion (and the time a
+policy's plan changes by itself, `Decision.replan_at`) triggers a re-plan by the policy (the same `Allocator.decide` the operator calls). A job
 runs at its curve's rate for the GPUs it holds. Any change to a running job's
 placement (resize, move, preemption, restart) is a rescale: the job checkpoints
 on request (no steps are lost) and then trains nothing for `restoreSeconds`.
@@ -122,11 +122,13 @@ def simulate(trace: Sequence[TraceJob], gpus: int, policy: Allocator, progress: 
             job = jobs[arrivals[next_arrival].job_id]
             active[job.trace.job_id] = job
             next_arrival += 1
+        wake = None
         if active:
             snapshot = ClusterSnapshot(now, nodes, tuple(j.state(now) for j in active.values()))
             started = time.perf_counter()
             decision = policy.decide(snapshot)
             decision_s.append(time.perf_counter() - started)
+            wake = decision.replan_at
             for key, job in list(active.items()):
                 apply_decision(job, decision.for_job(key), now)
                 if job.verdict is Verdict.REJECTED:
@@ -140,6 +142,8 @@ def simulate(trace: Sequence[TraceJob], gpus: int, policy: Allocator, progress: 
                      for j in active.values() if j.gpus]
         # A restore's end: the job's new worker set reports its rate, and the operator plans it again.
         upcoming += [j.idle_until for j in active.values() if j.gpus and j.idle_until > now + _EPS]
+        # A plan that changes by itself (Decision.replan_at), if anything is left to run.
+        upcoming += [wake] if wake is not None and wake > now + _EPS and active else []
         if not upcoming:
             break  # nothing runs and nothing arrives: what is left can never run
         until = max(min(upcoming), now)
