@@ -8,7 +8,7 @@ samples (`Sample`; validated by `Sample.from_dict` one second in 60) passed to
 `HealthMonitor(MonitorConfig()).observe(batch, now=ts)`.
 The baseline, run on the same batches in the same process, is what a user would write first: a per-metric
 robust z-score of every series against the same metric's series of its job, with the same hard-signal rules
-(hardware XID, ECC count, heartbeat and GPU-series silence), its z threshold and persistence tuned on the
+(hardware XID, ECC count, a drop in the GPU count, heartbeat and GPU-series silence), its z threshold and persistence tuned on the
 same tuning seeds.
 
 Seeds: the detectors' defaults were developed against TUNING_SEEDS only (each change checked with
@@ -71,6 +71,7 @@ class NaiveZScore:
         self.seen: dict[str, float] = {}
         self.gpu_seen: dict[tuple[str, int], float] = {}
         self.heard_since: dict[str, float] = {}
+        self.gpu_count: dict[str, float] = {}
         self.last = -1.0
 
     def observe(self, batch: list[dict], now: float) -> list[tuple[float, str, str]]:
@@ -85,6 +86,10 @@ class NaiveZScore:
                 out += self._flag(now, s["node"], "xid")
             elif s["metric"] == "ecc_uncorrected" and s["value"] > 0:
                 out += self._flag(now, s["node"], "ecc")
+            elif s["metric"] == "gpu_count":
+                expected = self.gpu_count.setdefault(s["node"], s["value"])
+                if s["value"] < expected:
+                    out += self._flag(now, s["node"], "gpu-lost")
             elif s["metric"] in BAD_LOW | BAD_HIGH and s["job"] is not None:
                 self.latest[(s["metric"], s["node"], s["gpu"])] = (s["job"], s["value"])
             if s["gpu"] is not None and s["metric"] not in ("xid", "step_time", "sync_step_time"):

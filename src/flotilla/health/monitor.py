@@ -222,6 +222,8 @@ class HealthMonitor:
         out: list[HealthDecision] = []
         node_job, gpu_role, gpu_seen, latest = self._node_job, self._gpu_role, self._gpu_seen, self._latest
         fresh: dict[tuple[str, float], bool] = {}   # (node, ts) -> usable for comparing peers now
+        measured: dict[str, set[int]] = {}          # node -> GPUs with measurements in this batch
+        counts: list[Sample] = []
         for s in samples:
             node, name = s.node, s.metric
             if name == "gpu_source_up" and s.value == 0:
@@ -236,12 +238,18 @@ class HealthMonitor:
             if node_job.get(node) != s.job:
                 node_job[node] = s.job
                 gpu_role.pop(node, None)
+            kind = metric.kind
             if name not in EVENTS:
                 if s.role is not None:
                     gpu_role.setdefault(node, {})[s.gpu] = s.role
-                if s.gpu is not None:
+                # A GPU is alive while its measurements arrive: a counter the exporter keeps serving from its
+                # cache (the ECC count of a GPU that fell off the bus) says nothing of it.
+                if s.gpu is not None and kind != "hard":
                     gpu_seen.setdefault(node, {})[s.gpu] = now
-            kind = metric.kind
+                    measured.setdefault(node, set()).add(s.gpu)
+            if name == "gpu_count":
+                counts.append(s)   # judged after the batch, which then says which GPU's measurements are missing
+                continue
             if kind == "hard":
                 decision = self._hard(s, now)
                 if decision is not None:
@@ -259,6 +267,10 @@ class HealthMonitor:
                 if s.job is not None:
                     self._new_steps[(node, s.gpu)] = s.value
                     self._ranks.setdefault(s.job, {})[(node, s.gpu)] = (s.role, s.rank)
+        for s in counts:
+            decision = self._judge_gpu_count(s, measured.get(s.node))
+            if decision is not None:
+                out.append(decision)
         return out
 
     def _hard(self, s: Sample, now: float) -> HealthDecision | None:
@@ -285,14 +297,24 @@ class HealthMonitor:
                 return None
             return self._confirm(s.ts, node, "fault", "ecc-uncorrectable",
                                  {"metric": "ecc_uncorrected", "window": 1, "score": value - base, "gpu": s.gpu})
-        # gpu_count
+        return None
+
+    def _judge_gpu_count(self, s: Sample, measured: set[int] | None) -> HealthDecision | None:
+        """A drop in the node's GPU count is a lost GPU at once, whatever that GPU's other series still do.
+        The lost GPUs are named where the batch shows them: GPUs known to the node whose measurements it lacks."""
+        node, value = s.node, s.value
         self._gpu_count[node] = value
         expected = self._gpu_expected.setdefault(node, value)
         if value >= expected:
             self._gpu_expected[node] = value
             return None
-        return self._confirm(s.ts, node, "fault", "gpu-lost", {"metric": "gpu_count", "window": 1,
-                             "score": expected - value, "value": value, "expected": expected}, checkpointable=False)
+        evidence: dict[str, Any] = {"metric": "gpu_count", "window": 1, "score": expected - value, "value": value,
+                                    "expected": expected}
+        if measured is not None:
+            missing = sorted(set(self._gpu_seen.get(node, {})) - measured)
+            if missing:
+                evidence["gpus"] = missing
+        return self._confirm(s.ts, node, "fault", "gpu-lost", evidence, checkpointable=False)
 
     def _confirm(self, ts: float, node: str, kind: Literal["fault", "straggler"], reason: str, evidence: dict[str, Any],
                  *, transient: bool = False, checkpointable: bool = True) -> HealthDecision | None:
