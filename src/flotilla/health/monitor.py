@@ -469,6 +469,7 @@ class HealthMonitor:
                     "metric": "step_time", "window": cfg.straggler_window, "score": round(worst.score, 3),
                     "slowdown": round(worst.value - 1.0, 4),
                     "sigma": round(float(state.stragglers.sigma[worst.member]), 4),
+                    "basis": str(state.stragglers.basis[worst.member]),
                     "role": frame.rank_roles[worst.member] if frame.rank_roles else None,
                     "gpus": sorted(-1 if frame.ranks[f.member][1] is None else frame.ranks[f.member][1]
                                    for f in findings),
