@@ -80,7 +80,9 @@ def test_transient_outlier_clears_by_rule():
     m = HealthMonitor(cfg)
     hot = {("n3", "temperature", 0): 95.0}
     base = {(n, "temperature", 0): 60.0 for n in NODES}
-    out = run(m, range(6), overrides={**base, **hot}) + run(m, range(6, 14), overrides=base)
+    # the job declares no roles: its machines are compared on temperature once their peer groups are known
+    assert run(m, range(20), overrides=base) == []
+    out = run(m, range(20, 26), overrides={**base, **hot}) + run(m, range(26, 34), overrides=base)
     assert [(d.node, d.reason, d.state) for d in out] == [("n3", "outlier:temperature", "confirmed"),
                                                          ("n3", "outlier:temperature", "cleared")]
 
@@ -136,8 +138,20 @@ def test_pipeline_stages_are_compared_within_their_role():
         found[True] += with_roles.observe(pipeline_tick(float(t), True), float(t))
         found[False] += without.observe(pipeline_tick(float(t), False), float(t))
     assert found[True] == []
-    # without roles the last stage is "slow" and draws "too much": every one of its nodes is flagged
-    assert {d.node for d in found[False]} == {"p3", "p7", "p11"}
+    # without roles the last stage would be "slow" and draw "too much" against the job's median; its machines'
+    # own behaviour puts them in a group of their own instead, and nobody is flagged
+    assert found[False] == []
+    labels = dict(zip(without._groups["pipe"].nodes, without._groups["pipe"].labels))
+    assert len({labels[n] for n in ("p3", "p7", "p11")}) == 1
+    assert {labels[f"p{i}"] for i in range(12) if i % 4 != 3} == {"auto0/2"} != {labels["p3"]}
+
+
+def test_a_straggler_is_found_without_declared_roles_against_its_inferred_group():
+    m = HealthMonitor()
+    out = [d for t in range(120) for d in m.observe(pipeline_tick(float(t), False, slow_gpu=("p7", 0)), float(t))]
+    assert [(d.node, d.reason) for d in out] == [("p7", "slow-rank")]
+    assert out[0].evidence["role"] == m._groups["pipe"].labels[m._groups["pipe"].nodes.index("p7")]
+    assert 0.05 < out[0].evidence["slowdown"] < 0.15
 
 
 def test_straggler_decision_names_the_node_its_rank_and_role():

@@ -35,12 +35,13 @@ evaluations (a soft finding that was wrong clears); hard faults stay until
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Callable, Iterable, Literal, Mapping, Sequence
 
 import numpy as np
 
 from flotilla.health.decision import HealthDecision, decision_key
+from flotilla.health.groups import NOT_ROLES, PeerGroups
 from flotilla.health.liveness import ClockOffsets, Liveness, PipelineFinding
 from flotilla.health.metrics import BY_NAME, COMPARED, COMPARED_INDEX, EVENTS, HARDWARE_XIDS, NO_CHECKPOINT_XIDS
 from flotilla.health.peers import PeerOutlierDetector, SelfHistory
@@ -49,6 +50,7 @@ from flotilla.health.straggler import StragglerDetector
 from flotilla.health.window import nanmedian0
 
 Rank = tuple[str, int | None]
+_ROLE_SHAPED = np.array([m.name not in NOT_ROLES for m in COMPARED])
 
 _REDUCE: dict[str, Callable[[list[float]], float]] = {"min": min, "max": max,
                                                        "mean": lambda v: sum(v) / len(v)}
@@ -74,15 +76,19 @@ class MonitorConfig:
     straggler_threshold: float = 12.0  # CUSUM level, in noise units, at which a rank is a straggler
     straggler_min_sigma: float = 0.005  # floor of the step-time noise (relative)
     clear_after: int = 30            # evaluations a soft finding must look normal before it clears
+    group_window: int = 60           # evaluations of healthy behaviour a job's inferred peer groups are learned on
+    group_learn_after: int = 10      # evaluations before the groups are first computed
+    group_every: int = 5             # evaluations between computations (fixed when two in a row agree)
+    group_gap: float = 3.0           # a gap between machines' levels, in the metric's scale, that parts groups
 
     def __post_init__(self) -> None:
         for name in ("interval", "threshold", "clip", "stale_after", "heartbeat_timeout", "gpu_silence",
                      "straggler_shift", "straggler_threshold", "straggler_min_sigma", "shared_silence_fraction",
-                     "clock_window"):
+                     "clock_window", "group_gap"):
             if not getattr(self, name) > 0:
                 raise ValueError(f"monitor config field {name!r} must be positive")
         for name in ("window", "continuity", "straggler_window", "clear_after", "shared_silence_min_nodes",
-                     "history_span", "history_warmup"):
+                     "history_span", "history_warmup", "group_window", "group_learn_after", "group_every"):
             if getattr(self, name) < 1:
                 raise ValueError(f"monitor config field {name!r} must be at least 1")
 
@@ -131,6 +137,7 @@ class HealthMonitor:
         self.decisions: dict[tuple[str, str], HealthDecision] = {}   # (node, key) -> active decision
         self._calm: dict[tuple[str, str], int] = {}
         self._jobs: dict[str, _Job] = {}
+        self._groups: dict[str, PeerGroups] = {}   # job -> its inferred peer groups (jobs that declare no role)
         self._last_eval = -np.inf
         self._last_liveness = -np.inf   # liveness is judged every half interval (the detectors every interval)
         self._node_job: dict[str, str | None] = {}
@@ -419,14 +426,52 @@ class HealthMonitor:
                     checkpointable=False))
         return out
 
-    def _evaluate_job(self, now: float, frame: JobFrame) -> list[HealthDecision]:
+    def _inferred_groups(self, frame: JobFrame, healthy: np.ndarray) -> JobFrame | None:
+        """The frame with the job's inferred peer groups as its roles; None while they are being learned."""
         cfg = self.config
-        state = self._jobs.get(frame.job)
-        if state is None or state.key != (frame.nodes, frame.roles, frame.ranks, frame.rank_roles):
-            state = self._jobs[frame.job] = _Job(frame, cfg)
-        out: list[HealthDecision | None] = []
+        groups = self._groups.get(frame.job)
+        if groups is None or groups.nodes != frame.nodes:
+            groups = self._groups[frame.job] = PeerGroups(frame.nodes, window=cfg.group_window,
+                                                          learn_after=cfg.group_learn_after, every=cfg.group_every,
+                                                          gap=cfg.group_gap)
+        rows = {n: i for i, n in enumerate(frame.nodes)}
+        if not groups.known:
+            per_node: list[list[float]] = [[] for _ in frame.nodes]
+            for (node, _), t in zip(frame.ranks, frame.step_times):
+                if t > 0:
+                    per_node[rows[node]].append(float(np.log(t)))
+            steps = np.array([float(np.median(v)) if v else np.nan for v in per_node])
+            groups.observe(frame.values, steps, healthy)
+        if groups.labels is None:
+            return None
+        labels = groups.labels
+        return replace(frame, roles=labels, rank_roles=tuple(labels[rows[r[0]]] for r in frame.ranks))
+
+    def _evaluate_job(self, now: float, frame: JobFrame) -> list[HealthDecision]:
         flagged = {n for n, _ in self.decisions}
         healthy = np.array([n not in flagged for n in frame.nodes], dtype=bool)
+        if len(frame.nodes) < 3 or any(frame.roles) or any(frame.rank_roles):
+            return self._judge_job(now, frame, frame.job, healthy, None)
+        # No role declared: what no role changes (links and lanes up, thermal throttling) is compared across
+        # the whole job, from the start; the rest within the job's inferred groups once they are known.
+        inferred = self._inferred_groups(frame, healthy)
+        hardware = replace(frame, values=np.where(_ROLE_SHAPED, np.nan, frame.values), roles=(), ranks=(),
+                           step_times=np.empty(0), rank_roles=(), rank_ids=())
+        out = self._judge_job(now, hardware, f"{frame.job}\0hardware", healthy, ~_ROLE_SHAPED)
+        if inferred is not None:
+            work = replace(inferred, values=np.where(_ROLE_SHAPED, inferred.values, np.nan))
+            out += self._judge_job(now, work, frame.job, healthy, _ROLE_SHAPED)
+        return out
+
+    def _judge_job(self, now: float, frame: JobFrame, state_key: str, healthy: np.ndarray,
+                   owned: np.ndarray | None) -> list[HealthDecision]:
+        """Run the detectors of one job (state under `key`) on `frame`; `owned`: the compared metrics whose
+        findings this pass settles (None: all of them, and stragglers)."""
+        cfg = self.config
+        state = self._jobs.get(state_key)
+        if state is None or state.key != (frame.nodes, frame.roles, frame.ranks, frame.rank_roles):
+            state = self._jobs[state_key] = _Job(frame, cfg)
+        out: list[HealthDecision | None] = []
         own = state.history.score(frame.values)
         # What the whole job does together (a load shift, a checkpoint) is nobody's fault. Its healthy machines
         # say what that is; where fewer than three are healthy (faults found on the others), all its machines
@@ -459,7 +504,8 @@ class HealthMonitor:
                     "role": state.role_names[g], "basis": basis,
                 }, transient=BY_NAME[f.metric].transient))
         if frame.ranks:
-            rank_healthy = np.array([r[0] not in flagged for r in frame.ranks], dtype=bool)
+            row_of = {n: i for i, n in enumerate(frame.nodes)}
+            rank_healthy = healthy[[row_of[r[0]] for r in frame.ranks]]
             slow: dict[str, list] = {}
             for f in state.stragglers.update(frame.step_times, rank_healthy):
                 slow.setdefault(frame.ranks[f.member][0], []).append(f)
@@ -480,8 +526,13 @@ class HealthMonitor:
         for key in [k for k in self.decisions if k[0] in rows and k[1] in ("outlier", "straggler")]:
             node = key[0]
             if key[1] == "straggler":
+                if owned is not None and not frame.ranks:
+                    continue   # the pass that judges step times settles it
                 calm = all(state.stragglers.calm(i) for i, r in enumerate(frame.ranks) if r[0] == node)
             else:
+                metric = COMPARED_INDEX.get(self.decisions[key].evidence["metric"])
+                if owned is not None and (metric is None or not owned[metric]):
+                    continue
                 row = rows[node]
                 g = next(g for g, idx in enumerate(state.groups) if row in idx)
                 member = int(np.flatnonzero(state.groups[g] == row)[0])
