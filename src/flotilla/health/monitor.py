@@ -64,8 +64,8 @@ class MonitorConfig:
     threshold: float = 3.0           # windowed robust z-score above which a machine is an outlier
     clip: float = 8.0                # |z| cap per evaluation, so one wild sample cannot decide alone
     stale_after: float = 3.0         # seconds a value stays usable without a newer one
-    heartbeat_timeout: float = 2.5   # seconds without a heartbeat arriving that make it lost (at two evaluations)
-    gpu_silence: float = 2.5         # seconds a GPU's series may lag its node's other series before it is lost
+    heartbeat_timeout: float = 2.0   # seconds without a heartbeat arriving that make it lost (at two evaluations)
+    gpu_silence: float = 1.5         # seconds a GPU's measurements may lag its node's other series before it is lost
     shared_silence_fraction: float = 0.55  # share of a scope's nodes silent together = a pipeline fault
     shared_silence_min_nodes: int = 3      # ... and at least this many (all of the cluster always counts)
     clock_window: float = 600.0      # seconds of arrivals over which each agent's clock offset is estimated
