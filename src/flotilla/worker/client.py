@@ -82,7 +82,7 @@ class JobClient:
         blocks; False when not sent (no agent named in the environment, or the datagram could not go)."""
         if self._steps is False:
             self._steps = StepReporter.from_env()
-            if self._steps and self._role and not self._steps.role:
+            if isinstance(self._steps, StepReporter) and self._role and not self._steps.role:
                 self._steps.role = self._role
         return self._steps.report(step_time, sync_step_time) if self._steps else False
 
@@ -90,7 +90,7 @@ class JobClient:
         """The rank's role (`pp<stage>/<stages>`) as the framework knows it, sent with its step times unless the
         TrainingJob declares one (FLOTILLA_ROLE wins: it is what the operator stamps on the node's metrics)."""
         self._role = role
-        if self._steps and not self._steps.role:
+        if isinstance(self._steps, StepReporter) and not self._steps.role:
             self._steps.role = role
 
     def _patch_annotations(self, annotations: dict[str, str]) -> None:
