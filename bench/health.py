@@ -8,7 +8,7 @@ samples (`Sample`; validated by `Sample.from_dict` one second in 60) passed to
 `HealthMonitor(MonitorConfig()).observe(batch, now=ts)`.
 The baseline, run on the same batches in the same process, is what a user would write first: a per-metric
 robust z-score of every series against the same metric's series of its job, with the same hard-signal rules
-(hardware XID, ECC count, heartbeat and GPU-series silence), its z threshold and persistence tuned on the
+(hardware XID, ECC count, a drop in the GPU count, heartbeat and GPU-series silence), its z threshold and persistence tuned on the
 same tuning seeds.
 
 Seeds: the detectors' defaults were developed against TUNING_SEEDS only (each change checked with
@@ -17,6 +17,9 @@ Seeds: the detectors' defaults were developed against TUNING_SEEDS only (each ch
 
 A confirmed decision is a true positive when its node has an injected fault active then (or ended at most
 60 s before); otherwise a false positive. Latency runs from the fault's start to its first decision.
+
+Every run drives two monitors on the same batches: one given the roles the generator stamps, one with every
+role withheld (pipeline jobs that declare nothing: the detectors infer the peer groups); both are scored.
 
     python bench/health.py --quick      # 3 held-out seeds x 64 machines x 10 simulated minutes
     python bench/health.py              # 6 held-out seeds x 128 machines x 30 simulated minutes
@@ -71,6 +74,7 @@ class NaiveZScore:
         self.seen: dict[str, float] = {}
         self.gpu_seen: dict[tuple[str, int], float] = {}
         self.heard_since: dict[str, float] = {}
+        self.gpu_count: dict[str, float] = {}
         self.last = -1.0
 
     def observe(self, batch: list[dict], now: float) -> list[tuple[float, str, str]]:
@@ -85,6 +89,10 @@ class NaiveZScore:
                 out += self._flag(now, s["node"], "xid")
             elif s["metric"] == "ecc_uncorrected" and s["value"] > 0:
                 out += self._flag(now, s["node"], "ecc")
+            elif s["metric"] == "gpu_count":
+                expected = self.gpu_count.setdefault(s["node"], s["value"])
+                if s["value"] < expected:
+                    out += self._flag(now, s["node"], "gpu-lost")
             elif s["metric"] in BAD_LOW | BAD_HIGH and s["job"] is not None:
                 self.latest[(s["metric"], s["node"], s["gpu"])] = (s["job"], s["value"])
             if s["gpu"] is not None and s["metric"] not in ("xid", "step_time", "sync_step_time"):
@@ -161,26 +169,45 @@ def typed(batch: list[dict], validate: bool = False) -> list[Sample]:
     return [Sample(**d) for d in batch]
 
 
+def _reason(d) -> str:
+    return d.reason if d.kind != "fault" or not d.reason.startswith("outlier") else f"{d.reason}/{d.evidence.get('basis')}"
+
+
 def run_seed(seed: int, nodes: int, seconds: int, per_kind: int, config: MonitorConfig,
-             naive: dict | None, healthy_share: float = 0.35) -> dict:
+             naive: dict | None, healthy_share: float = 0.35, no_roles: bool = True) -> dict:
+    """Ours with the roles the generator stamps, ours on the same batches with every role withheld (pipeline
+    jobs that declare nothing), and the baseline (which uses no roles)."""
     fleet = Fleet(seed, nodes, seconds, per_kind, healthy_share=healthy_share)
     monitor = HealthMonitor(config)
+    blind = HealthMonitor(config) if no_roles else None
     baseline = NaiveZScore(**naive) if naive else None
     ours: list[tuple[float, str, str]] = []
+    ours_no_roles: list[tuple[float, str, str]] = []
     theirs: list[tuple[float, str, str]] = []
+    straggler_decisions: dict[str, list[tuple[float, str, str]]] = {"ours": [], "ours_no_roles": []}
     cpu = 0.0
     for t in range(seconds):
         batches = fleet.second(t)
         c0 = time.process_time()
         for ts, batch in batches:
-            ours += [(d.ts, d.node, d.reason if d.kind != "fault" or not d.reason.startswith("outlier") else
-                      f"{d.reason}/{d.evidence.get('basis')}") for d in monitor.observe(typed(batch, t % 60 == 0), ts)
-                     if d.state == "confirmed"]
+            for d in monitor.observe(typed(batch, t % 60 == 0), ts):
+                if d.state == "confirmed":
+                    ours.append((d.ts, d.node, _reason(d)))
+                if d.reason == "slow-rank":
+                    straggler_decisions["ours"].append((d.ts, d.node, d.state))
         cpu += time.process_time() - c0
+        if blind is not None:
+            for ts, batch in batches:
+                for d in blind.observe([Sample(**{**s, "role": None}) for s in batch], ts):
+                    if d.state == "confirmed":
+                        ours_no_roles.append((d.ts, d.node, _reason(d)))
+                    if d.reason == "slow-rank":
+                        straggler_decisions["ours_no_roles"].append((d.ts, d.node, d.state))
         if baseline is not None:
             for ts, batch in batches:
                 theirs += baseline.observe(batch, ts)
-    return {"fleet": fleet, "ours": ours, "naive": theirs, "cpu_s": cpu}
+    return {"fleet": fleet, "ours": ours, "ours_no_roles": ours_no_roles, "naive": theirs, "cpu_s": cpu,
+            "straggler_decisions": straggler_decisions}
 
 
 def score(runs: list[dict], which: str) -> dict:
@@ -228,6 +255,11 @@ def score(runs: list[dict], which: str) -> dict:
                 detected[f.kind].append(first[f] - f.start)
             if f.kind == "straggler":
                 straggler_lat.append((f.size, first[f] - f.start if f in first else None))
+    flaps: list[int] = []   # decisions (confirmed and cleared) on each straggler's node while it lasts (+ grace)
+    for r in runs:
+        for f in (f for f in r["fleet"].faults if f.kind == "straggler"):
+            flaps.append(sum(1 for ts, node, _ in r.get("straggler_decisions", {}).get(which, ())
+                             if node == f.node and f.start <= ts <= f.end + GRACE_S))
     decisions = sum(v[1] for v in tp_by_family.values())
     tp = decisions - fp
     precision = tp / decisions if decisions else 1.0
@@ -255,6 +287,9 @@ def score(runs: list[dict], which: str) -> dict:
         if healthy_pipeline_node_s else None,
         "healthy_pipeline_node_hours": round(healthy_pipeline_node_s / 3600, 1),
         "false_positives_healthy_pipeline": fp_healthy_pipeline,
+        "flaps_per_straggler": round(float(np.mean(flaps)), 3) if flaps else None,
+        "max_decisions_per_straggler": max(flaps) if flaps else None,
+        "hard_max_latency_s": round(max(hard_lat), 2) if hard_lat else None,
         "decisions": decisions, "false_positives": fp, "per_kind": per_kind, "fp_by_confounder": confounder_fp,
         "fp_by_reason": fp_reasons,
         "stragglers": sorted(((round(s, 3), None if lat is None else round(lat, 1)) for s, lat in straggler_lat),
@@ -284,14 +319,17 @@ def _confounder(fleet: Fleet, job, node: str, ts: float) -> str:
 JOBS = 1   # seeds run in parallel processes (--jobs)
 
 
-def evaluate(seeds, nodes, seconds, per_kind, config, naive, healthy_share=0.35) -> tuple[dict, dict, float]:
-    args = [(s, nodes, seconds, per_kind, config, naive, healthy_share) for s in seeds]
+def evaluate(seeds, nodes, seconds, per_kind, config, naive, healthy_share=0.35,
+             no_roles: bool = True) -> tuple[dict, dict, dict, float]:
+    """-> (ours with roles, ours with roles withheld, the baseline, detector CPU s)."""
+    args = [(s, nodes, seconds, per_kind, config, naive, healthy_share, no_roles) for s in seeds]
     if JOBS > 1:
         with multiprocessing.get_context("fork").Pool(min(JOBS, len(seeds))) as pool:
             runs = pool.starmap(run_seed, args)
     else:
         runs = [run_seed(*a) for a in args]
-    return score(runs, "ours"), score(runs, "naive") if naive else {}, sum(r["cpu_s"] for r in runs)
+    return (score(runs, "ours"), score(runs, "ours_no_roles") if no_roles else {},
+            score(runs, "naive") if naive else {}, sum(r["cpu_s"] for r in runs))
 
 
 def tune_naive(nodes: int, seconds: int, per_kind: int) -> None:
@@ -317,12 +355,13 @@ def tune(nodes: int, seconds: int, per_kind: int) -> None:
     """The grids, on the tuning seeds only."""
     for thr, cont, sth in itertools.product((3.0, 4.0), (5, 8), (8.0, 12.0, 16.0)):
         cfg = replace(MonitorConfig(), threshold=thr, continuity=cont, straggler_threshold=sth)
-        ours, _, _ = evaluate(TUNING_SEEDS, nodes, seconds, per_kind, cfg, None)
+        ours, blind, _, _ = evaluate(TUNING_SEEDS, nodes, seconds, per_kind, cfg, None)
         print(f"ours threshold={thr} continuity={cont} straggler_threshold={sth}: P {ours['precision']} "
-              f"R {ours['recall']} F1 {ours['f1']} 10% straggler {ours['straggler_10pct_median_latency_s']} s",
-              flush=True)
+              f"R {ours['recall']} F1 {ours['f1']} 10% straggler {ours['straggler_10pct_median_latency_s']} s; "
+              f"roles withheld: P {blind['precision']} R {blind['recall']}", flush=True)
     for z, persist in itertools.product((3.0, 4.0, 5.0, 6.0), (3, 5, 10)):
-        _, theirs, _ = evaluate(TUNING_SEEDS, nodes, seconds, per_kind, MonitorConfig(), {"z": z, "persist": persist})
+        _, _, theirs, _ = evaluate(TUNING_SEEDS, nodes, seconds, per_kind, MonitorConfig(), {"z": z, "persist": persist},
+                                   no_roles=False)
         print(f"naive z={z} persist={persist}: P {theirs['precision']} R {theirs['recall']} F1 {theirs['f1']}",
               flush=True)
 
@@ -371,13 +410,13 @@ def healthy(seeds, nodes: int, seconds: int) -> None:
     """False positives per 1,000 node-hours on a fleet with no fault at all (every job healthy), with the
     confounders of every job (warm-up, checkpoints, noisy sensors, slow data loaders, application XIDs)."""
     wall0 = time.perf_counter()
-    ours, naive, cpu = evaluate(seeds, nodes, seconds, 0, MonitorConfig(), NAIVE, healthy_share=1.0)
+    ours, blind, naive, cpu = evaluate(seeds, nodes, seconds, 0, MonitorConfig(), NAIVE, healthy_share=1.0)
     hours = ours["healthy_pipeline_node_hours"]
     fp_pipeline = ours["false_positives_healthy_pipeline"]
     all_hours = len(seeds) * nodes * seconds / 3600
     print(f"healthy fleet, held-out seeds {list(seeds)}: {nodes} machines x {seconds} s each = {all_hours:.0f} "
           f"node-h, of which {hours} node-h on pipeline jobs (2 and 4 stages); no fault injected")
-    for name, r in (("flotilla", ours), ("naive z-score", naive)):
+    for name, r in (("flotilla", ours), ("flotilla, roles withheld", blind), ("naive z-score", naive)):
         print(f"{name}: {r['false_positives']} false positives ({r['fp_per_1000_node_hours']} per 1,000 node-h); "
               f"on pipeline jobs {r['fp_per_1000_node_hours_healthy_pipeline']} per 1,000 node-h; by confounder "
               f"{r['fp_by_confounder']}; by reason {r['fp_by_reason']}")
@@ -390,6 +429,7 @@ def healthy(seeds, nodes: int, seconds: int) -> None:
                       "false_positives_pipeline": fp_pipeline, "healthy_pipeline_node_hours": hours,
                       "fp_per_1000_node_hours_all_jobs": ours["fp_per_1000_node_hours"],
                       "naive_fp_per_1000_node_hours": naive["fp_per_1000_node_hours_healthy_pipeline"],
+                      "fp_per_1000_node_hours_no_roles": blind["fp_per_1000_node_hours_healthy_pipeline"],
                       "held_out_seeds": list(seeds)}))
 
 
@@ -428,20 +468,29 @@ def main() -> int:
     if args.on_tuning_seeds:
         seeds = TUNING_SEEDS
     wall0 = time.perf_counter()
-    ours, naive, cpu = evaluate(seeds, nodes, seconds, per_kind, MonitorConfig(), NAIVE)
+    ours, blind, naive, cpu = evaluate(seeds, nodes, seconds, per_kind, MonitorConfig(), NAIVE)
     print(f"{'TUNING' if args.on_tuning_seeds else 'held-out'} seeds {list(seeds)} (tuned on {list(TUNING_SEEDS)}); {nodes} machines x {seconds} s each; "
           f"naive baseline {NAIVE}")
-    print(f"{'fault kind':<12}{'inj':>5}{'det':>5}{'recall':>8}{'prec':>8}{'dec':>5}{'med s':>8}"
-          f"   naive: {'recall':>7}{'prec':>7}")
+    print(f"{'fault kind':<12}{'inj':>5}  roles given: {'det':>4}{'recall':>7}{'prec':>7}{'dec':>5}{'med s':>7}"
+          f"  withheld: {'det':>4}{'recall':>7}{'prec':>7}{'dec':>5}{'med s':>7}   naive: {'recall':>7}{'prec':>7}")
     for kind in FAULT_KINDS:
-        a, b = ours["per_kind"][kind], naive["per_kind"][kind]
-        print(f"{kind:<12}{a['injected']:>5}{a['detected']:>5}{a['recall']!s:>8}{a['precision']!s:>8}"
-              f"{a['decisions']:>5}{a['median_latency_s']!s:>8}   {'':>7}{b['recall']!s:>7}{b['precision']!s:>7}")
-    print("false positives by confounder (ours / naive):",
-          ", ".join(f"{k} {ours['fp_by_confounder'][k]}/{naive['fp_by_confounder'][k]}" for k in ours["fp_by_confounder"]))
-    print("false positives by reason (ours):", ours["fp_by_reason"])
-    print("stragglers (slowdown, detection s):", ours["stragglers"])
-    for name, r in (("flotilla", ours), ("naive z-score", naive)):
+        a, c, b = ours["per_kind"][kind], blind["per_kind"][kind], naive["per_kind"][kind]
+        print(f"{kind:<12}{a['injected']:>5}  {'':>12} {a['detected']:>4}{a['recall']!s:>7}{a['precision']!s:>7}"
+              f"{a['decisions']:>5}{a['median_latency_s']!s:>7}  {'':>9} {c['detected']:>4}{c['recall']!s:>7}"
+              f"{c['precision']!s:>7}{c['decisions']:>5}{c['median_latency_s']!s:>7}   {'':>6}{b['recall']!s:>7}"
+              f"{b['precision']!s:>7}")
+    print("false positives by confounder (roles given / withheld / naive):",
+          ", ".join(f"{k} {ours['fp_by_confounder'][k]}/{blind['fp_by_confounder'][k]}/{naive['fp_by_confounder'][k]}"
+                    for k in ours["fp_by_confounder"]))
+    print("false positives by reason (roles given):", ours["fp_by_reason"])
+    print("false positives by reason (roles withheld):", blind["fp_by_reason"])
+    print("stragglers (slowdown, detection s), roles given:", ours["stragglers"])
+    print("stragglers (slowdown, detection s), roles withheld:", blind["stragglers"])
+    print(f"straggler decisions per fault (confirmed + cleared, while it lasts + {GRACE_S:g} s): roles given mean "
+          f"{ours['flaps_per_straggler']} max {ours['max_decisions_per_straggler']}; withheld mean "
+          f"{blind['flaps_per_straggler']} max {blind['max_decisions_per_straggler']}; hard faults' slowest "
+          f"detection {ours['hard_max_latency_s']} s (withheld {blind['hard_max_latency_s']} s)")
+    for name, r in (("flotilla", ours), ("flotilla, roles withheld", blind), ("naive z-score", naive)):
         print(f"{name}: precision {r['precision']} recall {r['recall']} f1 {r['f1']} (pipeline precision "
               f"{r['precision_pipeline']}) FP/1000 node-h {r['fp_per_1000_node_hours']}, on healthy pipeline jobs "
               f"{r['fp_per_1000_node_hours_healthy_pipeline']} over {r['healthy_pipeline_node_hours']} node-h; "
@@ -454,6 +503,14 @@ def main() -> int:
                                   "fp_per_1000_node_hours", "precision_pipeline", "recall_stragglers")}
     line["fp_per_1000_node_hours_healthy_pipeline"] = ours["fp_per_1000_node_hours_healthy_pipeline"]
     line["f1_vs_naive"] = f1_vs_naive
+    line["precision_no_roles"] = blind["precision"]
+    line["recall_no_roles"] = blind["recall"]
+    line["flaps_per_straggler"] = ours["flaps_per_straggler"]
+    line["flaps_per_straggler_no_roles"] = blind["flaps_per_straggler"]
+    line["max_decisions_per_straggler"] = max(ours["max_decisions_per_straggler"] or 0,
+                                              blind["max_decisions_per_straggler"] or 0)
+    line["hard_max_latency_s"] = ours["hard_max_latency_s"]
+    line["hard_max_latency_s_no_roles"] = blind["hard_max_latency_s"]
     line["held_out_seeds"] = list(seeds)
     print(json.dumps(line))
     return 0

@@ -12,8 +12,9 @@ legitimately: the last stage computes ~12 % longer (and runs hotter, draws more 
 (temperature, power, clocks). Step time: per-rank compute time with per-job noise (1-3 %) and rare spikes;
 the synchronous step time is the slowest rank's plus communication.
 
-Faults (ground truth in `Fleet.faults`): XID (hardware codes), uncorrectable ECC, a lost GPU (its series stop;
-no XID; `gpu_count` drops only on jobs whose agents read NVML, the others read DCGM and publish no count), a dead
+Faults (ground truth in `Fleet.faults`): XID (hardware codes), uncorrectable ECC, a lost GPU (its measurements
+stop but its uncorrectable-ECC counter keeps arriving, served from a cache; no XID; on jobs whose agents read NVML
+`gpu_count` drops, on the others the agents read DCGM and count the GPUs with any series, which does not drop), a dead
 node (everything stops), NVLink degraded on one GPU, a thermal throttle, an intermittent NIC flap (down 3-5 s of
 every 20-40 s), and stragglers 5-30 % slower visible only in their rank's compute time.
 
@@ -243,11 +244,12 @@ class Fleet:
             batch = [{"ts": ts, "node": node, "job": name, "gpu": None, "metric": m, "value": float(v)}
                      for m, v in (("heartbeat", 1.0), ("cpu_util", cpu[i]), ("mem_available", 400000.0),
                                   ("net_rx", net_rx[i]), ("net_tx", net_tx[i]), ("net_errors", net_err[i]))]
-            if job.nvml:
-                batch.append({"ts": ts, "node": node, "job": name, "gpu": None, "metric": "gpu_count",
-                              "value": float(gpu_alive[i].sum())})
+            batch.append({"ts": ts, "node": node, "job": name, "gpu": None, "metric": "gpu_count",
+                          "value": float(gpu_alive[i].sum() if job.nvml else GPUS)})
             for k in range(GPUS):
                 if not gpu_alive[i, k]:
+                    batch.append({"ts": ts, "node": node, "job": name, "gpu": k, "metric": "ecc_uncorrected",
+                                  "value": 0.0, "role": role})
                     continue
                 rank = (self.index_in_job[i] * GPUS + k)
                 for m, v in (("gpu_util", util[i, k]), ("power", power[i, k]), ("temperature", temp[i, k]),

@@ -35,12 +35,13 @@ evaluations (a soft finding that was wrong clears); hard faults stay until
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Callable, Iterable, Literal, Mapping, Sequence
 
 import numpy as np
 
 from flotilla.health.decision import HealthDecision, decision_key
+from flotilla.health.groups import NOT_ROLES, PeerGroups
 from flotilla.health.liveness import ClockOffsets, Liveness, PipelineFinding
 from flotilla.health.metrics import BY_NAME, COMPARED, COMPARED_INDEX, EVENTS, HARDWARE_XIDS, NO_CHECKPOINT_XIDS
 from flotilla.health.peers import PeerOutlierDetector, SelfHistory
@@ -49,6 +50,7 @@ from flotilla.health.straggler import StragglerDetector
 from flotilla.health.window import nanmedian0
 
 Rank = tuple[str, int | None]
+_ROLE_SHAPED = np.array([m.name not in NOT_ROLES for m in COMPARED])
 
 _REDUCE: dict[str, Callable[[list[float]], float]] = {"min": min, "max": max,
                                                        "mean": lambda v: sum(v) / len(v)}
@@ -62,8 +64,8 @@ class MonitorConfig:
     threshold: float = 3.0           # windowed robust z-score above which a machine is an outlier
     clip: float = 8.0                # |z| cap per evaluation, so one wild sample cannot decide alone
     stale_after: float = 3.0         # seconds a value stays usable without a newer one
-    heartbeat_timeout: float = 2.5   # seconds without a heartbeat arriving that make it lost (at two evaluations)
-    gpu_silence: float = 2.5         # seconds a GPU's series may lag its node's other series before it is lost
+    heartbeat_timeout: float = 2.0   # seconds without a heartbeat arriving that make it lost (at two evaluations)
+    gpu_silence: float = 1.5         # seconds a GPU's measurements may lag its node's other series before it is lost
     shared_silence_fraction: float = 0.55  # share of a scope's nodes silent together = a pipeline fault
     shared_silence_min_nodes: int = 3      # ... and at least this many (all of the cluster always counts)
     clock_window: float = 600.0      # seconds of arrivals over which each agent's clock offset is estimated
@@ -74,15 +76,19 @@ class MonitorConfig:
     straggler_threshold: float = 12.0  # CUSUM level, in noise units, at which a rank is a straggler
     straggler_min_sigma: float = 0.005  # floor of the step-time noise (relative)
     clear_after: int = 30            # evaluations a soft finding must look normal before it clears
+    group_window: int = 60           # evaluations of healthy behaviour a job's inferred peer groups are learned on
+    group_learn_after: int = 10      # evaluations before the groups are first computed
+    group_every: int = 5             # evaluations between computations (fixed when two in a row agree)
+    group_gap: float = 3.0           # a gap between machines' levels, in the metric's scale, that parts groups
 
     def __post_init__(self) -> None:
         for name in ("interval", "threshold", "clip", "stale_after", "heartbeat_timeout", "gpu_silence",
                      "straggler_shift", "straggler_threshold", "straggler_min_sigma", "shared_silence_fraction",
-                     "clock_window"):
+                     "clock_window", "group_gap"):
             if not getattr(self, name) > 0:
                 raise ValueError(f"monitor config field {name!r} must be positive")
         for name in ("window", "continuity", "straggler_window", "clear_after", "shared_silence_min_nodes",
-                     "history_span", "history_warmup"):
+                     "history_span", "history_warmup", "group_window", "group_learn_after", "group_every"):
             if getattr(self, name) < 1:
                 raise ValueError(f"monitor config field {name!r} must be at least 1")
 
@@ -131,6 +137,7 @@ class HealthMonitor:
         self.decisions: dict[tuple[str, str], HealthDecision] = {}   # (node, key) -> active decision
         self._calm: dict[tuple[str, str], int] = {}
         self._jobs: dict[str, _Job] = {}
+        self._groups: dict[str, PeerGroups] = {}   # job -> its inferred peer groups (jobs that declare no role)
         self._last_eval = -np.inf
         self._last_liveness = -np.inf   # liveness is judged every half interval (the detectors every interval)
         self._node_job: dict[str, str | None] = {}
@@ -222,6 +229,8 @@ class HealthMonitor:
         out: list[HealthDecision] = []
         node_job, gpu_role, gpu_seen, latest = self._node_job, self._gpu_role, self._gpu_seen, self._latest
         fresh: dict[tuple[str, float], bool] = {}   # (node, ts) -> usable for comparing peers now
+        measured: dict[str, set[int]] = {}          # node -> GPUs with measurements in this batch
+        counts: list[Sample] = []
         for s in samples:
             node, name = s.node, s.metric
             if name == "gpu_source_up" and s.value == 0:
@@ -236,12 +245,18 @@ class HealthMonitor:
             if node_job.get(node) != s.job:
                 node_job[node] = s.job
                 gpu_role.pop(node, None)
+            kind = metric.kind
             if name not in EVENTS:
                 if s.role is not None:
                     gpu_role.setdefault(node, {})[s.gpu] = s.role
-                if s.gpu is not None:
+                # A GPU is alive while its measurements arrive: a counter the exporter keeps serving from its
+                # cache (the ECC count of a GPU that fell off the bus) says nothing of it.
+                if s.gpu is not None and kind != "hard":
                     gpu_seen.setdefault(node, {})[s.gpu] = now
-            kind = metric.kind
+                    measured.setdefault(node, set()).add(s.gpu)
+            if name == "gpu_count":
+                counts.append(s)   # judged after the batch, which then says which GPU's measurements are missing
+                continue
             if kind == "hard":
                 decision = self._hard(s, now)
                 if decision is not None:
@@ -259,6 +274,10 @@ class HealthMonitor:
                 if s.job is not None:
                     self._new_steps[(node, s.gpu)] = s.value
                     self._ranks.setdefault(s.job, {})[(node, s.gpu)] = (s.role, s.rank)
+        for s in counts:
+            decision = self._judge_gpu_count(s, measured.get(s.node))
+            if decision is not None:
+                out.append(decision)
         return out
 
     def _hard(self, s: Sample, now: float) -> HealthDecision | None:
@@ -285,14 +304,24 @@ class HealthMonitor:
                 return None
             return self._confirm(s.ts, node, "fault", "ecc-uncorrectable",
                                  {"metric": "ecc_uncorrected", "window": 1, "score": value - base, "gpu": s.gpu})
-        # gpu_count
+        return None
+
+    def _judge_gpu_count(self, s: Sample, measured: set[int] | None) -> HealthDecision | None:
+        """A drop in the node's GPU count is a lost GPU at once, whatever that GPU's other series still do.
+        The lost GPUs are named where the batch shows them: GPUs known to the node whose measurements it lacks."""
+        node, value = s.node, s.value
         self._gpu_count[node] = value
         expected = self._gpu_expected.setdefault(node, value)
         if value >= expected:
             self._gpu_expected[node] = value
             return None
-        return self._confirm(s.ts, node, "fault", "gpu-lost", {"metric": "gpu_count", "window": 1,
-                             "score": expected - value, "value": value, "expected": expected}, checkpointable=False)
+        evidence: dict[str, Any] = {"metric": "gpu_count", "window": 1, "score": expected - value, "value": value,
+                                    "expected": expected}
+        if measured is not None:
+            missing = sorted(set(self._gpu_seen.get(node, {})) - measured)
+            if missing:
+                evidence["gpus"] = missing
+        return self._confirm(s.ts, node, "fault", "gpu-lost", evidence, checkpointable=False)
 
     def _confirm(self, ts: float, node: str, kind: Literal["fault", "straggler"], reason: str, evidence: dict[str, Any],
                  *, transient: bool = False, checkpointable: bool = True) -> HealthDecision | None:
@@ -397,14 +426,52 @@ class HealthMonitor:
                     checkpointable=False))
         return out
 
-    def _evaluate_job(self, now: float, frame: JobFrame) -> list[HealthDecision]:
+    def _inferred_groups(self, frame: JobFrame, healthy: np.ndarray) -> JobFrame | None:
+        """The frame with the job's inferred peer groups as its roles; None while they are being learned."""
         cfg = self.config
-        state = self._jobs.get(frame.job)
-        if state is None or state.key != (frame.nodes, frame.roles, frame.ranks, frame.rank_roles):
-            state = self._jobs[frame.job] = _Job(frame, cfg)
-        out: list[HealthDecision | None] = []
+        groups = self._groups.get(frame.job)
+        if groups is None or groups.nodes != frame.nodes:
+            groups = self._groups[frame.job] = PeerGroups(frame.nodes, window=cfg.group_window,
+                                                          learn_after=cfg.group_learn_after, every=cfg.group_every,
+                                                          gap=cfg.group_gap)
+        rows = {n: i for i, n in enumerate(frame.nodes)}
+        if not groups.known:
+            per_node: list[list[float]] = [[] for _ in frame.nodes]
+            for (node, _), t in zip(frame.ranks, frame.step_times):
+                if t > 0:
+                    per_node[rows[node]].append(float(np.log(t)))
+            steps = np.array([float(np.median(v)) if v else np.nan for v in per_node])
+            groups.observe(frame.values, steps, healthy)
+        if groups.labels is None:
+            return None
+        labels = groups.labels
+        return replace(frame, roles=labels, rank_roles=tuple(labels[rows[r[0]]] for r in frame.ranks))
+
+    def _evaluate_job(self, now: float, frame: JobFrame) -> list[HealthDecision]:
         flagged = {n for n, _ in self.decisions}
         healthy = np.array([n not in flagged for n in frame.nodes], dtype=bool)
+        if len(frame.nodes) < 3 or any(frame.roles) or any(frame.rank_roles):
+            return self._judge_job(now, frame, frame.job, healthy, None)
+        # No role declared: what no role changes (links and lanes up, thermal throttling) is compared across
+        # the whole job, from the start; the rest within the job's inferred groups once they are known.
+        inferred = self._inferred_groups(frame, healthy)
+        hardware = replace(frame, values=np.where(_ROLE_SHAPED, np.nan, frame.values), roles=(), ranks=(),
+                           step_times=np.empty(0), rank_roles=(), rank_ids=())
+        out = self._judge_job(now, hardware, f"{frame.job}\0hardware", healthy, ~_ROLE_SHAPED)
+        if inferred is not None:
+            work = replace(inferred, values=np.where(_ROLE_SHAPED, inferred.values, np.nan))
+            out += self._judge_job(now, work, frame.job, healthy, _ROLE_SHAPED)
+        return out
+
+    def _judge_job(self, now: float, frame: JobFrame, state_key: str, healthy: np.ndarray,
+                   owned: np.ndarray | None) -> list[HealthDecision]:
+        """Run the detectors of one job (state under `key`) on `frame`; `owned`: the compared metrics whose
+        findings this pass settles (None: all of them, and stragglers)."""
+        cfg = self.config
+        state = self._jobs.get(state_key)
+        if state is None or state.key != (frame.nodes, frame.roles, frame.ranks, frame.rank_roles):
+            state = self._jobs[state_key] = _Job(frame, cfg)
+        out: list[HealthDecision | None] = []
         own = state.history.score(frame.values)
         # What the whole job does together (a load shift, a checkpoint) is nobody's fault. Its healthy machines
         # say what that is; where fewer than three are healthy (faults found on the others), all its machines
@@ -437,7 +504,8 @@ class HealthMonitor:
                     "role": state.role_names[g], "basis": basis,
                 }, transient=BY_NAME[f.metric].transient))
         if frame.ranks:
-            rank_healthy = np.array([r[0] not in flagged for r in frame.ranks], dtype=bool)
+            row_of = {n: i for i, n in enumerate(frame.nodes)}
+            rank_healthy = healthy[[row_of[r[0]] for r in frame.ranks]]
             slow: dict[str, list] = {}
             for f in state.stragglers.update(frame.step_times, rank_healthy):
                 slow.setdefault(frame.ranks[f.member][0], []).append(f)
@@ -447,6 +515,7 @@ class HealthMonitor:
                     "metric": "step_time", "window": cfg.straggler_window, "score": round(worst.score, 3),
                     "slowdown": round(worst.value - 1.0, 4),
                     "sigma": round(float(state.stragglers.sigma[worst.member]), 4),
+                    "basis": str(state.stragglers.basis[worst.member]),
                     "role": frame.rank_roles[worst.member] if frame.rank_roles else None,
                     "gpus": sorted(-1 if frame.ranks[f.member][1] is None else frame.ranks[f.member][1]
                                    for f in findings),
@@ -457,8 +526,13 @@ class HealthMonitor:
         for key in [k for k in self.decisions if k[0] in rows and k[1] in ("outlier", "straggler")]:
             node = key[0]
             if key[1] == "straggler":
+                if owned is not None and not frame.ranks:
+                    continue   # the pass that judges step times settles it
                 calm = all(state.stragglers.calm(i) for i, r in enumerate(frame.ranks) if r[0] == node)
             else:
+                metric = COMPARED_INDEX.get(self.decisions[key].evidence["metric"])
+                if owned is not None and (metric is None or not owned[metric]):
+                    continue
                 row = rows[node]
                 g = next(g for g, idx in enumerate(state.groups) if row in idx)
                 member = int(np.flatnonzero(state.groups[g] == row)[0])

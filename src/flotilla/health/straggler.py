@@ -6,8 +6,19 @@ rank reported nothing new) and each rank's role group. A rank's deviation is
 group that reported in the same evaluation, so that a job-wide or role-wide
 change (warm-up, a checkpoint, a slow data loader feeding the first stage) moves
 the reference with it. A group with fewer than three reporting peers (a group of
-one or two) compares each rank with its own recent history instead: its
-deviation from the job's median, minus that deviation's own long-run level.
+one or two, or a group whose other machines are flagged) compares each rank with
+its own baseline instead: its deviation from the job's median, minus that
+deviation's usual level, minus what its healthy group peers' deviations do
+together (a role-wide change).
+
+The baseline is learned all the time, while peers still judge, so that a rank
+that falls back to it has one; it is learned only from a rank that is healthy and
+not suspect (its CUSUM below half the threshold), and once a rank turns suspect its
+baseline goes back to what it was the last time its CUSUM was zero, before the
+change began. A straggler is therefore never compared with its own slow self,
+and what its finding states as the slowdown is the median deviation since its
+CUSUM last left zero (the sequential test's estimate of the change) against
+that baseline or its peers.
 
 The deviation is divided by the group's noise (sigma, a robust estimate over the
 last `window` evaluations) and accumulated by a one-sided CUSUM,
@@ -30,7 +41,7 @@ from typing import Sequence
 import numpy as np
 
 from flotilla.health.peers import Finding
-from flotilla.health.window import RollingMedian, mad_factor
+from flotilla.health.window import mad_factor
 
 
 class StragglerDetector:
@@ -44,13 +55,15 @@ class StragglerDetector:
         n = len(self.groups)
         self.cusum = np.zeros(n)
         self.sigma = np.full(n, np.nan)
+        self.basis = np.array(["role-peers"] * n, dtype=object)   # what each rank was last judged against
         self._noise: list[deque[float]] = [deque(maxlen=window) for _ in self.members]
-        self._level = RollingMedian(15, (n,), skip_missing=True)
-        self.level = np.zeros(n)
         self._alpha = 2.0 / (history_span + 1)
         self._history_warmup = history_warmup
-        self._base = np.zeros(n)
+        self._base = np.zeros(n)        # each rank's usual log step time relative to the job's median
+        self._safe = np.zeros(n)        # ... as it was the last time the rank's CUSUM was zero
+        self._frozen = np.zeros(n, dtype=bool)
         self._seen = np.zeros(n, dtype=np.int64)
+        self._excess: list[deque[float]] = [deque(maxlen=window) for _ in range(n)]   # since the CUSUM left zero
 
     def update(self, step_times: np.ndarray, peers: np.ndarray) -> list[Finding]:
         """`step_times`: (ranks,), NaN = no new step; `peers`: the ranks that may define normal."""
@@ -59,7 +72,8 @@ class StragglerDetector:
         reported = np.isfinite(x)
         dev = np.full(len(x), np.nan)
         job_ref = x[reported & peers]
-        job_median = float(np.median(job_ref)) if len(job_ref) >= 3 else np.nan
+        rel = x - float(np.median(job_ref)) if len(job_ref) >= 3 else np.full(len(x), np.nan)
+        own = np.where(self._seen >= self._history_warmup, rel - self._base, np.nan)
         for g, idx in enumerate(self.members):
             here = idx[reported[idx]]
             ref = here[peers[here]]
@@ -67,35 +81,63 @@ class StragglerDetector:
                 median = float(np.median(x[ref]))
                 dev[here] = x[here] - median
                 noise = float(np.median(np.abs(dev[ref]))) / mad_factor(len(ref))
-            elif np.isfinite(job_median) and len(here):
-                noise = self._own_history(here, x[here] - job_median, dev)
+                self.basis[here] = "role-peers"
             else:
-                continue
+                noise = self._against_own_baseline(here[np.isfinite(own[here])], own, peers, dev)
             if np.isfinite(noise):
                 self._noise[g].append(noise)
             if len(self._noise[g]) >= self.warmup:
                 self.sigma[idx] = max(float(np.median(self._noise[g])), self.min_sigma)
-        self.level = np.nan_to_num(self._level.push(dev))
         judged = np.isfinite(dev) & np.isfinite(self.sigma)
         sigma = self.sigma[judged]
         z = np.clip(dev[judged] / sigma, -self.clip, self.clip)
         k = np.maximum(self.shift / (2.0 * sigma), self.k_min)
         self.cusum[judged] = np.clip(self.cusum[judged] + z - k, 0.0, 2.0 * self.threshold)
-        return [Finding(int(i), "step_time", float(self.cusum[i]), float(np.exp(self.level[i])), 1.0, 1)
+        self._track(judged, dev)
+        self._learn(reported & peers & np.isfinite(rel), rel)
+        return [Finding(int(i), "step_time", float(self.cusum[i]), self.slowdown(int(i)), 1.0, 1)
                 for i in np.flatnonzero(self.cusum >= self.threshold)]
 
-    def _own_history(self, here: np.ndarray, rel: np.ndarray, dev: np.ndarray) -> float:
-        """Deviation of each rank from its own long-run level relative to the job; returns one noise sample."""
-        warm = self._seen[here] >= self._history_warmup
-        first = self._seen[here] == 0
-        self._base[here[first]] = rel[first]
-        d = rel - self._base[here]
-        dev[here[warm]] = d[warm]
-        # learn the level while the rank is not alarming, so that a straggler is not absorbed into it
-        learn = self.cusum[here] < self.threshold / 2
-        self._base[here[learn]] += self._alpha * d[learn]
-        self._seen[here] += 1
-        return float(np.median(np.abs(d[warm]))) / 0.6745 if warm.any() else np.nan
+    def slowdown(self, member: int) -> float:
+        """The rank's step time over its reference since its CUSUM last left zero (1.0 = as usual): the median,
+        so that a noisy step or two from before the change does not pull it."""
+        q = self._excess[member]
+        return float(np.exp(np.median(q))) if q else 1.0
+
+    def _against_own_baseline(self, here: np.ndarray, own: np.ndarray, peers: np.ndarray, dev: np.ndarray) -> float:
+        """Deviation of each rank from its own baseline less what its healthy group peers do together (a change
+        of the whole role); returns one noise sample, from the healthy ranks only."""
+        if not len(here):
+            return np.nan
+        healthy = here[peers[here]]
+        for i in here:
+            others = healthy[healthy != i]
+            dev[i] = own[i] - (float(np.median(own[others])) if len(others) else 0.0)
+        self.basis[here] = "own-history"
+        return float(np.median(np.abs(dev[healthy]))) / 0.6745 if len(healthy) else np.nan
+
+    def _track(self, judged: np.ndarray, dev: np.ndarray) -> None:
+        """The change-point bookkeeping: the deviations since each CUSUM last left zero, and the baseline as
+        it was before a rank turned suspect."""
+        zero = self.cusum <= 0.0
+        for i in np.flatnonzero(zero):
+            self._excess[i].clear()
+        for i in np.flatnonzero(judged & ~zero):
+            self._excess[i].append(float(dev[i]))
+        suspect = self.cusum >= self.threshold / 2
+        turned = suspect & ~self._frozen
+        self._base[turned] = self._safe[turned]
+        self._frozen = (self._frozen | suspect) & ~zero
+        self._safe[zero] = self._base[zero]
+
+    def _learn(self, usable: np.ndarray, rel: np.ndarray) -> None:
+        """Move the baseline of healthy ranks that are not suspect; a rank's first value starts it."""
+        learn = usable & ~self._frozen & (self.cusum < self.threshold / 2)
+        first = learn & (self._seen == 0)
+        self._base[first] = rel[first]
+        move = learn & ~first
+        self._base[move] += self._alpha * (rel[move] - self._base[move])
+        self._seen[learn] += 1
 
     def calm(self, member: int) -> bool:
         return bool(self.cusum[member] < self.threshold / 2)

@@ -62,6 +62,7 @@ class JobClient:
         self._last_poll = float("-inf")
         self._acked = 0
         self._steps: StepReporter | None | bool = False   # False: not made yet; None: no agent in the env
+        self._role: str | None = None   # the rank's role as the framework knows it (flotilla.worker.torch)
 
     @classmethod
     def from_env(cls, **kwargs: Any) -> "JobClient":
@@ -81,7 +82,16 @@ class JobClient:
         blocks; False when not sent (no agent named in the environment, or the datagram could not go)."""
         if self._steps is False:
             self._steps = StepReporter.from_env()
+            if isinstance(self._steps, StepReporter) and self._role and not self._steps.role:
+                self._steps.role = self._role
         return self._steps.report(step_time, sync_step_time) if self._steps else False
+
+    def report_role(self, role: str) -> None:
+        """The rank's role (`pp<stage>/<stages>`) as the framework knows it, sent with its step times unless the
+        TrainingJob declares one (FLOTILLA_ROLE wins: it is what the operator stamps on the node's metrics)."""
+        self._role = role
+        if isinstance(self._steps, StepReporter) and not self._steps.role:
+            self._steps.role = role
 
     def _patch_annotations(self, annotations: dict[str, str]) -> None:
         # With the job's UID in the patch the API server refuses it (uid is immutable) once the job is gone

@@ -165,6 +165,26 @@ class _Rng(Stateful):
         torch.set_rng_state(state["cpu"])
 
 
+def pipeline_role(where: Any, dim: str = "pp") -> str:
+    """This rank's pipeline stage as the health detectors read roles: "pp<stage>/<stages>".
+
+    `where` is a DeviceMesh with a `dim` dimension (the stage is this rank's coordinate on it), or the process
+    group of this rank's pipeline (one rank per stage, in stage order, as torch.distributed.pipelining's
+    schedules take it). Ranks of one stage do the same work, so the detectors compare them with each other."""
+    from torch.distributed.device_mesh import DeviceMesh
+
+    if isinstance(where, DeviceMesh):
+        names = tuple(where.mesh_dim_names or ())
+        if dim not in names:
+            raise ValueError(f"the device mesh has no {dim!r} dimension (its dimensions: {list(names)})")
+        stage, stages = where.get_local_rank(dim), where.size(names.index(dim))
+    else:
+        stage, stages = dist.get_rank(where), dist.get_world_size(where)
+        if stage < 0:
+            raise ValueError("this rank is not a member of the pipeline's process group")
+    return f"pp{stage}/{stages}"
+
+
 class TorchJob:
     def __init__(self, client: JobClient, rendezvous: Rendezvous, checkpoint_dir: str | Path,
                  interval_steps: int = 0, keep: int = 2, wait_replaced: float = 3600.0):
@@ -212,6 +232,14 @@ class TorchJob:
                                 world_size=self.world_size, timeout=timedelta(seconds=timeout))
         log.info("rank %d/%d: process group up (%s, %s)", self.rank, self.world_size, backend,
                  self.rendezvous.init_method())
+
+    def report_pipeline(self, where: Any, dim: str = "pp") -> str:
+        """Say this rank's pipeline stage (from its DeviceMesh or its pipeline's process group, see
+        `pipeline_role`) with its step times, so that the detectors compare it with the ranks of its own stage
+        even where the TrainingJob declares no `parallelism`. Returns the role."""
+        role = pipeline_role(where, dim)
+        self.client.report_role(role)
+        return role
 
     def _state(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer | None,
                data: SampleOrder | None) -> dict[str, Any]:
