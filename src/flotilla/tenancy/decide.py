@@ -95,7 +95,7 @@ def decide(snapshot: PoolSnapshot, queues: Sequence[QueueSpec], policy: PoolPoli
     for name, m in members.items():
         m.guarantee = guarantees.get(name, 0)
         if m.jobs:
-            m.promised = _guarantees(snapshot, m, policy)
+            m.promised = _guarantees(snapshot, m, policy, schedulable)
 
     # 2. Budgets.
     for m in members.values():
@@ -181,26 +181,38 @@ def _demand(m: _Queue) -> int:
     return sum(j.max_gpus for j in live) + serving
 
 
-def _serving_reserve(m: _Queue, now: float, policy: PoolPolicy) -> tuple[tuple[float, int], ...]:
-    """The queue's serving forecast with headroom over time, as the pool arbiter plans it (whole instances)."""
+def _serving_reserve(m: _Queue, now: float, policy: PoolPolicy,
+                     schedulable: set[str]) -> tuple[tuple[float, int], ...]:
+    """The queue's serving forecast with headroom over time, as the pool arbiter plans it (whole instances; now,
+    at least what it holds through its hold-down)."""
     times = sorted({now} | {t for s in m.serving for t, _ in s.forecast if t > now})
+
+    def instances(s: ServingState, gpus: int) -> int:
+        unit = s.gpus_per_instance
+        return min(math.ceil(gpus / unit) * unit, s.max_gpus // unit * unit)
 
     def at(s: ServingState, t: float) -> int:
         demand = next((g for start, g in sorted(s.forecast, reverse=True) if start <= t), s.demand_gpus)
-        want = max(math.ceil(demand * (1 + policy.forecast_headroom)), s.min_gpus, s.gpus if t == now else 0)
-        unit = s.gpus_per_instance
-        return min(math.ceil(want / unit) * unit, s.max_gpus // unit * unit)
+        gpus = instances(s, max(math.ceil(demand * (1 + policy.forecast_headroom)), s.min_gpus))
+        if t > now:
+            return gpus
+        want = instances(s, max(s.demand_gpus, s.min_gpus))
+        holds = sum(g for n, g in s.placement.items() if n in schedulable)
+        since = now if s.below_since is None else s.below_since
+        target = holds if want < holds and now - since < policy.hold_down_seconds else want
+        return max(gpus, target)
 
     return tuple((t, sum(at(s, t) for s in m.serving)) for t in times)
 
 
-def _guarantees(snapshot: PoolSnapshot, m: _Queue, policy: PoolPolicy) -> dict[str, JobDecision]:
+def _guarantees(snapshot: PoolSnapshot, m: _Queue, policy: PoolPolicy,
+                schedulable: set[str]) -> dict[str, JobDecision]:
     """Step 1 for one queue: its jobs admitted and their shares sized out of its own guarantee."""
     nodes = arbiter.with_foreign_gpus(snapshot.nodes, _serving_holdings(m.serving))
     visible = sum(n.usable_gpus for n in nodes)
-    claimed = tuple((t, max(0, visible - (m.guarantee - reserve))) for t, reserve in _serving_reserve(m, snapshot.now, policy))
-    if not claimed:
-        claimed = ((snapshot.now, max(0, visible - m.guarantee)),)
+    # Everything but the queue's guarantee is claimed by others; its serving's forecast is claimed within it.
+    reserve = _serving_reserve(m, snapshot.now, policy, schedulable)
+    claimed = tuple((t, visible - (m.guarantee - gpus)) for t, gpus in reserve)
     decision = _ALLOCATOR.decide(ClusterSnapshot(snapshot.now, nodes, tuple(m.jobs), claimed))
     return dict(decision.jobs)
 
