@@ -13,4 +13,5 @@ from flotilla.tenancy.model import (
 )
 from flotilla.tenancy.types import QueueUsage, Reclaim, TenantDecision
 
-__all__ = ["decide", "QueueUsage", "Reclaim", "TenantDecision", "IMPLICIT_QUEUE", "RESOURCE_GPU", "QueueProblem", "QueueSpec", "Quota", "queue_for", "validate_queues"]
+__all__ = ["IMPLICIT_QUEUE", "RESOURCE_GPU", "QueueProblem", "QueueSpec", "QueueUsage", "Quota", "Reclaim",
+           "TenantDecision", "decide", "queue_for", "validate_queues"]
