@@ -169,11 +169,18 @@ class Result:
     judged: dict[str, int]  # team -> deadline jobs judged (deadline within the trace)
     missed_ids: set[str]
     utilization: float
-    lost_gpu_h: float  # work discarded plus restore time, in GPU-hours, of every job that lost GPUs
-    preemptions: int
-    reclaim_latency_s: list[float]  # submit -> training, for jobs started on GPUs another team gave back
+    lost_gpu_h: float  # work discarded plus restore time, in GPU-hours, of jobs whose GPUs went to another team
+    work_lost_gpu_h: float  # of it, the work discarded (steps since the last checkpoint), in GPU-hours
+    preemptions: int  # every time a running job gave GPUs back (reclaims and rescales within its team)
+    reclaim_latency_s: list[float]  # decision -> training, for jobs given GPUs that another team gave back
+    reclaims: int
+    rescale_gpu_h: float  # the same cost over every preemption, reclaims and rescales within a team
     serving_attainment: float  # GPU-seconds serving held within its demand over its demand
     finish: dict[str, float | None] = field(default_factory=dict)
+    # Deadline jobs submitted while their team asked for no more than its nominal share (see within_share), and
+    # of those, the ones refused or late: isolation violations.
+    within_share: set[str] = field(default_factory=set)
+    violations: set[str] = field(default_factory=set)
     first_train: dict[str, float | None] = field(default_factory=dict)
 
     @property
@@ -189,10 +196,10 @@ def simulate(trace: Trace, policy: Policy) -> Result:
     runs = {j.id: _Run(j) for j in trace.jobs}
     serving_place: dict[str, dict[str, int]] = {s.id: {} for s in trace.serving}
     arrivals = sorted({j.submit for j in trace.jobs})
-    now, useful, lost, preemptions = 0.0, 0.0, 0.0, 0
+    now, useful, lost, work_lost, rescale, preemptions, reclaims = 0.0, 0.0, 0.0, 0.0, 0.0, 0, 0
     serving_in, serving_need = 0.0, 0.0
     latencies: list[float] = []
-    reclaim_started: set[str] = set()
+    pending_waits: list[tuple[_Run, set[str]]] = []
     next_tick = 0.0
     while now < trace.duration_s - 1e-9:
         live = [r for r in runs.values() if r.job.submit <= now and r.finish is None and not r.rejected]
@@ -203,51 +210,72 @@ def simulate(trace: Trace, policy: Policy) -> Result:
                           for s in trace.serving))
         alloc = policy.decide(view)
         _check_fits(nodes, alloc, policy.name, now)
-        # GPUs given back in this decision: free after a checkpoint is written, or after the grace period.
-        free_at: dict[str, list[tuple[float, str]]] = {}
-        grew: dict[str, set[str]] = {}  # job -> nodes where it gets more GPUs in this decision
+        new_of: dict[str, dict[str, int]] = {}
         for r in live:
-            new = {n: g for n, g in alloc.jobs.get(r.job.id, {}).items() if g}
+            new_of[r.job.id] = {n: g for n, g in alloc.jobs.get(r.job.id, {}).items() if g}
             if r.job.id in alloc.rejected:
                 r.rejected = True
-                new = {}
+                new_of[r.job.id] = {}
+        new_serving = {s.id: {n: g for n, g in alloc.serving.get(s.id, {}).items() if g} for s in trace.serving}
+        # Which teams get more GPUs on each node in this decision: a holder that gives GPUs back on a node where
+        # another team grows is reclaimed (else it is rescaled within its own team).
+        growing: dict[str, set[str]] = {}
+        for r in live:
+            for n, g in new_of[r.job.id].items():
+                if g > r.placement.get(n, 0):
+                    growing.setdefault(n, set()).add(r.job.team)
+        for sv in trace.serving:
+            for n, g in new_serving[sv.id].items():
+                if g > serving_place[sv.id].get(n, 0):
+                    growing.setdefault(n, set()).add(sv.team)
+        # GPUs given back in this decision: free after a checkpoint is written, or after the grace period.
+        free_at: dict[str, list[tuple[float, str]]] = {}
+        for r in live:
+            new = new_of[r.job.id]
             if new == r.placement:
                 continue
-            grew[r.job.id] = {n for n, g in new.items() if g > r.placement.get(n, 0)}
             old_gpus, new_gpus = r.gpus, sum(new.values())
-            if r.started and any(new.get(n, 0) < g for n, g in r.placement.items()):
-                # It gives GPUs back: a preemption (a reclaim, or a rescale within its team).
+            shrunk_on = [n for n, g in r.placement.items() if new.get(n, 0) < g]
+            if r.started and shrunk_on:
                 preemptions += 1
+                reclaimed = any(growing.get(n, set()) - {r.job.team} for n in shrunk_on)
                 when = now + (r.job.checkpoint_s if policy.preempts == "checkpoint" else GRACE_S)
-                for n, g in r.placement.items():
-                    if new.get(n, 0) < g:
-                        free_at.setdefault(n, []).append((when, r.job.team))
+                for n in shrunk_on:
+                    free_at.setdefault(n, []).append((when, r.job.team))
+                cost = r.job.restore_s * (new_gpus if policy.preempts == "checkpoint" else old_gpus) / 3600
+                discarded = 0.0
                 if policy.preempts == "evict":
                     gone = r.done - r.last_checkpoint
-                    lost += gone / max(r.job.rate(old_gpus), 1e-9) * old_gpus / 3600
+                    discarded = gone / max(r.job.rate(old_gpus), 1e-9) * old_gpus / 3600
+                    cost += discarded
                     r.done = float(r.last_checkpoint)
                 else:
                     r.last_checkpoint = int(r.done)
-                lost += r.job.restore_s * max(new_gpus, 0) / 3600
+                rescale += cost
+                if reclaimed:
+                    reclaims += 1
+                    lost += cost
+                    work_lost += discarded
             if new_gpus:
                 # restore_s is the whole stop / checkpoint / reshard / restart (its first checkpoint_s writes the
                 # checkpoint, after which the GPUs it gives back are free).
                 r.resumes_at = now + (r.job.restore_s if r.started else 0.0)
                 r.started = True
+            grown = {n for n, g in new.items() if g > r.placement.get(n, 0)}
             r.placement = new
-        for r in live:  # a job on GPUs another team gives back waits until they are free
-            waits = [t for n in grew.get(r.job.id, ()) for t, team in free_at.get(n, ()) if team != r.job.team]
+            if grown:
+                pending_waits.append((r, grown))
+        for r, grown in pending_waits:  # a job on GPUs another team gives back waits until they are free
+            waits = [t for n in grown for t, team in free_at.get(n, ()) if team != r.job.team]
             if waits:
+                latencies.append(max(max(waits), r.resumes_at) - now)
                 r.resumes_at = max(r.resumes_at, max(waits))
-                if r.first_train is None and r.job.id not in reclaim_started:
-                    reclaim_started.add(r.job.id)
+        pending_waits.clear()
         for s in trace.serving:
-            serving_place[s.id] = {n: g for n, g in alloc.serving.get(s.id, {}).items() if g}
+            serving_place[s.id] = new_serving[s.id]
         for r in live:
             if r.gpus and r.first_train is None:
                 r.first_train = max(now, r.resumes_at)
-                if r.job.id in reclaim_started:
-                    latencies.append(r.first_train - r.job.submit)
 
         # Advance to the next event.
         candidates = [trace.duration_s, next_tick if next_tick > now else now + TICK_S,
@@ -290,6 +318,8 @@ def simulate(trace: Trace, policy: Policy) -> Result:
     met: dict[str, int] = {}
     judged: dict[str, int] = {}
     missed: set[str] = set()
+    owed = within_share(trace, {k: r.finish if r.finish is not None else (r.job.submit if r.rejected else None)
+                                for k, r in runs.items()})
     for r in runs.values():
         if r.job.deadline is None or r.job.deadline > trace.duration_s:
             continue
@@ -299,8 +329,46 @@ def simulate(trace: Trace, policy: Policy) -> Result:
         else:
             missed.add(r.job.id)
     return Result(trace.name, trace.seed, policy.name, met, judged, missed, useful / (trace.gpus * trace.duration_s),
-                  lost, preemptions, latencies, serving_in / serving_need if serving_need else 1.0,
-                  {k: r.finish for k, r in runs.items()}, {k: r.first_train for k, r in runs.items()})
+                  lost, work_lost, preemptions, latencies, reclaims, rescale, serving_in / serving_need if serving_need else 1.0,
+                  {k: r.finish for k, r in runs.items()}, owed, owed & missed,
+                  {k: r.first_train for k, r in runs.items()})
+
+
+def needed_gpus(job: Job) -> int | None:
+    """The fewest GPUs with which `job` finishes by its deadline from its submission (None: none can)."""
+    assert job.deadline is not None
+    for g in range(job.min_gpus, job.max_gpus + 1):
+        if job.steps / job.rate(g) <= job.deadline - job.submit:
+            return g
+    return None
+
+
+def _claim(job: Job) -> int:
+    need = needed_gpus(job) if job.deadline is not None else None
+    return max(need or job.requested, job.requested if job.deadline is None else 0)
+
+
+def within_share(trace: Trace, finish: Mapping[str, float | None]) -> set[str]:
+    """Deadline jobs (judged within the trace) that their team's nominal share could carry: at submission, the
+    job's needed GPUs plus what the team's other unfinished jobs ask for (as this run finished them; a refused job
+    is gone at once: a deadline job its needed GPUs, or its requested ones if none are enough; a best-effort job
+    its requested ones) and
+    the team's serving demand fit within the team's nominal. Refused or late, such a job is an isolation
+    violation: its team asked for no more than its share."""
+    out: set[str] = set()
+    nominal = {t.name: t.nominal for t in trace.teams}
+    for job in trace.jobs:
+        if job.deadline is None or job.deadline > trace.duration_s:
+            continue
+        need = needed_gpus(job)
+        if need is None:
+            continue
+        others = sum(_claim(o) for o in trace.jobs if o.team == job.team and o.id != job.id
+                     and o.submit <= job.submit and (finish.get(o.id) or math.inf) > job.submit)
+        serving = sum(s.demand_at(job.submit) for s in trace.serving if s.team == job.team)
+        if need + others + serving <= nominal[job.team]:
+            out.add(job.id)
+    return out
 
 
 def _forecast(s: Serving, now: float) -> tuple[tuple[float, int], ...]:
@@ -354,7 +422,7 @@ def make_trace(kind: str, seed: int, duration_s: float = 8 * 3600.0, nodes: int 
         serving.append(Serving("web/chat", "web", tuple(2 * math.ceil(d / 2) for d in demand),
                                tuple(2 * math.ceil(d / 2) for d in base), 2, 16, 2))
     jobs: list[Job] = []
-    factor = (0.6, 1.5) if kind == "deadline-heavy" else (1.0, 2.5)
+    factor = (0.6, 1.5) if kind == "deadline-heavy" else (0.9, 2.0)
     best_effort = 0.05 if kind == "deadline-heavy" else 0.25
     for t_index, team in enumerate(teams):
         if kind == "serving" and team.name == "web":
@@ -368,7 +436,7 @@ def make_trace(kind: str, seed: int, duration_s: float = 8 * 3600.0, nodes: int 
 
         def intensity(t: float) -> float:
             if kind in ("bursty", "serving"):
-                return 2.2 * load if busy[0] <= t < busy[1] else 0.15 * load
+                return 3.0 * load if busy[0] <= t < busy[1] else 0.15 * load
             return load
 
         t = 0.0
