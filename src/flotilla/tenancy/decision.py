@@ -258,7 +258,7 @@ def _promised_state(job: JobState, promised: JobDecision | None) -> JobState:
 def _reclaim(now: float, members: Mapping[str, _Queue],
              schedulable: set[str]) -> tuple[dict[str, JobState], list[Reclaim]]:
     """Shrink borrowers of queues above their budget: lowest priority, furthest above its guarantee first."""
-    needy = sorted(((m.budget - m.holds, n) for n, m in members.items() if m.budget > m.holds), reverse=True)
+    deficit = {n: m.budget - m.holds for n, m in members.items() if m.budget > m.holds}
     shrunk: dict[str, JobState] = {}
     reclaims: list[Reclaim] = []
     for name in sorted(members):
@@ -283,7 +283,10 @@ def _reclaim(now: float, members: Mapping[str, _Queue],
                 continue
             gave = job.gpus - size
             excess -= gave
-            to = needy[0][1] if needy else ""
+            # Named after the queue still owed the most (several may be owed at once).
+            to = max(deficit, key=lambda n: (deficit[n], n)) if deficit else IMPLICIT_QUEUE
+            if to in deficit:
+                deficit[to] -= gave
             placement = shrink_in_place(job.placement, size, job.gpus_per_worker) if size else {}
             shrunk[job.key] = replace(job, placement=placement)
             how = ("pauses at a checkpoint" if size == 0 else f"shrinks to {size} GPUs through a checkpoint")
