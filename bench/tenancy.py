@@ -45,7 +45,7 @@ from tenancy_judge import KINDS, Result, make_trace, simulate  # noqa: E402
 from tenancy_policies import POLICIES  # noqa: E402
 
 QUICK = {"seeds": (11,), "duration_s": 5 * 3600.0, "load": 1.2}
-FULL = {"seeds": (11, 12, 13), "duration_s": 12 * 3600.0, "load": 1.2}
+FULL = {"seeds": (11, 12, 13), "duration_s": 8 * 3600.0, "load": 1.2}
 EVICTION = ("kueue", "kai")
 
 
@@ -65,8 +65,8 @@ def run(config: dict, kinds: tuple[str, ...] = KINDS) -> dict:
     lost: dict[str, float] = {p: 0.0 for p in POLICIES}
     work_lost: dict[str, float] = {p: 0.0 for p in POLICIES}
     latencies: list[float] = []
-    for kind in kinds:
-        for seed in config["seeds"]:
+    for seed in config["seeds"]:
+        for kind in kinds:
             trace = make_trace(kind, seed, duration_s=config["duration_s"], load=config["load"])
             results: dict[str, Result] = {}
             for name, cls in POLICIES.items():
