@@ -205,3 +205,11 @@ def test_a_borrower_without_a_checkpoint_that_must_stop_is_told_it_loses_its_pro
     assert (r.job, r.gpus, r.to_queue) == ("a/be", 16, "b")
     assert "no checkpoint configured, so it loses its progress" in r.reason
     assert d.pool.jobs["a/be"].gpus == 0 and d.pool.jobs["b/d"].gpus == 16
+
+
+def test_a_queue_with_a_negative_nominal_serves_nothing_and_one_over_the_cluster_still_serves() -> None:
+    ja, jb = job("a/j", "a", 1000, 10_000, max_gpus=4), job("b/j", "b", 1000, 10_000, max_gpus=4)
+    d = decide(PoolSnapshot(0.0, nodes(), (ja, jb), ()), [q("a", -1), q("b", 40)])
+    assert d.pool.jobs["a/j"].verdict is Verdict.PENDING and "nominal must be >= 0" in d.pool.jobs["a/j"].reason
+    assert d.pool.jobs["b/j"].gpus == 4
+    assert any("exceeds the cluster's" in p.message for p in d.problems)

@@ -38,8 +38,10 @@ from flotilla.tenancy.shares import Claim, settle, split_tree
 from flotilla.tenancy.types import QueueUsage, Reclaim, TenantDecision
 
 _ALLOCATOR = DeadlineElastic()
-# Problems that make a queue unusable (its jobs wait); the others are reported and the queue still serves.
-_FATAL = ("metadata.name", "spec.parent", "spec.weight", "borrowingLimit", "lendingLimit")
+# Problems a queue still serves with (reported only): its nominal (with the others') above the cluster's or its
+# children's above its own (guarantees then shrink together, as after a node loss), a namespace another queue
+# claimed first (queue_for gives it to the first). Any other problem makes the queue unusable: its jobs wait.
+_REPORTED_ONLY = ("exceeds the cluster's", "exceeds the parent's", "is already served by")
 
 
 @dataclass
@@ -61,7 +63,7 @@ def decide(snapshot: PoolSnapshot, queues: Sequence[QueueSpec], policy: PoolPoli
         whole = _usage(capacity, list(pool.jobs.values()), list(pool.serving.values()))
         return TenantDecision(pool, {IMPLICIT_QUEUE: whole}, (), ())
     problems = validate_queues(queues, {RESOURCE_GPU: capacity})
-    broken = {p.queue: p for p in problems if any(p.field.endswith(f) or p.field.startswith(f) for f in _FATAL)}
+    broken = {p.queue: p for p in problems if not any(words in p.message for words in _REPORTED_ONLY)}
     specs = {q.name: q for q in queues if q.name and q.name not in broken}
     parent = {n: (q.parent if q.parent in specs else None) for n, q in specs.items()}
     roots_nominal = sum(specs[n].quota().nominal for n, p in parent.items() if p is None)
