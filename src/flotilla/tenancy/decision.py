@@ -115,7 +115,7 @@ def decide(snapshot: PoolSnapshot, queues: Sequence[QueueSpec], policy: PoolPoli
         m.budget = budgets.get(name, 0)
 
     # 3. Reclaim.
-    shrunk, reclaims = _reclaim(snapshot.now, members, schedulable)
+    shrunk, reclaims = _reclaim(members, schedulable)
 
     # 4. Each queue on its budget, one after another.
     occupied = {m.name: _held(m, shrunk, schedulable) for m in members.values()}
@@ -257,7 +257,7 @@ def _promised_state(job: JobState, promised: JobDecision | None) -> JobState:
     return job
 
 
-def _reclaim(now: float, members: Mapping[str, _Queue],
+def _reclaim(members: Mapping[str, _Queue],
              schedulable: set[str]) -> tuple[dict[str, JobState], list[Reclaim]]:
     """Shrink borrowers of queues above their budget: lowest priority, furthest above its guarantee first."""
     deficit = {n: m.budget - m.holds for n, m in members.items() if m.budget > m.holds}
