@@ -70,6 +70,10 @@ class JobState:
     # Its worker set has not reported a rate yet (just started or resized): whether a resize would pay back
     # its restore cannot be told, so it is not grown for speed until it has.
     rate_unknown: bool = False
+    # Its team's queue (flotilla.tenancy; "" = the implicit queue of a cluster with no queues) and its priority
+    # within the queue (higher keeps its GPUs longer when borrowed GPUs are reclaimed).
+    queue: str = ""
+    priority: int = 0
 
     @property
     def gpus(self) -> int:

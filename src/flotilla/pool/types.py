@@ -22,6 +22,9 @@ class ServingState:
     forecast: tuple[tuple[float, int], ...] = ()
     # Since when its demand has been below what it holds (from the previous ServingDecision).
     below_since: float | None = None
+    # Its team's queue (flotilla.tenancy; "" = the implicit queue) and its priority within the queue.
+    queue: str = ""
+    priority: int = 0
 
     def __post_init__(self) -> None:
         for name in ("demand_gpus", "min_gpus"):
