@@ -250,7 +250,7 @@ async def _reconcile_once(kube: Kube) -> float:
     plans, plan_cpu = await asyncio.get_running_loop().run_in_executor(
         _planner, _timed, planner.plan, time.time(), settings.allocator, jobs, nodes, pods, servings, deployments,
         settings.max_restarts, settings.pool, inference_pools, settings.agent_port,
-        {key for kind, key in in_flight if kind == "jobs"})
+        {key for kind, key in in_flight if kind == "jobs"}, dict(view.queues))
     planned = time.perf_counter()
     actions = dispatched = deferred = 0
     now = time.monotonic()

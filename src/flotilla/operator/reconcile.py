@@ -8,7 +8,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any, Callable, Collection, Mapping
 
 from flotilla.allocation import Allocator, ClusterSnapshot, JobDecision, JobState, NodeState
-from flotilla.operator import serving, training
+from flotilla.operator import queues, serving, training
 from flotilla.operator.actions import Action
 from flotilla.operator.pods import holds_gpus, pod_gpus, serving_key, worker_job_uid
 from flotilla.operator.pool import arbitrate
@@ -50,16 +50,23 @@ def plan(now: float, allocator: Allocator, jobs: Mapping[str, Body], nodes: Mapp
          pods: Mapping[str, Body], servings: Mapping[str, Body],
          deployments: Mapping[str, Body], max_restarts: int = 3,
          pool: PoolPolicy | None = None, inference_pools: bool = False,
-         agent_port: int = names.DEFAULT_AGENT_PORT) -> list[tuple[str, str, list[Action]]]:
+         agent_port: int = names.DEFAULT_AGENT_PORT,
+         queue_bodies: Mapping[str, Body] | None = None) -> list[tuple[str, str, list[Action]]]:
     """(view kind, key, actions) for every TrainingJob ("jobs") and ServingDeployment ("servings"): an
     object's status and annotation patches come first, then its pods, Deployments and Events.
 
     With a `pool` policy and ServingDeployments present, the unified-pool arbiter decides for both
     (serving may borrow training's GPUs); otherwise the allocator decides for training alone and
-    serving's pods are GPUs it may not use. `inference_pools`: the InferencePool CRD is installed."""
-    if pool is not None and servings:
-        shared = arbitrate(now, pool, jobs, nodes, pods, servings)
+    serving's pods are GPUs it may not use. `inference_pools`: the InferencePool CRD is installed.
+    `queue_bodies`: the Queue objects; with any (or a job naming one), `flotilla.tenancy.decide` decides
+    (flotilla.operator.queues)."""
+    glue = queues.Glue()
+    tenancy = _tenancy(queue_bodies, jobs, servings)
+    if (pool is not None and servings) or tenancy is not None:
+        shared = arbitrate(now, pool or PoolPolicy(), jobs, nodes, pods, servings if pool is not None else {},
+                           tenancy=tenancy)
         job_decisions, lending, grants = shared.jobs, shared.lending, shared.serving
+        glue.decided(shared.tenant)
     else:
         job_decisions = allocator.decide(training_snapshot(now, jobs, nodes, pods)).jobs
         lending, grants = {}, {}
@@ -70,7 +77,13 @@ def plan(now: float, allocator: Allocator, jobs: Mapping[str, Body], nodes: Mapp
         out.append(("jobs", key, training.plan_job(body, mine, job_decisions.get(key), now,
                                                    allocator.name, max_restarts=max_restarts,
                                                    lending=lending.get(key), agent_port=agent_port)))
-    return out + _plan_servings(now, servings, deployments, grants, inference_pools)
+    out += _plan_servings(now, servings, deployments, grants, inference_pools)
+    return glue.finish(out, tenancy, jobs, servings, (), now, training.PLURAL, serving.PLURAL)
+
+
+def _tenancy(queue_bodies: Mapping[str, Body] | None, jobs: Mapping[str, Body],
+             servings: Mapping[str, Body]) -> queues.Tenancy | None:
+    return queues.read(queue_bodies or {}, queues.names_a_queue(jobs.values()) or queues.names_a_queue(servings.values()))
 
 
 def _pods_by_job(pods: Mapping[str, Body]) -> dict[str, list[Body]]:
@@ -137,12 +150,14 @@ class Planner:
     _last_lending: Mapping[str, Any] = field(default_factory=dict)
     _acted: set[str] = field(default_factory=set)  # job keys with actions in the last pass
     _timers: dict[str, float] = field(default_factory=dict)  # job key -> when time alone changes its plan
+    _queues: queues.Glue = field(default_factory=queues.Glue)
 
     def plan(self, now: float, allocator: Allocator, jobs: Mapping[str, Body], nodes: Mapping[str, Body],
              pods: Mapping[str, Body], servings: Mapping[str, Body], deployments: Mapping[str, Body],
              max_restarts: int = 3, pool: PoolPolicy | None = None, inference_pools: bool = False,
              agent_port: int = names.DEFAULT_AGENT_PORT,
-             busy: Collection[str] = ()) -> list[tuple[str, str, list[Action]]]:
+             busy: Collection[str] = (), queue_bodies: Mapping[str, Body] | None = None
+             ) -> list[tuple[str, str, list[Action]]]:
         """As `plan`, but only the objects that may have new actions (see the class). `busy`: jobs whose
         writes are still on their way; they are not planned now (what they would do next waits for those
         writes' answers) and are planned in the first pass after."""
@@ -165,14 +180,19 @@ class Planner:
                             else (p, _pod_print(p)) for k, p in pods.items()}
         # What the allocator reads: the snapshot's nodes and jobs, the jobs' loans, the pods (what they add to
         # the snapshot's foreign GPUs derives from them and the jobs), the ServingDeployments.
+        tenancy = _tenancy(queue_bodies, jobs, servings)
         inputs = (base.nodes, base.jobs, tuple(self._states[s.key][2] for s in base.jobs),
-                  {k: v[1] for k, v in self._pod_prints.items()}, tuple(servings), tuple(map(id, servings.values())))
+                  {k: v[1] for k, v in self._pod_prints.items()}, tuple(servings), tuple(map(id, servings.values())),
+                  (tenancy.specs, tuple(sorted(tenancy.broken.items()))) if tenancy is not None else None)
         if full or inputs != self._inputs:
             self.allocator_runs += 1
-            if pool is not None and servings:
-                shared = arbitrate(now, pool, jobs, nodes, pods, servings, state_of=self._state_of, base=base)
+            if (pool is not None and servings) or tenancy is not None:
+                shared = arbitrate(now, pool or PoolPolicy(), jobs, nodes, pods, servings if pool is not None else {},
+                                   state_of=self._state_of, base=base, tenancy=tenancy)
                 self._decided = (shared.jobs, shared.lending, shared.serving)
+                self._queues.decided(shared.tenant)
             else:
+                self._queues.decided(None)
                 self._decided = (allocator.decide(training_snapshot(now, jobs, nodes, pods, state_of=self._state_of,
                                                                     base=base)).jobs, {}, {})
             self._inputs = inputs
@@ -203,6 +223,7 @@ class Planner:
             else:
                 timers.pop(key, None)
         out.extend(_plan_servings(now, servings, deployments, grants, inference_pools))
+        out = self._queues.finish(out, tenancy, jobs, servings, busy, now, training.PLURAL, serving.PLURAL)
         self._timers = timers
         if full:
             self.full_passes += 1
