@@ -7,9 +7,7 @@ from flotilla.allocation import Verdict
 from flotilla.operator import queues, training
 from flotilla.operator.actions import PatchStatus
 from flotilla.resources import names
-from types import SimpleNamespace as QueueUsage  # the contract's fields, read by name
-
-from flotilla.tenancy import QueueProblem
+from flotilla.tenancy import QueueProblem, QueueUsage
 from tests.operator_plan.builders import T0, trainingjob
 
 NOW = T0 + 60
@@ -95,20 +93,19 @@ def _state(body):
     return training.job_state(body)
 
 
-def test_a_job_with_a_missing_queue_is_not_admitted_and_a_running_one_keeps_its_gpus():
+def test_a_job_with_a_missing_queue_waits_and_a_running_one_goes_to_the_decision():
     t = tenancy(qbody("a", 4))
     waiting = job("w", queue="nope")
     running = job("r", queue="nope", status={"phase": "Running", "placement": [{"node": "n0", "gpus": 2}],
                                              "gpus": 2, "guaranteedShare": 2})
     fine = job("f", queue="a")
+    fine["spec"]["priority"] = 7
     bodies = {training.key_of(b): b for b in (waiting, running, fine)}
     out = queues.assign(t, [_state(b) for b in bodies.values()], [], bodies, {})
-    assert [j.key for j in out.jobs] == ["ns/f"] and out.jobs[0].queue == "a"
-    assert out.held["ns/w"].verdict is Verdict.PENDING and not out.held["ns/w"].placement
-    assert "does not exist" in out.held["ns/w"].reason
-    kept = out.held["ns/r"]
-    assert kept.placement == {"n0": 2} and kept.share == 2 and "keeps the 2 GPUs" in kept.reason
-    assert out.foreign == {"n0": 2}
+    assert [(j.key, j.queue) for j in out.jobs] == [("ns/r", "nope"), ("ns/f", "a")]
+    assert out.jobs[1].priority == 7
+    assert list(out.waiting) == ["ns/w"] and out.waiting["ns/w"].verdict is Verdict.PENDING
+    assert not out.waiting["ns/w"].placement and "does not exist" in out.waiting["ns/w"].reason
 
 
 def test_queue_status_from_the_decision_and_the_problem_named_by_its_crd_field():

@@ -102,13 +102,12 @@ def arbitrate(now: float, policy: PoolPolicy, jobs: Mapping[str, Body], nodes: M
         decision = decide(PoolSnapshot(now, with_foreign_gpus(node_states, surplus), base.jobs,
                                        tuple(states.values()), releasing=surplus), policy)
     else:
-        # Jobs whose queue is missing or malformed are left out; what the running ones hold is nobody's to give.
         assigned = queues.assign(tenancy, base.jobs, tuple(states.values()), jobs, servings)
-        snapshot = PoolSnapshot(now, with_foreign_gpus(with_foreign_gpus(node_states, surplus), assigned.foreign),
-                                assigned.jobs, assigned.serving, releasing=surplus)
+        snapshot = PoolSnapshot(now, with_foreign_gpus(node_states, surplus), assigned.jobs, assigned.serving,
+                                releasing=surplus)
         tenant = tenancy_.decide(snapshot, tenancy.specs, policy)
         decision = replace(tenant.pool, jobs=queues.with_reclaims(tenant.pool.jobs, tenant.reclaims))
-        held = dict(assigned.held)
+        held = dict(assigned.waiting)
     job_decisions = {**_no_growth_while_serving_gives_back(decision, usage.serving_bound, base.jobs), **held}
     free = _free_now(node_states, jobs, usage.worker_use, usage.serving_live, placement)
     grants = _grants(decision, states, peaks, free, usage, _borrowed(jobs))

@@ -86,38 +86,29 @@ def place(tenancy: Tenancy, body: Body) -> Placed:
 class Assigned:
     """The decision's inputs once each object is in its queue."""
 
-    jobs: tuple[JobState, ...]  # in a queue that exists (or the implicit one)
+    jobs: tuple[JobState, ...]
     serving: tuple[ServingState, ...]
-    held: Mapping[str, JobDecision]  # jobs outside the decision: kept where they are, or not admitted
-    foreign: Mapping[str, int]  # node -> GPUs those jobs keep: nobody else's to be given
+    waiting: Mapping[str, JobDecision]  # jobs left out: not started, and their queue is missing or malformed
 
 
 def assign(tenancy: Tenancy, jobs: Sequence[JobState], servings: Sequence[ServingState],
            job_bodies: Mapping[str, Body], serving_bodies: Mapping[str, Body]) -> Assigned:
+    """Each job and deployment in its queue (with its priority). A job whose queue is missing or malformed and
+    that has not started waits, left out of the decision: `flotilla.tenancy.decide` does the same with such a
+    job, but only when some queue exists, and a job may name one before any does. One that has started is given
+    to the decision as it is (tenancy.decide keeps it running in the implicit queue: its queue went under it)."""
     kept: list[JobState] = []
-    held: dict[str, JobDecision] = {}
-    foreign: dict[str, int] = {}
+    waiting: dict[str, JobDecision] = {}
     for j in jobs:
         body = job_bodies.get(j.key)
         where = place(tenancy, body) if body is not None else Placed(IMPLICIT_QUEUE)
-        if where.problem is None:
-            kept.append(replace(j, queue=where.queue, priority=_priority(body)))
-            continue
-        if j.placement:
-            for node, g in j.placement.items():
-                foreign[node] = foreign.get(node, 0) + g
-            held[j.key] = JobDecision(j.key, j.verdict or Verdict.ADMITTED, dict(j.placement),
-                                      f"{where.problem}; keeps the {j.gpus} GPUs it holds", share=j.share)
+        if where.problem is not None and j.verdict is None and not j.placement:
+            waiting[j.key] = JobDecision(j.key, Verdict.PENDING, {}, f"waits: {where.problem}")
         else:
-            held[j.key] = JobDecision(j.key, Verdict.PENDING, {}, where.problem)
-    serving = []
-    for s in servings:
-        body = serving_bodies.get(s.key)
-        where = place(tenancy, body) if body is not None else Placed(IMPLICIT_QUEUE)
-        # A deployment whose queue is missing counts in the implicit queue: serving is not stopped over it.
-        serving.append(replace(s, queue=where.queue if where.problem is None else IMPLICIT_QUEUE,
-                               priority=_priority(body)))
-    return Assigned(tuple(kept), tuple(serving), held, foreign)
+            kept.append(replace(j, queue=where.queue, priority=_priority(body)))
+    serving = tuple(replace(s, queue=place(tenancy, body).queue if (body := serving_bodies.get(s.key)) else "",
+                            priority=_priority(serving_bodies.get(s.key))) for s in servings)
+    return Assigned(tuple(kept), serving, waiting)
 
 
 def _priority(body: Body | None) -> int:
@@ -143,22 +134,28 @@ def with_reclaims(decisions: Mapping[str, JobDecision], reclaims: Sequence[Any])
 
 
 def reclaim_events(reclaims: Sequence[Any], jobs: Mapping[str, Body], servings: Mapping[str, Body],
-                   checkpointed: Mapping[str, bool]) -> dict[str, PostEvent]:
+                   stopped: Iterable[str]) -> dict[str, PostEvent]:
     """One Event per reclaim, on the job (or deployment) that gives GPUs back; keyed by the object's key.
-    `checkpointed`: job key -> whether it has a checkpoint to shrink through (one without is stopped, and
-    loses what it did since it started: the Event says so)."""
+    `stopped`: the jobs the reclaim leaves with no GPUs; one with no checkpoint configured (no
+    spec.checkpoint.intervalSteps) is stopped, and loses what it did: its Event says so."""
+    stopped = set(stopped)
     out: dict[str, PostEvent] = {}
     for r in reclaims:
         body = jobs.get(r.job) or servings.get(r.job)
         if body is None:
             continue
-        if r.job in jobs and not checkpointed.get(r.job, True):
+        if r.job in stopped and not _checkpoints(jobs.get(r.job)):
             out[r.job] = PostEvent(involved(body), "Warning", names.Reason.RECLAIM_STOPS,
                                    f"stopped to give {r.gpus} GPUs back to queue {r.to_queue!r} ({r.reason}): it "
                                    "has no checkpoint (spec.checkpoint), so it loses its progress")
         else:
             out[r.job] = PostEvent(involved(body), "Normal", names.Reason.RECLAIMED, reclaim_reason(r))
     return out
+
+
+def _checkpoints(body: Body | None) -> bool:
+    interval = (((body or {}).get("spec") or {}).get("checkpoint") or {}).get("intervalSteps")
+    return type(interval) is int and interval > 0
 
 
 def reclaim_key(reclaim: Any) -> tuple[str, str, str, int]:
@@ -286,6 +283,7 @@ class Glue:
     usage: Mapping[str, Any] = field(default_factory=dict)
     problems: tuple[QueueProblem, ...] = ()
     reclaims: tuple[Any, ...] = ()
+    emptied: frozenset[str] = frozenset()  # reclaimed jobs the decision leaves with no GPUs
     announced: set[tuple[str, str, str, int]] = field(default_factory=set)
 
     def decided(self, tenant: Any | None) -> None:
@@ -293,6 +291,8 @@ class Glue:
         self.usage = dict(tenant.queues) if tenant is not None else {}
         self.problems = tuple(tenant.problems) if tenant is not None else ()
         self.reclaims = tuple(tenant.reclaims) if tenant is not None else ()
+        self.emptied = frozenset(r.job for r in self.reclaims if tenant is not None
+                                 and (d := tenant.pool.jobs.get(r.job)) is not None and not d.placement)
 
     def finish(self, out: list[tuple[str, str, list[Action]]], tenancy: Tenancy | None, jobs: Mapping[str, Body],
                servings: Mapping[str, Body], busy: Iterable[str], now: float,
@@ -320,11 +320,10 @@ class Glue:
                 patch = object_status(body, place(tenancy, body), now)
                 if patch:
                     add(kind, key, lambda acts, b=body, p=plural, pt=patch: merge_status(acts, p, b, pt, now))
-        checkpointed = {k: bool((b.get("spec") or {}).get("checkpoint")) for k, b in jobs.items()}
         current = {reclaim_key(r) for r in self.reclaims}
         self.announced &= current
         events = reclaim_events([r for r in self.reclaims if reclaim_key(r) not in self.announced and r.job not in busy],
-                                jobs, servings, checkpointed)
+                                jobs, servings, self.emptied)
         for r in self.reclaims:
             if r.job in events:
                 self.announced.add(reclaim_key(r))

@@ -40,10 +40,11 @@ def training_snapshot(now: float, jobs: Mapping[str, Body], nodes: Mapping[str, 
 def reconcile(now: float, allocator: Allocator, jobs: Mapping[str, Body], nodes: Mapping[str, Body],
               pods: Mapping[str, Body], servings: Mapping[str, Body],
               deployments: Mapping[str, Body], max_restarts: int = 3,
-              pool: PoolPolicy | None = None, agent_port: int = names.DEFAULT_AGENT_PORT) -> list[Action]:
+              pool: PoolPolicy | None = None, agent_port: int = names.DEFAULT_AGENT_PORT,
+              queue_bodies: Mapping[str, Body] | None = None) -> list[Action]:
     """Every object's actions, one object after the other (see `plan`)."""
     return [a for _, _, actions in plan(now, allocator, jobs, nodes, pods, servings, deployments, max_restarts, pool,
-                                        agent_port=agent_port) for a in actions]
+                                        agent_port=agent_port, queue_bodies=queue_bodies) for a in actions]
 
 
 def plan(now: float, allocator: Allocator, jobs: Mapping[str, Body], nodes: Mapping[str, Body],
