@@ -56,7 +56,8 @@ def test_a_borrower_gives_gpus_back_through_a_checkpoint_and_the_owner_is_admitt
     sim = SimulatedWorkersProcess(log_dir / f"simworkers-{namespace}.log", namespace).start()
     try:
         # Team A (its namespace's queue) runs an elastic job that could use the whole cluster.
-        borrower = training_job("borrower", deadlineSeconds=36000, totalSteps=10_000_000,
+        # Its deadline is met on 2 GPUs (admitted out of A's own share); every GPU more is speed.
+        borrower = training_job("borrower", deadlineSeconds=360_000, totalSteps=1_000_000,
                                 elasticity={"minGPUs": 2, "maxGPUs": total, "gpusPerWorker": 2},
                                 throughput=[{"gpus": 1, "stepsPerSecond": 10.0}, {"gpus": total,
                                                                                    "stepsPerSecond": 9.0 * total}],

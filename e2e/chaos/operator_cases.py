@@ -584,6 +584,7 @@ def elastic_manifest(name: str, min_gpus: int, max_gpus: int, total_steps: int, 
     body["spec"]["elasticity"]["maxGPUs"] = max_gpus
     body["spec"]["throughput"] = [{"gpus": 1, "stepsPerSecond": 10.0}, {"gpus": max_gpus, "stepsPerSecond": 9.0 * max_gpus}]
     body["spec"]["checkpoint"]["restoreSeconds"] = 2
+    body["spec"]["deadlineSeconds"] = 360_000  # met on min_gpus: admitted out of its own queue's share
     if queue:
         body["spec"]["queue"] = queue
     return json.dumps(body)
@@ -597,7 +598,7 @@ def kill_mid_reclaim(run: Run) -> None:
     make_queue(run, b, half)
     run.simworkers()
     op = run.operator(tag="-killed", env={FAILPOINTS_ENV: "after:PatchAnnotations:reclaim"})
-    check(apply(elastic_manifest("borrower", 2, total, 10_000_000), run.namespace).returncode == 0,
+    check(apply(elastic_manifest("borrower", 2, total, 1_000_000), run.namespace).returncode == 0,
           "could not create the borrower")
     wait_for("the borrower borrows team B's idle GPUs", lambda: (s := status(run, "borrower")).get("phase") == "Running"
              and s.get("gpus", 0) > half and s, timeout=90)
