@@ -20,6 +20,7 @@ from typing import Any, Iterable, Mapping, Sequence
 
 from flotilla.allocation import JobDecision, JobState, Verdict
 from flotilla.operator.actions import Action, PatchStatus, PostEvent, involved
+from flotilla.operator import training
 from flotilla.operator.training import set_condition
 from flotilla.pool import ServingState
 from flotilla.resources import names, queue
@@ -315,7 +316,7 @@ class Glue:
 
         for kind, plural, bodies in (("jobs", job_plural, jobs), ("servings", serving_plural, servings)):
             for key, body in bodies.items():
-                if kind == "jobs" and key in busy:
+                if kind == "jobs" and (key in busy or training.is_final(body)):
                     continue
                 patch = object_status(body, place(tenancy, body), now)
                 if patch:
