@@ -17,3 +17,12 @@ def test_import_linter_contracts_hold():
                             capture_output=True, text=True, env=env)
     assert result.returncode == 0, result.stdout + result.stderr
     assert "3 kept, 0 broken" in result.stdout, result.stdout
+
+
+def test_every_pure_package_is_under_the_contract():
+    import tomllib
+
+    contracts = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["importlinter"]["contracts"]
+    pure = contracts[0]["source_modules"]
+    for package in ("flotilla.allocation", "flotilla.serving", "flotilla.pool", "flotilla.health", "flotilla.tenancy"):
+        assert package in pure, package

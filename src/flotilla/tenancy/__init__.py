@@ -1,7 +1,7 @@
 """Teams share the cluster (pure): queues with nominal GPU shares, borrowing and lending, reclaim through
 checkpoints, deadlines promised out of each queue's own share."""
 
-from flotilla.tenancy.decide import decide
+from flotilla.tenancy.decision import decide
 from flotilla.tenancy.model import (
     IMPLICIT_QUEUE,
     RESOURCE_GPU,

@@ -103,7 +103,10 @@ def decide(snapshot: PoolSnapshot, queues: Sequence[QueueSpec], policy: PoolPoli
             g for s in m.serving for n, g in s.placement.items() if n in schedulable)
     claims = [_claim(m, _demand(m), implicit_nominal) for m in members.values()]
     budgets = split_tree(capacity, claims, {**parent, IMPLICIT_QUEUE: None})
-    floors = split_tree(capacity, [replace(c, demand=min(c.demand, c.nominal)) for c in claims],
+    # What a queue may take back from borrowers: what its guarantees and its waiting work need now, within its
+    # nominal. Growth for speed uses idle GPUs only: taking them back would cost both sides a restore.
+    floors = split_tree(capacity, [replace(c, demand=min(_need(members[c.name], policy, schedulable, snapshot.now),
+                                                         c.nominal)) for c in claims],
                         {**parent, IMPLICIT_QUEUE: None})
     budgets = settle(budgets, {n: m.holds for n, m in members.items()}, floors, capacity)
     for name, m in members.items():
@@ -179,6 +182,22 @@ def _demand(m: _Queue) -> int:
             (m.promised.get(j.key) is None or m.promised[j.key].verdict is not Verdict.REJECTED)]
     serving = sum(max(s.gpus, min(s.max_gpus, max(s.demand_gpus, s.min_gpus))) for s in m.serving)
     return sum(j.max_gpus for j in live) + serving
+
+
+def _need(m: _Queue, policy: PoolPolicy, schedulable: set[str], now: float) -> int:
+    """GPUs a queue needs now: its admitted jobs' guaranteed shares (what they hold, if less), the smallest
+    size of each job waiting for GPUs, and its serving's target now."""
+    total = 0
+    for j in m.jobs:
+        d = m.promised.get(j.key)
+        if j.remaining_steps == 0 or (d is not None and d.verdict is Verdict.REJECTED):
+            continue
+        guaranteed = d.guaranteed_gpus if d is not None else 0
+        held = sum(g for n, g in j.placement.items() if n in schedulable)
+        sizes = job_sizes(j)[0]
+        total += max(guaranteed, sizes[0] if sizes and not held else 0)
+    serving = _serving_reserve(m, now, policy, schedulable)
+    return total + (serving[0][1] if serving else 0)
 
 
 def _serving_reserve(m: _Queue, now: float, policy: PoolPolicy,
@@ -306,6 +325,9 @@ def _budget_nodes(nodes: tuple[NodeState, ...], others: Mapping[str, int], mine:
 def _annotated(d: JobDecision, m: _Queue, reclaims: Sequence[Reclaim]) -> JobDecision:
     promised = m.promised.get(d.key)
     guaranteed = min(d.guaranteed_gpus, promised.guaranteed_gpus) if promised is not None else 0
+    # The share fed back is the one planned out of the queue's own guarantee: a share planned on borrowed GPUs
+    # would make the next decision hold more of the queue's nominal for this job than it needs.
+    share = promised.share if promised is not None else d.share
     notes = [d.reason]
     for r in reclaims:
         if r.job == d.key:
@@ -313,7 +335,7 @@ def _annotated(d: JobDecision, m: _Queue, reclaims: Sequence[Reclaim]) -> JobDec
     if d.gpus > guaranteed and m.budget > m.guarantee:
         notes.append(f"its queue {m.name!r} borrows beyond its nominal: GPUs above {guaranteed} may be reclaimed "
                      f"through a checkpoint")
-    return replace(d, reason="; ".join(notes), guaranteed_gpus=guaranteed)
+    return replace(d, reason="; ".join(notes), guaranteed_gpus=guaranteed, share=share)
 
 
 def _usage(nominal: int, jobs: Sequence[JobDecision], serving: Sequence[ServingDecision]) -> QueueUsage:
