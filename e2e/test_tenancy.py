@@ -94,7 +94,7 @@ def test_a_borrower_gives_gpus_back_through_a_checkpoint_and_the_owner_is_admitt
         reclaim_seconds = time.monotonic() - submitted
         assert running["queue"] == b and running["deadlineMet"] is True
         gave_back = tj("borrower")
-        assert gave_back["gpus"] <= total - half and gave_back["reshards"] >= 2
+        assert gave_back["gpus"] <= total - half and gave_back["reshards"] >= 1
         assert gave_back["checkpoint"]["step"] >= before, "the checkpoint is taken after the reclaim was asked for"
 
         events = [e for e in items("events", namespace) if e["involvedObject"]["name"] == "borrower"]
