@@ -582,7 +582,8 @@ def make_queue(run: Run, name: str, nominal: int, namespaces: list[str] | None =
 def elastic_manifest(name: str, min_gpus: int, max_gpus: int, total_steps: int, queue: str | None = None) -> str:
     body = json.loads(job_manifest(name, total_steps=total_steps, gpus=min_gpus, per_worker=2))
     body["spec"]["elasticity"]["maxGPUs"] = max_gpus
-    body["spec"]["throughput"] = [{"gpus": 1, "stepsPerSecond": 10.0}, {"gpus": max_gpus, "stepsPerSecond": 9.0 * max_gpus}]
+    body["spec"]["throughput"] = [{"gpus": 1, "stepsPerSecond": 10.0},
+                                  {"gpus": max_gpus, "stepsPerSecond": 9.0 * max_gpus}]
     body["spec"]["checkpoint"]["restoreSeconds"] = 2
     body["spec"]["deadlineSeconds"] = 360_000  # met on min_gpus: admitted out of its own queue's share
     if queue:

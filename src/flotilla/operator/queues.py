@@ -323,7 +323,8 @@ class Glue:
                     add(kind, key, lambda acts, b=body, p=plural, pt=patch: merge_status(acts, p, b, pt, now))
         current = {reclaim_key(r) for r in self.reclaims}
         self.announced &= current
-        events = reclaim_events([r for r in self.reclaims if reclaim_key(r) not in self.announced and r.job not in busy],
+        new = [r for r in self.reclaims if reclaim_key(r) not in self.announced and r.job not in busy]
+        events = reclaim_events(new,
                                 jobs, servings, self.emptied)
         for r in self.reclaims:
             if r.job in events:

@@ -84,7 +84,8 @@ def plan(now: float, allocator: Allocator, jobs: Mapping[str, Body], nodes: Mapp
 
 def _tenancy(queue_bodies: Mapping[str, Body] | None, jobs: Mapping[str, Body],
              servings: Mapping[str, Body]) -> queues.Tenancy | None:
-    return queues.read(queue_bodies or {}, queues.names_a_queue(jobs.values()) or queues.names_a_queue(servings.values()))
+    named = queues.names_a_queue(jobs.values()) or queues.names_a_queue(servings.values())
+    return queues.read(queue_bodies or {}, named)
 
 
 def _pods_by_job(pods: Mapping[str, Body]) -> dict[str, list[Body]]:
