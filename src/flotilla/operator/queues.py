@@ -324,8 +324,7 @@ class Glue:
         current = {reclaim_key(r) for r in self.reclaims}
         self.announced &= current
         new = [r for r in self.reclaims if reclaim_key(r) not in self.announced and r.job not in busy]
-        events = reclaim_events(new,
-                                jobs, servings, self.emptied)
+        events = reclaim_events(new, jobs, servings, self.emptied)
         for r in self.reclaims:
             if r.job in events:
                 self.announced.add(reclaim_key(r))
