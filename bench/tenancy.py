@@ -5,7 +5,7 @@
 Four kinds of seeded multi-team trace (bench/tenancy_judge.make_trace): steady teams, bursty teams, a
 deadline-heavy one, and one where a team serves (a daily swing and an unannounced burst) while the others train.
 Four teams share 64 GPUs, 16 GPUs nominal each. Each trace runs under every policy of bench/tenancy_policies
-(flotilla, static-partition, kueue, kai) in this process; the judge (bench/tenancy_judge.py) replays it and
+(flotilla, static-partition, kueue, kai, kueue-sized, kai-sized) in this process; the judge (bench/tenancy_judge.py) replays it and
 scores it and imports nothing of Flotilla.
 
 Figures:
@@ -15,7 +15,8 @@ Figures:
   met them: other teams' work cost a team a deadline it was owed. Each policy's line also shows its
   within-share jobs missed / judged, whatever the cause.
 * deadline ratio (deadline jobs met / judged) overall and per team, and flotilla's over static-partition's and
-  over the best eviction baseline's (kueue or kai, the better one per trace);
+  over the best eviction baseline's (of kueue, kai and their deadline-sized variants, the best per trace, and
+  pooled: the best overall);
 * utilisation: GPU-seconds training or serving within demand, over the cluster's;
 * GPU-hours lost to preemption: work since the last checkpoint discarded, plus the restore of every job that
   lost GPUs (a reclaim or a rescale);
@@ -45,8 +46,8 @@ from tenancy_judge import KINDS, Result, make_trace, simulate  # noqa: E402
 from tenancy_policies import POLICIES  # noqa: E402
 
 QUICK = {"seeds": (11,), "duration_s": 5 * 3600.0, "load": 1.2}
-FULL = {"seeds": (11, 12, 13), "duration_s": 12 * 3600.0, "load": 1.2}
-EVICTION = ("kueue", "kai")
+FULL = {"seeds": (11, 12, 13), "duration_s": 8 * 3600.0, "load": 1.2}
+EVICTION = ("kueue", "kai", "kueue-sized", "kai-sized")
 
 
 def _pct(values: list[float], q: float) -> float:
@@ -65,8 +66,8 @@ def run(config: dict, kinds: tuple[str, ...] = KINDS) -> dict:
     lost: dict[str, float] = {p: 0.0 for p in POLICIES}
     work_lost: dict[str, float] = {p: 0.0 for p in POLICIES}
     latencies: list[float] = []
-    for kind in kinds:
-        for seed in config["seeds"]:
+    for seed in config["seeds"]:
+        for kind in kinds:
             trace = make_trace(kind, seed, duration_s=config["duration_s"], load=config["load"])
             results: dict[str, Result] = {}
             for name, cls in POLICIES.items():

@@ -11,6 +11,8 @@
   share is its quota plus what is idle split by weight; the queue furthest below its fair share schedules next;
   a queue under its fair share reclaims from queues above theirs by evicting their jobs (newest first) while they
   stay at or above their fair share.
+kueue-sized and kai-sized: the same, with each deadline job asking for the fewest GPUs with which it meets its
+deadline at its measured curve (a user who sizes every job for its deadline), instead of its requested size.
 Serving in Kueue and KAI: the deployment's instances are workloads of its team at a high priority, added as its
 demand rises and removed as it falls.
 """
@@ -24,7 +26,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from tenancy_judge import Allocation, JobView, Trace, View, partition  # noqa: E402
+from tenancy_judge import Allocation, Job, JobView, Trace, View, needed_gpus, partition  # noqa: E402
 
 from flotilla.allocation import JobState, NodeState, ScalingCurve, Verdict  # noqa: E402
 from flotilla.pool import PoolSnapshot, ServingState  # noqa: E402
@@ -154,16 +156,26 @@ def _place(size: int, free: dict[str, int]) -> dict[str, int] | None:
 class _Evicting:
     preempts = "evict"
 
+    sized = False
+
     def __init__(self, trace: Trace) -> None:
         self.nominal = {t.name: t.nominal for t in trace.teams}
         self.weight = {t.name: t.weight for t in trace.teams}
         self.capacity = trace.gpus
         self.evictions = 0
 
+    def size(self, job: Job) -> int:
+        """What the user asks for: the requested size, or (`sized`) the fewest GPUs with which the job meets
+        its deadline at its measured curve, within its maxGPUs (a user who sizes each job for its deadline)."""
+        if not self.sized or job.deadline is None:
+            return job.requested
+        need = needed_gpus(job)
+        return job.max_gpus if need is None else max(need, job.min_gpus)
+
     def workloads(self, view: View) -> tuple[list[_Workload], list[_Workload]]:
         running, pending = [], []
         for jv in view.jobs:
-            w = _Workload(jv.job.id, jv.job.team, jv.job.requested, jv.job.priority, jv.job.submit,
+            w = _Workload(jv.job.id, jv.job.team, self.size(jv.job), jv.job.priority, jv.job.submit,
                           dict(jv.placement))
             (running if jv.placement else pending).append(w)
         for sv in view.serving:
@@ -307,4 +319,15 @@ class KaiLike(_Evicting):
             running.append(w)
 
 
-POLICIES = {"flotilla": FlotillaTeams, "static-partition": StaticPartition, "kueue": KueueLike, "kai": KaiLike}
+class KueueSized(KueueLike):
+    name = "kueue-sized"
+    sized = True
+
+
+class KaiSized(KaiLike):
+    name = "kai-sized"
+    sized = True
+
+
+POLICIES = {"flotilla": FlotillaTeams, "static-partition": StaticPartition, "kueue": KueueLike, "kai": KaiLike,
+            "kueue-sized": KueueSized, "kai-sized": KaiSized}

@@ -192,3 +192,24 @@ def test_a_lost_node_below_the_nominals_is_reported_and_guarantees_shrink_togeth
     assert any("exceeds the cluster's" in p.message for p in d.problems)
     assert gpus_of(d, ["a/j", "b/j"]) == 8
     assert d.queues["a"].used <= 8 and d.queues["b"].used <= 8
+
+
+def test_a_borrower_without_a_checkpoint_that_must_stop_is_told_it_loses_its_progress() -> None:
+    queues = [q("a", 0), q("b", 16)]
+    be = job("a/be", "a", 16 * 3000, 10_000, best_effort=True, checkpoint_interval_steps=0)
+    d0 = decide(PoolSnapshot(0.0, nodes(), (be,), ()), queues)
+    assert d0.pool.jobs["a/be"].gpus == 16
+    owner = job("b/d", "b", 16 * 900, 1200.0, min_gpus=16, max_gpus=16)
+    d = decide(PoolSnapshot(10.0, nodes(), (replace(running(d0, be), done_steps=100), owner), ()), queues)
+    [r] = d.reclaims
+    assert (r.job, r.gpus, r.to_queue) == ("a/be", 16, "b")
+    assert "no checkpoint configured, so it loses its progress" in r.reason
+    assert d.pool.jobs["a/be"].gpus == 0 and d.pool.jobs["b/d"].gpus == 16
+
+
+def test_a_queue_with_a_negative_nominal_serves_nothing_and_one_over_the_cluster_still_serves() -> None:
+    ja, jb = job("a/j", "a", 1000, 10_000, max_gpus=4), job("b/j", "b", 1000, 10_000, max_gpus=4)
+    d = decide(PoolSnapshot(0.0, nodes(), (ja, jb), ()), [q("a", -1), q("b", 40)])
+    assert d.pool.jobs["a/j"].verdict is Verdict.PENDING and "nominal must be >= 0" in d.pool.jobs["a/j"].reason
+    assert d.pool.jobs["b/j"].gpus == 4
+    assert any("exceeds the cluster's" in p.message for p in d.problems)

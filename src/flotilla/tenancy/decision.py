@@ -38,8 +38,10 @@ from flotilla.tenancy.shares import Claim, settle, split_tree
 from flotilla.tenancy.types import QueueUsage, Reclaim, TenantDecision
 
 _ALLOCATOR = DeadlineElastic()
-# Problems that make a queue unusable (its jobs wait); the others are reported and the queue still serves.
-_FATAL = ("metadata.name", "spec.parent", "spec.weight", "borrowingLimit", "lendingLimit")
+# Problems a queue still serves with (reported only): its nominal (with the others') above the cluster's or its
+# children's above its own (guarantees then shrink together, as after a node loss), a namespace another queue
+# claimed first (queue_for gives it to the first). Any other problem makes the queue unusable: its jobs wait.
+_REPORTED_ONLY = ("exceeds the cluster's", "exceeds the parent's", "is already served by")
 
 
 @dataclass
@@ -61,7 +63,7 @@ def decide(snapshot: PoolSnapshot, queues: Sequence[QueueSpec], policy: PoolPoli
         whole = _usage(capacity, list(pool.jobs.values()), list(pool.serving.values()))
         return TenantDecision(pool, {IMPLICIT_QUEUE: whole}, (), ())
     problems = validate_queues(queues, {RESOURCE_GPU: capacity})
-    broken = {p.queue: p for p in problems if any(p.field.endswith(f) or p.field.startswith(f) for f in _FATAL)}
+    broken = {p.queue: p for p in problems if not any(words in p.message for words in _REPORTED_ONLY)}
     specs = {q.name: q for q in queues if q.name and q.name not in broken}
     parent = {n: (q.parent if q.parent in specs else None) for n, q in specs.items()}
     roots_nominal = sum(specs[n].quota().nominal for n, p in parent.items() if p is None)
@@ -113,7 +115,7 @@ def decide(snapshot: PoolSnapshot, queues: Sequence[QueueSpec], policy: PoolPoli
         m.budget = budgets.get(name, 0)
 
     # 3. Reclaim.
-    shrunk, reclaims = _reclaim(snapshot.now, members, schedulable)
+    shrunk, reclaims = _reclaim(members, schedulable)
 
     # 4. Each queue on its budget, one after another.
     occupied = {m.name: _held(m, shrunk, schedulable) for m in members.values()}
@@ -255,10 +257,10 @@ def _promised_state(job: JobState, promised: JobDecision | None) -> JobState:
     return job
 
 
-def _reclaim(now: float, members: Mapping[str, _Queue],
+def _reclaim(members: Mapping[str, _Queue],
              schedulable: set[str]) -> tuple[dict[str, JobState], list[Reclaim]]:
     """Shrink borrowers of queues above their budget: lowest priority, furthest above its guarantee first."""
-    needy = sorted(((m.budget - m.holds, n) for n, m in members.items() if m.budget > m.holds), reverse=True)
+    deficit = {n: m.budget - m.holds for n, m in members.items() if m.budget > m.holds}
     shrunk: dict[str, JobState] = {}
     reclaims: list[Reclaim] = []
     for name in sorted(members):
@@ -283,7 +285,10 @@ def _reclaim(now: float, members: Mapping[str, _Queue],
                 continue
             gave = job.gpus - size
             excess -= gave
-            to = needy[0][1] if needy else ""
+            # Named after the queue still owed the most (several may be owed at once).
+            to = max(deficit, key=lambda n: (deficit[n], n)) if deficit else IMPLICIT_QUEUE
+            if to in deficit:
+                deficit[to] -= gave
             placement = shrink_in_place(job.placement, size, job.gpus_per_worker) if size else {}
             shrunk[job.key] = replace(job, placement=placement)
             how = ("pauses at a checkpoint" if size == 0 else f"shrinks to {size} GPUs through a checkpoint")
