@@ -63,6 +63,8 @@ def test_team_b_s_deadline_job_takes_its_nominal_back_through_a_checkpoint_of_th
     # b's job waits for the GPUs being given back, admitted against b's own nominal.
     b = patch_of(actions, "b")
     assert b.get("queue") == "b"
+    # ... but is not placed on them while a's workers still run there: no GPU is promised twice.
+    assert not b.get("placement") and "waits for GPUs being given back" in b.get("message", "")
     assert patch_of(actions, "b", "queues")["pending"] + patch_of(actions, "b", "queues").get("admitted", 0) >= 1
 
 

@@ -110,6 +110,8 @@ def arbitrate(now: float, policy: PoolPolicy, jobs: Mapping[str, Body], nodes: M
         held = dict(assigned.waiting)
     job_decisions = {**_no_growth_while_serving_gives_back(decision, usage.serving_bound, base.jobs), **held}
     free = _free_now(node_states, jobs, usage.worker_use, usage.serving_live, placement)
+    if tenancy is not None:
+        job_decisions = queues.onto_free_gpus(job_decisions, base.jobs, free)
     grants = _grants(decision, states, peaks, free, usage, _borrowed(jobs))
     return PoolPlan(job_decisions, _lending(decision), grants, tenant)
 

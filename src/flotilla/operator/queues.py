@@ -117,6 +117,28 @@ def _priority(body: Body | None) -> int:
     return value if type(value) is int else 0
 
 
+def onto_free_gpus(decisions: Mapping[str, JobDecision], jobs: Sequence[JobState],
+                   free: Mapping[str, int]) -> dict[str, JobDecision]:
+    """The decisions, except that a job grows (or starts) only onto GPUs free now: GPUs a reclaimed borrower
+    gives back are promised to their owner's job once its old workers have left them, not while they still run
+    there (the next pass places it). Until then the job keeps what it holds (a new one, admitted, waits)."""
+    left = dict(free)
+    have = {j.key: j.placement for j in jobs}
+    out = dict(decisions)
+    for key, d in sorted(decisions.items()):
+        held = have.get(key, {})
+        extra = {n: g - held.get(n, 0) for n, g in d.placement.items() if g > held.get(n, 0)}
+        if not extra:
+            continue
+        if all(left.get(n, 0) >= g for n, g in extra.items()):
+            for n, g in extra.items():
+                left[n] -= g
+        else:
+            out[key] = replace(d, placement=dict(held),
+                               reason=f"waits for GPUs being given back to be free: {d.reason}")
+    return out
+
+
 def reclaim_reason(reclaim: Any) -> str:
     """How the job's shrink and its Events name a reclaim."""
     return (f"reclaim: gives {reclaim.gpus} GPUs back to queue {reclaim.to_queue!r} through a checkpoint "
