@@ -103,8 +103,10 @@ def arbitrate(now: float, policy: PoolPolicy, jobs: Mapping[str, Body], nodes: M
                                        tuple(states.values()), releasing=surplus), policy)
     else:
         assigned = queues.assign(tenancy, base.jobs, tuple(states.values()), jobs, servings)
-        snapshot = PoolSnapshot(now, with_foreign_gpus(node_states, surplus), assigned.jobs, assigned.serving,
-                                releasing=surplus)
+        # GPUs an old worker set is still releasing count as the cluster's (else a reclaim under way looks like a
+        # node loss and shrinks every queue's guarantee); nothing is placed on them until they are free
+        # (`queues.onto_free_gpus`).
+        snapshot = PoolSnapshot(now, node_states, assigned.jobs, assigned.serving, releasing=surplus)
         tenant = tenancy_.decide(snapshot, tenancy.specs, policy)
         decision = replace(tenant.pool, jobs=queues.with_reclaims(tenant.pool.jobs, tenant.reclaims))
         held = dict(assigned.waiting)
