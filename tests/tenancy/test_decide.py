@@ -70,13 +70,29 @@ def test_reclaim_shrinks_the_borrower_through_a_checkpoint_and_the_owner_is_admi
     assert_fits(snap, d)
     owner = d.pool.jobs["b/deadline"]
     assert owner.verdict is Verdict.ADMITTED
-    # b takes back what its guarantee needs (7 GPUs now); the rest stays lent, a reclaim would cost a restore.
-    assert owner.gpus == owner.guaranteed_gpus == 7
-    assert d.pool.jobs["a/big"].gpus == 9 and d.pool.jobs["a/big"].verdict is Verdict.ADMITTED
+    # b's guarantee needs 7 GPUs now; a/big shrinks for it anyway, so in the same checkpoint it gives back what b's
+    # own partition would give b/deadline (its 8 GPUs): b is never slower than alone on its nominal.
+    assert owner.guaranteed_gpus == 7 and owner.gpus == 8
+    assert d.pool.jobs["a/big"].gpus == 8 and d.pool.jobs["a/big"].verdict is Verdict.ADMITTED
     [r] = d.reclaims
-    assert (r.job, r.from_queue, r.to_queue, r.gpus) == ("a/big", "a", "b", 7)
+    assert (r.job, r.from_queue, r.to_queue, r.gpus) == ("a/big", "a", "b", 8)
     assert "through a checkpoint" in r.reason
     assert "tj/a/big" in d.pool.transition.shrink and "tj/b/deadline" in d.pool.transition.grow
+
+
+def test_a_running_lender_does_not_take_back_for_speed_alone() -> None:
+    # b's job already runs on 7 of b's 8 GPUs with its guarantee: nothing starts, so a/big keeps the GPU it borrows
+    # (taking it back would cost both jobs a restore for one GPU of speed).
+    a = job("a/big", "a", 16 * 3000, 10_000)
+    d0 = decide(PoolSnapshot(0.0, nodes(), (a,), ()), TEAMS)
+    b = job("b/deadline", "b", 8 * 900, 1200.0, submit_time=100.0, max_gpus=8)
+    a_run = replace(running(d0, a), placement={"n0": 1, "n1": 8}, done_steps=1600, last_checkpoint_step=1600)
+    b_run = replace(b, placement={"n0": 7}, verdict=Verdict.ADMITTED, share=7, done_steps=1400)
+    snap = PoolSnapshot(300.0, nodes(), (a_run, b_run), ())
+    d = decide(snap, TEAMS)
+    assert_fits(snap, d)
+    assert d.reclaims == ()
+    assert d.pool.jobs["a/big"].gpus == 9 and d.pool.jobs["b/deadline"].gpus == 7
 
 
 def test_lowest_priority_furthest_above_its_guarantee_shrinks_first() -> None:

@@ -107,7 +107,12 @@ def decide(snapshot: PoolSnapshot, queues: Sequence[QueueSpec], policy: PoolPoli
     budgets = split_tree(capacity, claims, {**parent, IMPLICIT_QUEUE: None})
     # What a queue may take back from borrowers: what its guarantees and its waiting work need now, within its
     # nominal. Growth for speed uses idle GPUs only: taking them back would cost both sides a restore.
-    floors = split_tree(capacity, [replace(c, demand=min(_need(members[c.name], policy, schedulable, snapshot.now),
+    # A queue with deadline guarantees also takes back what its own partition would give its guaranteed work now:
+    # run slower than on its nominal alone, its jobs would leave its ledger less room for its later deadlines.
+    holdings = {m.name: _held(m, {}, schedulable) for m in members.values()}
+    floors = split_tree(capacity, [replace(c, demand=min(max(_need(members[c.name], policy, schedulable, snapshot.now),
+                                                             _as_partition(snapshot, members[c.name], c.nominal,
+                                                                           holdings, policy)),
                                                          c.nominal)) for c in claims],
                         {**parent, IMPLICIT_QUEUE: None})
     budgets = settle(budgets, {n: m.holds for n, m in members.items()}, floors, capacity)
@@ -200,6 +205,41 @@ def _need(m: _Queue, policy: PoolPolicy, schedulable: set[str], now: float) -> i
         total += max(guaranteed, sizes[0] if sizes and not held else 0)
     serving = _serving_reserve(m, now, policy, schedulable)
     return total + (serving[0][1] if serving else 0)
+
+
+def _as_partition(snapshot: PoolSnapshot, m: _Queue, nominal: int, holdings: Mapping[str, Mapping[str, int]],
+                  policy: PoolPolicy) -> int:
+    """GPUs the pool arbiter would give a lending queue's guaranteed work (its admitted deadline jobs and its
+    serving) on the queue's nominal alone, as on a static partition, at the moment a guaranteed job of the queue
+    starts (the borrowers shrink for it then anyway: taking back the rest in the same checkpoint costs them no
+    second restore); 0 otherwise, or when the queue holds its nominal already (nothing of its own is lent).
+    Taking back for speed at any other time costs both sides a restore each time (measured worse)."""
+    mine = holdings[m.name]
+    held = sum(mine.values())
+    guaranteed = {k for k, d in m.promised.items() if d.verdict is Verdict.ADMITTED and d.guaranteed_gpus > 0}
+    starting = [j for j in m.jobs if j.key in guaranteed and not j.placement and j.remaining_steps > 0]
+    if held >= nominal or not starting:
+        return 0
+    others: dict[str, int] = {}
+    for name, placement in holdings.items():
+        if name != m.name:
+            for node, g in placement.items():
+                others[node] = others.get(node, 0) + g
+    seen = arbiter.with_foreign_gpus(snapshot.nodes, others)
+    short = nominal - held - sum(max(0, n.usable_gpus - mine.get(n.name, 0)) for n in seen)
+    # The GPUs it lent, as if back: from the nodes where the others hold the most, so whole nodes come back.
+    for node in sorted(others, key=lambda n: (-others[n], n)):
+        if short <= 0:
+            break
+        back = min(others[node], short)
+        others[node] -= back
+        short -= back
+    nodes = _budget_nodes(snapshot.nodes, others, mine, nominal)
+    jobs = tuple(_promised_state(j, m.promised.get(j.key)) for j in m.jobs
+                 if m.promised.get(j.key) is None or m.promised[j.key].verdict is not Verdict.REJECTED)
+    decision = arbiter.decide(PoolSnapshot(snapshot.now, nodes, jobs, tuple(m.serving)), policy)
+    return sum(d.gpus for k, d in decision.jobs.items() if k in guaranteed) + sum(
+        s.gpus for s in decision.serving.values())
 
 
 def _serving_reserve(m: _Queue, now: float, policy: PoolPolicy,
