@@ -56,8 +56,8 @@ def test_team_b_s_deadline_job_takes_its_nominal_back_through_a_checkpoint_of_th
     assert "reclaim" in request["reason"] and "queue 'b'" in request["reason"]
     assert patch_of(actions, "a")["phase"] == "Resharding"
     (event,) = [e for e in actions if isinstance(e, PostEvent) and e.reason == names.Reason.RECLAIMED]
-    # What b's job needs (its minGPUs), no more.
-    assert event.involved["name"] == "a" and "gives 4 GPUs back to queue 'b'" in event.message
+    # What b's own share would give its job (its maxGPUs 8, within b's nominal 8), in one checkpoint.
+    assert event.involved["name"] == "a" and "gives 8 GPUs back to queue 'b'" in event.message
     checkpoint = [e for e in actions if isinstance(e, PostEvent) and e.reason == names.Reason.CHECKPOINT_REQUESTED]
     assert checkpoint and "reclaim" in checkpoint[0].message
     # b's job waits for the GPUs being given back, admitted against b's own nominal.
