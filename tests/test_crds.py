@@ -22,6 +22,24 @@ def test_crds_have_status_subresource_short_names_and_category():
         version = crd["spec"]["versions"][0]
         assert version["subresources"] == {"status": {}}
         assert crd["spec"]["names"]["categories"] == ["flotilla"]
-        assert crd["spec"]["names"]["shortNames"]
         cols = [c["name"] for c in version["additionalPrinterColumns"]]
-        assert cols[0] == "Phase" and cols[-1] == "Age"
+        assert cols[-1] == "Age"
+        if crd["spec"]["scope"] == "Namespaced":
+            assert crd["spec"]["names"]["shortNames"]
+            assert cols[0] == "Phase"
+
+
+def test_queue_crd_is_cluster_scoped_with_the_usage_columns_and_no_short_name():
+    crd = yaml.safe_load(crds.render(crds.queue_crd))
+    assert crd["spec"]["scope"] == "Cluster"
+    assert "shortNames" not in crd["spec"]["names"]
+    cols = [c["name"].upper() for c in crd["spec"]["versions"][0]["additionalPrinterColumns"] if not c.get("priority")]
+    assert cols == ["NOMINAL", "USED", "BORROWED", "LENT", "ADMITTED", "PENDING", "AGE"]
+
+
+def test_jobs_and_deployments_take_an_optional_queue():
+    for make in (crds.training_job_crd, crds.serving_deployment_crd):
+        schema = make()["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]
+        assert schema["spec"]["properties"]["queue"]["type"] == "string"
+        assert "queue" not in schema["spec"].get("required", [])
+        assert schema["status"]["properties"]["queue"]["type"] == "string"

@@ -16,6 +16,10 @@ HarmSampler (e2e/chaos/watch.py) and its own checks in `passed` and `details`.
   standby takes over and moves a job; the old one, SIGCONTed, writes nothing and steps down (exit 1).
 * job-name-reuse: a job finishes, is deleted with --cascade=orphan, a new job of the same name (twice
   the steps) runs from nothing on pods of its own.
+* operator-kill-mid-reclaim: two queues of half the cluster each; team A's job borrows team B's idle half; team
+  B submits a job; the operator is SIGKILLed right after asking the borrower for the reclaim's checkpoint, and
+  restarted: the borrower gives the GPUs back through that checkpoint (no step lost, nothing promised twice), and
+  B's job runs on its share.
 """
 
 from __future__ import annotations
@@ -138,6 +142,7 @@ class Run:
     procs: list[FlotillaProcess] = field(default_factory=list)
     cordoned: list[str] = field(default_factory=list)
     deleted_nodes: bool = False
+    queues: list[str] = field(default_factory=list)  # Queue objects it made (cluster-scoped: deleted at the end)
     clients_stale: bool = False  # the API server was restarted: restart the control plane's clients at the end
     harm: HarmSampler | None = None
     notes: list[str] = field(default_factory=list)
@@ -188,6 +193,8 @@ class Run:
             restore_nodes()
         for node in self.cordoned:
             kubectl("uncordon", node, check=False)
+        for name in self.queues:
+            kubectl("delete", "queue", name, "--wait=false", check=False)
         kubectl("delete", "namespace", self.namespace, "--wait=false", check=False)
 
 
@@ -556,6 +563,67 @@ def job_name_reuse(run: Run) -> None:
              f"{done['progress']['steps']}")
 
 
+# --- the operator killed in the middle of a reclaim ---------------------------------------------------
+def schedulable_gpus() -> int:
+    return sum(int((n.get("status") or {}).get("allocatable", {}).get("nvidia.com/gpu", 0))
+               for n in json.loads(kubectl("get", "nodes", "-o", "json").stdout)["items"]
+               if not (n.get("spec") or {}).get("unschedulable"))
+
+
+def make_queue(run: Run, name: str, nominal: int, namespaces: list[str] | None = None) -> None:
+    spec: dict[str, Any] = {"resources": [{"name": "nvidia.com/gpu", "nominal": nominal}]}
+    if namespaces:
+        spec["namespaces"] = namespaces
+    r = kubectl("apply", "-f", "-", check=False, stdin=json.dumps(
+        {"apiVersion": "flotilla.dev/v1alpha1", "kind": "Queue", "metadata": {"name": name}, "spec": spec}))
+    check(r.returncode == 0, f"could not create Queue {name}: {r.stderr.strip()}")
+    run.queues.append(name)
+
+
+def elastic_manifest(name: str, min_gpus: int, max_gpus: int, total_steps: int, queue: str | None = None) -> str:
+    body = json.loads(job_manifest(name, total_steps=total_steps, gpus=min_gpus, per_worker=2))
+    body["spec"]["elasticity"]["maxGPUs"] = max_gpus
+    body["spec"]["throughput"] = [{"gpus": 1, "stepsPerSecond": 10.0},
+                                  {"gpus": max_gpus, "stepsPerSecond": 9.0 * max_gpus}]
+    body["spec"]["checkpoint"]["restoreSeconds"] = 2
+    body["spec"]["deadlineSeconds"] = 360_000  # met on min_gpus: admitted out of its own queue's share
+    if queue:
+        body["spec"]["queue"] = queue
+    return json.dumps(body)
+
+
+def kill_mid_reclaim(run: Run) -> None:
+    total = schedulable_gpus()
+    half = total // 2 // 2 * 2
+    a, b = f"{run.namespace}-a", f"{run.namespace}-b"
+    make_queue(run, a, half, [run.namespace])
+    make_queue(run, b, half)
+    run.simworkers()
+    op = run.operator(tag="-killed", env={FAILPOINTS_ENV: "after:PatchAnnotations:reclaim"})
+    check(apply(elastic_manifest("borrower", 2, total, 1_000_000), run.namespace).returncode == 0,
+          "could not create the borrower")
+    wait_for("the borrower borrows team B's idle GPUs", lambda: (s := status(run, "borrower")).get("phase") == "Running"
+             and s.get("gpus", 0) > half and s, timeout=90)
+    before = (status(run, "borrower").get("progress") or {}).get("steps", 0)
+    check(apply(elastic_manifest("owner", half, half, 20 * MOVER_STEPS, queue=b), run.namespace).returncode == 0,
+          "could not create the owner's job")
+    wait_for("the operator to die right after asking for the reclaim's checkpoint", lambda: not op.alive(), timeout=60)
+    check(op.proc.returncode == -signal.SIGKILL, f"the operator exited {op.proc.returncode} before the failpoint")
+    run.note(f"killed after the reclaim's checkpoint request; borrower {status(run, 'borrower').get('phase')} at "
+             f"{status(run, 'borrower').get('gpus')} GPUs")
+    run.operator(tag="-restarted")
+    owner = wait_for("the owner's job running on its share", lambda: (s := status(run, "owner")).get("phase")
+                     == "Running" and s.get("gpus") == half and s, timeout=90)
+    gave_back = status(run, "borrower")
+    check(gave_back.get("gpus", 0) <= total - half, f"the borrower still holds {gave_back.get('gpus')} GPUs")
+    check((gave_back.get("checkpoint") or {}).get("step", -1) >= before,
+          f"the borrower resumed at step {(gave_back.get('checkpoint') or {}).get('step')}, before {before}")
+    reasons = [e["reason"] for e in items("events", run.namespace) if e["involvedObject"]["name"] == "borrower"]
+    check("Reclaimed" in reasons and "RestartFromCheckpoint" not in reasons, f"the borrower's Events: {reasons}")
+    run.note(f"owner running on {owner['gpus']} GPUs; borrower on {gave_back.get('gpus')} GPUs from its checkpoint "
+             f"at step {(gave_back.get('checkpoint') or {}).get('step')}, {gave_back.get('reshards')} reshards")
+
+
 CASES: dict[str, Callable[[Path], Outcome]] = {
     **{f"operator-kill-{step}": case(f"operator-kill-{step}", kill_during_reshard(fp))
        for step, fp in KILL_POINTS.items()},
@@ -566,4 +634,5 @@ CASES: dict[str, Callable[[Path], Outcome]] = {
     "watch-gap-deletions": case("watch-gap-deletions", watch_gap_deletions),
     "leader-sigstop": case("leader-sigstop", leader_sigstop),
     "job-name-reuse": case("job-name-reuse", job_name_reuse),
+    "operator-kill-mid-reclaim": case("operator-kill-mid-reclaim", kill_mid_reclaim, finished=False),
 }

@@ -172,6 +172,8 @@ def test_rbac_is_exactly_what_each_component_uses(render):
         triples("flotilla.dev", ["trainingjobs", "servingdeployments"], ["list", "watch"])
         | triples("flotilla.dev", ["trainingjobs"], ["patch"])
         | triples("flotilla.dev", ["trainingjobs/status", "servingdeployments/status"], ["patch"])
+        | triples("flotilla.dev", ["queues"], ["list", "watch"])  # teams' queues: read, and their status written
+        | triples("flotilla.dev", ["queues/status"], ["patch"])
         | triples("", ["nodes"], ["list", "watch"])
         | triples("", ["pods"], ["get", "list", "watch", "create", "delete"])
         | triples("apps", ["deployments"], ["list", "watch", "create", "patch"])

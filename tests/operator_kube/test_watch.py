@@ -125,3 +125,43 @@ def test_a_heartbeat_neither_changes_the_view_nor_wakes_the_loop():
     cordoned = versioned({**n, "spec": {**n.get("spec", {}), "unschedulable": True}}, "3")
     assert view.record("nodes", {"type": "MODIFIED", "object": cordoned})
     assert view.nodes["n1"]["spec"]["unschedulable"] is True and view.wake.is_set()
+
+
+def test_queues_whose_crd_is_not_installed_are_none_and_do_not_hold_up_the_first_pass(monkeypatch):
+    """A chart upgrade does not upgrade CRDs: an operator that watches Queues must still start without them."""
+    monkeypatch.setattr(watch, "ABSENT_SECONDS", 0.01)
+
+    class Absent:
+        calls = 0
+
+        def __call__(self, **kw):
+            Absent.calls += 1
+            raise ApiException(status=404, reason="Not Found")
+
+    async def scenario():
+        view = View()
+        view.queues["stale"] = {"metadata": {"name": "stale"}}
+        informer = watch.Informer(view, "queues", None, Absent(), asyncio.get_running_loop(), api_timeout=1.0)
+        await run_until(informer, lambda: informer.synced.is_set() and Absent.calls >= 2)
+        return view
+
+    assert asyncio.run(scenario()).queues == {}
+
+
+def test_a_404_of_a_kind_that_must_exist_is_retried_not_taken_for_none():
+    async def scenario():
+        view = View()
+        server = Server([], "1", [])
+        calls = []
+
+        def refused(**kw):
+            calls.append(kw)
+            if len(calls) == 1:
+                raise ApiException(status=404, reason="Not Found")
+            return server(**kw)
+
+        informer = watch.Informer(view, "pods", None, refused, asyncio.get_running_loop(), api_timeout=1.0)
+        await run_until(informer, lambda: informer.synced.is_set())
+        return calls
+
+    assert len(asyncio.run(scenario())) >= 2

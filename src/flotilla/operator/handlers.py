@@ -266,7 +266,7 @@ async def _reconcile_once(op: Operator, kube: Kube) -> float:
     plans, plan_cpu = await asyncio.get_running_loop().run_in_executor(
         op.plan_thread, _timed, planner.plan, time.time(), settings.allocator, jobs, nodes, pods, servings,
         deployments, settings.max_restarts, settings.pool, op.inference_pools, settings.agent_port,
-        {key for kind, key in in_flight if kind == "jobs"}, done)
+        {key for kind, key in in_flight if kind == "jobs"}, done, dict(view.queues))
     planned = time.perf_counter()
     actions = dispatched = deferred = 0
     for kind, key, acts in plans:

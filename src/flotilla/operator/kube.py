@@ -283,7 +283,8 @@ class EventsApi:
 
 
 def _custom(plural: str, namespace: str) -> str:
-    return f"/apis/{GROUP}/{VERSION}/namespaces/{namespace}/{plural}"
+    """The collection; a cluster-scoped one (Queues) when `namespace` is empty."""
+    return f"/apis/{GROUP}/{VERSION}/namespaces/{namespace}/{plural}" if namespace else f"/apis/{GROUP}/{VERSION}/{plural}"
 
 
 def inference_pools_served(api: client.ApiClient, timeout: float) -> bool:

@@ -18,8 +18,9 @@ from collections import defaultdict
 from dataclasses import dataclass, field, replace
 from typing import Any, Callable, Mapping
 
+from flotilla import tenancy as tenancy_
 from flotilla.allocation import ClusterSnapshot, JobDecision, JobState, NodeState
-from flotilla.operator import serving, training
+from flotilla.operator import queues, serving, training
 from flotilla.operator.pods import holds_gpus, pod_gpus, serving_key, worker_job_uid
 from flotilla.operator.serving import ServingGrant
 from flotilla.pool import PoolDecision, PoolPolicy, PoolSnapshot, ServingState, decide, with_foreign_gpus
@@ -33,6 +34,7 @@ class PoolPlan:
     jobs: Mapping[str, JobDecision]
     lending: Mapping[str, Mapping[str, int]]  # job key -> serving key -> GPUs lent in this decision
     serving: Mapping[str, ServingGrant]
+    tenant: tenancy_.TenantDecision | None = None  # with queues: the tenancy decision this plan carries out
 
 
 def _serving_state(body: Body, placement: Mapping[str, int], now: float,
@@ -81,9 +83,11 @@ class _PodUsage:
 
 def arbitrate(now: float, policy: PoolPolicy, jobs: Mapping[str, Body], nodes: Mapping[str, Body],
               pods: Mapping[str, Body], servings: Mapping[str, Body],
-              state_of: Callable[[Body], JobState] | None = None, base: ClusterSnapshot | None = None) -> PoolPlan:
+              state_of: Callable[[Body], JobState] | None = None, base: ClusterSnapshot | None = None,
+              tenancy: queues.Tenancy | None = None) -> PoolPlan:
     """`state_of`: `training.job_state`, or a cache of it; `base`: `training.snapshot` of the same objects,
-    when already made."""
+    when already made; `tenancy`: the queues (`flotilla.tenancy.decide` decides, in place of
+    `flotilla.pool.decide`)."""
     base = base or training.snapshot(now, jobs.values(), nodes.values(), pods.values(), state_of=state_of)
     placement = training.placement_reader(state_of)
     usage = _pod_usage(pods, servings, training.live_by_uid(jobs.values()),
@@ -93,12 +97,25 @@ def arbitrate(now: float, policy: PoolPolicy, jobs: Mapping[str, Body], nodes: M
     # A live job's old worker set terminating on a node it has left holds GPUs nobody may be given yet
     # (`_free_now` counts them through the job's pods).
     surplus = training.held_beyond_placement(jobs.values(), pods.values(), placement)
-    decision = decide(PoolSnapshot(now, with_foreign_gpus(node_states, surplus), base.jobs, tuple(states.values()),
-                                   releasing=surplus), policy)
-    job_decisions = _no_growth_while_serving_gives_back(decision, usage.serving_bound, base.jobs)
+    tenant, held = None, {}
+    if tenancy is None:
+        decision = decide(PoolSnapshot(now, with_foreign_gpus(node_states, surplus), base.jobs,
+                                       tuple(states.values()), releasing=surplus), policy)
+    else:
+        assigned = queues.assign(tenancy, base.jobs, tuple(states.values()), jobs, servings)
+        # GPUs an old worker set is still releasing count as the cluster's (else a reclaim under way looks like a
+        # node loss and shrinks every queue's guarantee); nothing is placed on them until they are free
+        # (`queues.onto_free_gpus`).
+        snapshot = PoolSnapshot(now, node_states, assigned.jobs, assigned.serving, releasing=surplus)
+        tenant = tenancy_.decide(snapshot, tenancy.specs, policy)
+        decision = replace(tenant.pool, jobs=queues.with_reclaims(tenant.pool.jobs, tenant.reclaims))
+        held = dict(assigned.waiting)
+    job_decisions = {**_no_growth_while_serving_gives_back(decision, usage.serving_bound, base.jobs), **held}
     free = _free_now(node_states, jobs, usage.worker_use, usage.serving_live, placement)
+    if tenancy is not None:
+        job_decisions = queues.onto_free_gpus(job_decisions, base.jobs, free)
     grants = _grants(decision, states, peaks, free, usage, _borrowed(jobs))
-    return PoolPlan(job_decisions, _lending(decision), grants)
+    return PoolPlan(job_decisions, _lending(decision), grants, tenant)
 
 
 def _pod_usage(pods: Mapping[str, Body], servings: Mapping[str, Body], live: Mapping[str, str],

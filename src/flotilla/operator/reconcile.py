@@ -8,7 +8,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any, Callable, Collection, Mapping
 
 from flotilla.allocation import Allocator, ClusterSnapshot, JobDecision, JobState, NodeState
-from flotilla.operator import serving, training
+from flotilla.operator import queues, serving, training
 from flotilla.operator.actions import Action, Done
 from flotilla.operator.pods import holds_gpus, pod_gpus, serving_key, worker_job_uid
 from flotilla.operator.pool import arbitrate
@@ -40,20 +40,30 @@ def training_snapshot(now: float, jobs: Mapping[str, Body], nodes: Mapping[str, 
 def reconcile(now: float, allocator: Allocator, jobs: Mapping[str, Body], nodes: Mapping[str, Body],
               pods: Mapping[str, Body], servings: Mapping[str, Body],
               deployments: Mapping[str, Body], max_restarts: int = 3,
-              pool: PoolPolicy | None = None, agent_port: int = names.DEFAULT_AGENT_PORT) -> list[Action]:
+              pool: PoolPolicy | None = None, agent_port: int = names.DEFAULT_AGENT_PORT,
+              queue_bodies: Mapping[str, Body] | None = None) -> list[Action]:
     """Every object's actions, one object after the other (see `plan`)."""
     return [a for _, _, actions in plan(now, allocator, jobs, nodes, pods, servings, deployments, max_restarts, pool,
-                                        agent_port=agent_port) for a in actions]
+                                        agent_port=agent_port, queue_bodies=queue_bodies) for a in actions]
 
 
 def plan(now: float, allocator: Allocator, jobs: Mapping[str, Body], nodes: Mapping[str, Body],
          pods: Mapping[str, Body], servings: Mapping[str, Body],
          deployments: Mapping[str, Body], max_restarts: int = 3,
          pool: PoolPolicy | None = None, inference_pools: bool = False,
-         agent_port: int = names.DEFAULT_AGENT_PORT) -> list[tuple[str, str, list[Action]]]:
-    """A full re-plan: the first pass of a fresh `Planner`, which plans every live job and ServingDeployment."""
+         agent_port: int = names.DEFAULT_AGENT_PORT,
+         queue_bodies: Mapping[str, Body] | None = None) -> list[tuple[str, str, list[Action]]]:
+    """A full re-plan: the first pass of a fresh `Planner`, which plans every live job and ServingDeployment.
+    `queue_bodies`: the Queue objects; with any (or a job naming one), `flotilla.tenancy.decide` decides
+    (flotilla.operator.queues)."""
     return Planner().plan(now, allocator, jobs, nodes, pods, servings, deployments, max_restarts, pool,
-                          inference_pools, agent_port)
+                          inference_pools, agent_port, queue_bodies=queue_bodies)
+
+
+def _tenancy(queue_bodies: Mapping[str, Body] | None, jobs: Mapping[str, Body],
+             servings: Mapping[str, Body]) -> queues.Tenancy | None:
+    named = queues.names_a_queue(jobs.values()) or queues.names_a_queue(servings.values())
+    return queues.read(queue_bodies or {}, named)
 
 
 def _pods_by_job(pods: Mapping[str, Body]) -> dict[str, list[Body]]:
@@ -120,16 +130,18 @@ class Planner:
     _last_lending: Mapping[str, Any] = field(default_factory=dict)
     _acted: set[str] = field(default_factory=set)  # job keys with actions in the last pass
     _timers: dict[str, float] = field(default_factory=dict)  # job key -> when time alone changes its plan
+    _queues: queues.Glue = field(default_factory=queues.Glue)
 
     def plan(self, now: float, allocator: Allocator, jobs: Mapping[str, Body], nodes: Mapping[str, Body],
              pods: Mapping[str, Body], servings: Mapping[str, Body], deployments: Mapping[str, Body],
              max_restarts: int = 3, pool: PoolPolicy | None = None, inference_pools: bool = False,
              agent_port: int = names.DEFAULT_AGENT_PORT,
-             busy: Collection[str] = (), done: Done | None = None) -> list[tuple[str, str, list[Action]]]:
+             busy: Collection[str] = (), done: Done | None = None,
+             queue_bodies: Mapping[str, Body] | None = None) -> list[tuple[str, str, list[Action]]]:
         """The actions of the objects that may have new ones (see the class). `busy`: jobs whose
         writes are still on their way; they are not planned now (what they would do next waits for those
         writes' answers) and are planned in the first pass after. `done`: what the operator's writes already
-        did that the objects do not show yet, left out of the actions returned."""
+        did that the objects do not show yet, left out of the actions returned. `queue_bodies`: as for `plan`."""
         started = self.clock()
         # A finished job has nothing to plan and holds nothing: planning and the allocator see the live ones
         # (at scale most jobs are finished).
@@ -149,10 +161,12 @@ class Planner:
                             else (p, _pod_print(p)) for k, p in pods.items()}
         # What the allocator reads: the snapshot's nodes and jobs, the jobs' loans, the pods (what they add to
         # the snapshot's foreign GPUs derives from them and the jobs), the ServingDeployments.
+        tenancy = _tenancy(queue_bodies, jobs, servings)
         inputs = (base.nodes, base.jobs, tuple(self._states[s.key][2] for s in base.jobs),
-                  {k: v[1] for k, v in self._pod_prints.items()}, tuple(servings), tuple(map(id, servings.values())))
+                  {k: v[1] for k, v in self._pod_prints.items()}, tuple(servings), tuple(map(id, servings.values())),
+                  (tenancy.specs, tuple(sorted(tenancy.broken.items()))) if tenancy is not None else None)
         if full or inputs != self._inputs:
-            self._decide(now, allocator, pool, jobs, nodes, pods, servings, base)
+            self._decide(now, allocator, pool, jobs, nodes, pods, servings, base, tenancy)
             self._inputs = inputs
         decisions, lending, grants = self._decided
         pods_of = _pods_by_job(pods)
@@ -160,6 +174,7 @@ class Planner:
         out, acted = self._plan_jobs(now, allocator.name, jobs, pods_of, ids, plan_all, busy, max_restarts,
                                      agent_port)
         out.extend(_plan_servings(now, servings, deployments, grants, inference_pools))
+        out = self._queues.finish(out, tenancy, jobs, servings, busy, now, training.PLURAL, serving.PLURAL)
         if done is not None:  # after `acted`: a job whose actions are all done is planned again next pass
             out = [(kind, key, done.outstanding(kind, actions)) for kind, key, actions in out]
         if full:
@@ -173,13 +188,17 @@ class Planner:
 
     def _decide(self, now: float, allocator: Allocator, pool: PoolPolicy | None, jobs: Mapping[str, Body],
                 nodes: Mapping[str, Body], pods: Mapping[str, Body], servings: Mapping[str, Body],
-                base: ClusterSnapshot) -> None:
-        """Run the allocator, or the unified pool's arbiter when there are ServingDeployments to share with."""
+                base: ClusterSnapshot, tenancy: queues.Tenancy | None) -> None:
+        """Run the allocator, or the unified pool's arbiter when there are ServingDeployments to share with or
+        queues to decide between (flotilla.tenancy, through the arbiter)."""
         self.allocator_runs += 1
-        if pool is not None and servings:
-            shared = arbitrate(now, pool, jobs, nodes, pods, servings, state_of=self._state_of, base=base)
+        if (pool is not None and servings) or tenancy is not None:
+            shared = arbitrate(now, pool or PoolPolicy(), jobs, nodes, pods, servings if pool is not None else {},
+                               state_of=self._state_of, base=base, tenancy=tenancy)
             self._decided = (shared.jobs, shared.lending, shared.serving)
+            self._queues.decided(shared.tenant)
         else:
+            self._queues.decided(None)
             self._decided = (allocator.decide(training_snapshot(now, jobs, nodes, pods, state_of=self._state_of,
                                                                 base=base)).jobs, {}, {})
 

@@ -16,13 +16,16 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Callable
 
 from kubernetes import client
+from kubernetes.client.exceptions import ApiException
 
 from flotilla import GROUP, VERSION
 from flotilla.kubeapi import send
 from flotilla.operator.view import View
 
 log = logging.getLogger("flotilla.operator.relist")
-KINDS = ("nodes", "jobs", "servings", "deployments", "pods")
+KINDS = ("nodes", "jobs", "servings", "deployments", "pods", "queues")
+# Kinds whose CRD may not be installed (a chart upgrade does not upgrade CRDs): none of them, not an error.
+OPTIONAL = ("queues",)
 PAGE = 500
 RETRY_SECONDS = 5.0
 # A full re-list takes at most this share of the wall clock: at 15,000 jobs one lists ~30,000 objects and
@@ -43,7 +46,12 @@ class Lister:
         self.api, self.namespaces, self.selector = api, list(namespaces), selector
 
     def list(self, kind: str) -> list[dict[str, Any]]:
-        return [item for _, call in self.sources(kind) for item in list_pages(call)[0]]
+        try:
+            return [item for _, call in self.sources(kind) for item in list_pages(call)[0]]
+        except ApiException as e:
+            if e.status == 404 and kind in OPTIONAL:
+                return []
+            raise
 
     def sources(self, kind: str) -> Sources:
         """(namespace, the list call) for each namespace watched (None: all, or a cluster-scoped kind); each
@@ -52,6 +60,8 @@ class Lister:
         the reply unread."""
         if kind == "nodes":
             return [(None, self._getter("/api/v1/nodes"))]
+        if kind == "queues":  # cluster-scoped: one watch whatever namespaces the operator serves
+            return [(None, self._getter(f"/apis/{GROUP}/{VERSION}/queues"))]
         selector = {"label_selector": self.selector} if kind in ("pods", "deployments") else {}
         collection = {"jobs": f"/apis/{GROUP}/{VERSION}/{{}}trainingjobs",
                       "servings": f"/apis/{GROUP}/{VERSION}/{{}}servingdeployments",

@@ -72,6 +72,7 @@ class View:
     pods: dict[str, dict] = field(default_factory=dict)
     servings: dict[str, dict] = field(default_factory=dict)
     deployments: dict[str, dict] = field(default_factory=dict)
+    queues: dict[str, dict] = field(default_factory=dict)  # Queue objects (cluster-scoped), by name
     wake: asyncio.Event = field(default_factory=asyncio.Event)
     clock: Callable[[], float] = time.monotonic
     # (kind, key) -> our patches still shown on top, and the object as last seen without them.

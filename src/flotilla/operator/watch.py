@@ -23,12 +23,13 @@ from typing import Any, Callable, Iterator
 
 from kubernetes.client.exceptions import ApiException
 
-from flotilla.operator.relist import KINDS, Lister, list_pages
+from flotilla.operator.relist import KINDS, OPTIONAL, Lister, list_pages
 from flotilla.operator.view import View
 
 log = logging.getLogger("flotilla.operator.watch")
 WATCH_SECONDS = 300  # the API server ends each watch after this long; it is resumed from where it was
 RETRY_SECONDS = 5.0
+ABSENT_SECONDS = 60.0  # how often a kind whose CRD is not installed is looked for again
 
 
 class Gone(Exception):
@@ -74,6 +75,19 @@ class Informer:
                 version = None
             except RuntimeError:  # the event loop is closed: the operator is stopping
                 return
+            except ApiException as e:
+                if e.status != 404 or self.kind not in OPTIONAL:
+                    log.warning("watch of %s%s broke (%s); resuming in %.0f s", self.kind, self._where(), _reason(e),
+                                RETRY_SECONDS)
+                    self.stopped.wait(RETRY_SECONDS)
+                    continue
+                # Its CRD is not installed: there are none (the first pass need not wait); looked for again later.
+                if not self.synced.is_set():
+                    log.info("%s are not served (their CRD is not installed): none, looked for every %.0f s",
+                             self.kind, ABSENT_SECONDS)
+                self._on_loop(self._relisted, [], self.view.clock())
+                version = None
+                self.stopped.wait(ABSENT_SECONDS)
             except Exception as e:  # the API server away or slow: resume from the same version
                 log.warning("watch of %s%s broke (%s); resuming in %.0f s", self.kind, self._where(), _reason(e),
                             RETRY_SECONDS)

@@ -44,6 +44,10 @@ CONDITIONS = array(
     list_map_keys=["type"],
 )
 
+QUEUE_REF = string("The Queue (cluster-scoped) this counts against; default: the queue that serves the namespace, "
+                   "none when no Queue does.", min_length=1, max_length=253)
+QUEUE_STATUS = string("The queue it counts against, as the operator resolved it.", max_length=253)
+
 POD_TEMPLATE = obj(
     {
         "metadata": free_object("Labels and annotations added to every pod."),
@@ -135,6 +139,7 @@ def _training_job_schema() -> Schema:
                 },
                 "How the job splits its model, where it matters to Flotilla (health: which machines are peers).",
             ),
+            "queue": QUEUE_REF,
             "template": POD_TEMPLATE,
         },
         required=["totalSteps", "elasticity", "throughput", "template"],
@@ -187,6 +192,7 @@ def _training_job_schema() -> Schema:
                                  "gpus": integer(minimum=0)}, required=["serving", "gpus"]),
                             "GPUs this job lent to ServingDeployments through the unified pool and has not got "
                             "back.", max_items=256),
+            "queue": QUEUE_STATUS,
             "conditions": CONDITIONS,
             "observedGeneration": integer(minimum=0),
         }
@@ -247,6 +253,7 @@ def _serving_deployment_schema() -> Schema:
             "profile": PROFILE_SCHEMA,
             "minGPUs": integer(minimum=0, default=0),
             "maxGPUs": integer(minimum=1),
+            "queue": QUEUE_REF,
             "planner": obj(
                 {
                     "mode": string("auto: the planner owns the replica counts; fixed: the spec does.",
@@ -318,6 +325,7 @@ def _serving_deployment_schema() -> Schema:
             "inferencePool": string("The InferencePool that puts both pools behind a gateway (when the "
                                     "CRD is installed).", max_length=253),
             "message": string(max_length=1024),
+            "queue": QUEUE_STATUS,
             "conditions": CONDITIONS,
             "observedGeneration": integer(minimum=0),
         }
@@ -325,22 +333,67 @@ def _serving_deployment_schema() -> Schema:
     return obj({"spec": spec, "status": status}, required=["spec"])
 
 
-def _crd(kind: str, plural: str, short: str, schema: Schema, columns: list[dict[str, Any]]) -> dict[str, Any]:
+def _queue_schema() -> Schema:
+    quota = obj(
+        {
+            "name": string("The resource: nvidia.com/gpu (GPU types may become resources of their own later).",
+                           min_length=1, max_length=253),
+            "nominal": integer("GPUs the queue is guaranteed: its jobs' deadlines are promised out of them.",
+                               minimum=0),
+            "borrowingLimit": integer("Most GPUs the queue may borrow beyond its nominal share from queues that "
+                                      "lend them; unset: no limit.", minimum=0),
+            "lendingLimit": integer("Most of its nominal GPUs the queue lends to others while it does not use "
+                                    "them; unset: all of them.", minimum=0),
+        },
+        required=["name", "nominal"],
+        rules=[rule("!has(self.lendingLimit) || self.lendingLimit <= self.nominal",
+                    "spec.resources[].lendingLimit must be <= spec.resources[].nominal", ".lendingLimit")],
+    )
+    spec = obj(
+        {
+            "resources": array(quota, "Quotas per resource, keyed by name.", max_items=16,
+                               list_type="map", list_map_keys=["name"]),
+            "weight": number("Share of idle GPUs (what no guarantee needs) relative to other queues' weights.",
+                             minimum=0, default=1),
+            "parent": string("The queue above this one (a department above its teams); the children's nominal "
+                             "shares fit inside the parent's.", min_length=1, max_length=253),
+            "namespaces": array(string(min_length=1, max_length=63), "Namespaces whose jobs go to this queue "
+                                "when they name none (spec.queue).", max_items=1024, list_type="set"),
+        },
+        required=["resources"],
+    )
+    status = obj(
+        {
+            "nominal": integer("GPUs guaranteed (spec, as the operator last read it).", minimum=0),
+            "used": integer("GPUs its jobs and deployments hold now.", minimum=0),
+            "borrowed": integer("GPUs used beyond the nominal share, lent by other queues.", minimum=0),
+            "lent": integer("Nominal GPUs other queues use now.", minimum=0),
+            "admitted": integer("Jobs and deployments admitted.", minimum=0),
+            "pending": integer("Jobs waiting for admission.", minimum=0),
+            "guaranteed": integer("GPUs promised to its jobs' deadlines now.", minimum=0),
+            "conditions": CONDITIONS,
+            "observedGeneration": integer(minimum=0),
+        }
+    )
+    return obj({"spec": spec, "status": status}, required=["spec"],
+               rules=[rule("!has(self.spec.parent) || self.spec.parent != self.metadata.name",
+                           "spec.parent must not name the queue itself", ".spec.parent")])
+
+
+def _crd(kind: str, plural: str, short: str | None, schema: Schema, columns: list[dict[str, Any]],
+         scope: str = "Namespaced") -> dict[str, Any]:
+    names: dict[str, Any] = {"kind": kind, "listKind": f"{kind}List", "plural": plural, "singular": kind.lower()}
+    if short:
+        names["shortNames"] = [short]
+    names["categories"] = [CATEGORY]
     return {
         "apiVersion": "apiextensions.k8s.io/v1",
         "kind": "CustomResourceDefinition",
         "metadata": {"name": f"{plural}.{GROUP}"},
         "spec": {
             "group": GROUP,
-            "scope": "Namespaced",
-            "names": {
-                "kind": kind,
-                "listKind": f"{kind}List",
-                "plural": plural,
-                "singular": kind.lower(),
-                "shortNames": [short],
-                "categories": [CATEGORY],
-            },
+            "scope": scope,
+            "names": names,
             "versions": [{
                 "name": VERSION,
                 "served": True,
@@ -373,6 +426,7 @@ def training_job_crd() -> dict[str, Any]:
         _col("Deadline", ".status.deadline", description="absolute deadline"),
         _col("ETA", ".status.estimatedCompletion", description="predicted completion"),
         _col("On-Time", ".status.deadlineMet", "boolean", "predicted to meet its deadline"),
+        _col("Queue", ".status.queue", priority=1),
         _col("Message", ".status.message", priority=1),
         _col("Age", ".metadata.creationTimestamp", "date"),
     ])
@@ -389,13 +443,30 @@ def serving_deployment_crd() -> dict[str, Any]:
         _col("Goodput", ".status.predictedGoodput", "number", "predicted requests/s within SLO", priority=1),
         _col("Plan", ".status.lastPlan.reason", priority=1),
         _col("Endpoint", ".status.endpoint", description="where clients send requests", priority=1),
+        _col("Queue", ".status.queue", priority=1),
         _col("Age", ".metadata.creationTimestamp", "date"),
     ])
+
+
+def queue_crd() -> dict[str, Any]:
+    """Cluster-scoped; no short name (q would clash with other tools' kinds)."""
+    return _crd("Queue", "queues", None, _queue_schema(), [
+        _col("Nominal", ".status.nominal", "integer", "GPUs guaranteed"),
+        _col("Used", ".status.used", "integer", "GPUs in use"),
+        _col("Borrowed", ".status.borrowed", "integer", "GPUs borrowed from other queues"),
+        _col("Lent", ".status.lent", "integer", "nominal GPUs other queues use"),
+        _col("Admitted", ".status.admitted", "integer", "jobs and deployments admitted"),
+        _col("Pending", ".status.pending", "integer", "jobs waiting for admission"),
+        _col("Guaranteed", ".status.guaranteed", "integer", "GPUs promised to deadlines", priority=1),
+        _col("Parent", ".spec.parent", priority=1),
+        _col("Age", ".metadata.creationTimestamp", "date"),
+    ], scope="Cluster")
 
 
 CRDS = {
     "trainingjobs.flotilla.dev.yaml": training_job_crd,
     "servingdeployments.flotilla.dev.yaml": serving_deployment_crd,
+    "queues.flotilla.dev.yaml": queue_crd,
 }
 
 HEADER = "# Generated by `flotilla crds --write crds/` from src/flotilla/resources/crds.py. Do not edit.\n"

@@ -76,6 +76,10 @@ COND_ADMITTED = "Admitted"
 COND_READY = "Ready"
 COND_DEADLINE_AT_RISK = "DeadlineAtRisk"
 COND_SLO_AT_RISK = "SLOAtRisk"
+COND_QUEUE = "QueueResolved"  # on a TrainingJob or ServingDeployment: the queue it counts against exists
+COND_VALID = "Valid"  # on a Queue: its spec, and its place in the tree, are sound
+COND_BORROWING = "Borrowing"  # on a Queue: it uses GPUs beyond its nominal share
+COND_LENDING = "Lending"  # on a Queue: other queues use some of its nominal GPUs
 
 
 class Reason:
@@ -114,6 +118,14 @@ class Reason:
     INGEST_STALLED = "IngestStalled"  # on the controller's Pod: the metric pipeline delivers nothing
     INGEST_RESUMED = "IngestResumed"
     CONTROLLER_STALLED = "ControllerStalled"
+    # Teams (queues).
+    QUEUE_RESOLVED = "QueueResolved"
+    QUEUE_NOT_FOUND = "QueueNotFound"  # the job names a Queue that does not exist: not admitted
+    QUEUE_INVALID = "QueueInvalid"  # its Queue's spec is malformed: not admitted
+    QUEUE_VALID = "QueueValid"
+    RECLAIMED = "Reclaimed"  # a borrower gives GPUs back to the queue that lent them, through a checkpoint
+    RECLAIM_STOPS = "ReclaimStops"  # a borrower with no checkpoint is stopped to give GPUs back: it loses progress
+    WITHIN_SHARE = "WithinShare"
 
 
 # Every reason above: an Event with any other reason is refused (flotilla.operator.events).

@@ -133,3 +133,13 @@ def keyed_gpus(status: Mapping[str, Any], key: str, other: str) -> dict[str, int
             gpus = integer(entry, "gpus", f"status.{key}[{i}]")
         out[entry[other]] = out.get(entry[other], 0) + gpus
     return out
+
+
+def queue_name(spec: Mapping[str, Any]) -> str | None:
+    """spec.queue of a TrainingJob or ServingDeployment; None when unset."""
+    value = spec.get("queue")
+    if value is None or value == "":
+        return None
+    if not isinstance(value, str):
+        raise ValueError(f"spec.queue must be a string, got {value!r}")
+    return value

@@ -16,6 +16,7 @@ from flotilla.resources.parse import (
     number,
     optional_integer,
     parse_time,
+    queue_name,
 )
 from flotilla.serving.spec import OBSERVED_FIELDS
 
@@ -54,6 +55,7 @@ class ServingDeployment:
     pool: PoolRecord | None
     conditions: tuple[Mapping[str, Any], ...]
     borrowed_from: Mapping[str, int] = field(default_factory=dict)  # TrainingJob key -> GPUs borrowed
+    queue: str | None = None  # spec.queue: the Queue it names, if any
 
     @property
     def key(self) -> str:
@@ -96,4 +98,5 @@ def parse(obj: Mapping[str, Any]) -> ServingDeployment:
         pool=_pool(status),
         conditions=conditions(status),
         borrowed_from=keyed_gpus(status, "borrowedFrom", "job"),
+        queue=queue_name(spec),
     )

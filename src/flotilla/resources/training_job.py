@@ -16,6 +16,7 @@ from flotilla.resources.parse import (
     number,
     optional_integer,
     parse_time,
+    queue_name,
 )
 
 DEFAULT_RESTORE_SECONDS = 30.0  # spec.checkpoint.restoreSeconds's default
@@ -55,6 +56,7 @@ class TrainingJob:
     conditions: tuple[Mapping[str, Any], ...]
     lent_to: Mapping[str, int] = field(default_factory=dict)  # ServingDeployment key -> GPUs lent
     guaranteed_share: int = 0  # status.guaranteedShare: the share its guarantee was last planned at
+    queue: str | None = None  # spec.queue: the Queue it names, if any
 
     @property
     def key(self) -> str:
@@ -135,4 +137,5 @@ def parse(obj: Mapping[str, Any]) -> TrainingJob:
         conditions=conditions(status),
         lent_to=keyed_gpus(status, "lentTo", "serving"),
         guaranteed_share=integer(status, "guaranteedShare", "status"),
+        queue=queue_name(spec),
     )
