@@ -114,38 +114,39 @@ class Loan:
 def loans(queues: Sequence[QueueRecord]) -> list[Loan]:
     """Who borrows from whom, from the queues' status (which says only how much each lent and borrowed).
 
-    Borrowing happens inside one tree (a root and its descendants, like a Kueue cohort). Among the leaves of a
-    tree, each borrower's GPUs are split between the lenders in proportion to what they lent (largest remainder,
-    ties by name), so the split is the same on every call and sums to what each borrowed. A tree with one lender
-    is exact; with several it is the proportional estimate (the status does not say more)."""
-    by_name = {q.name: q for q in queues}
+    Among the leaf queues (a parent's status sums its children's), each borrower, by name, takes what it
+    borrowed first from its siblings' lent GPUs, then from the other lenders', split between the lenders of
+    each group in proportion to what they still lend (largest remainder, ties by name). Exact with one lender;
+    with several it is the proportional estimate the status allows, the same on every call."""
     parents = {q.parent for q in queues if q.parent}
-    trees: dict[str, list[QueueRecord]] = {}
-    for q in queues:
-        if q.name not in parents:
-            trees.setdefault(_root(q, by_name), []).append(q)
+    leaves = [q for q in queues if q.name not in parents]
+    remaining = {q.name: q.usage["lent"] for q in sorted(leaves, key=lambda q: q.name) if q.usage["lent"] > 0}
+    parent_of = {q.name: q.parent for q in leaves}
     out: list[Loan] = []
-    for leaves in trees.values():
-        lenders = sorted((q for q in leaves if q.usage["lent"] > 0), key=lambda q: q.name)
-        total_lent = sum(q.usage["lent"] for q in lenders)
-        if not total_lent:
-            continue
-        for b in sorted((q for q in leaves if q.usage["borrowed"] > 0), key=lambda q: q.name):
-            want = b.usage["borrowed"]
-            exact = [(want * q.usage["lent"] / total_lent, q.name) for q in lenders if q.name != b.name]
-            shares = {name: int(x) for x, name in exact}
-            for _, name in sorted(exact, key=lambda e: (-(e[0] - int(e[0])), e[1]))[:want - sum(shares.values())]:
-                shares[name] += 1
-            out.extend(Loan(name, b.name, g) for name, g in sorted(shares.items()) if g > 0)
-    return out
+    for b in sorted((q for q in leaves if q.usage["borrowed"] > 0), key=lambda q: q.name):
+        want = b.usage["borrowed"]
+        siblings = [n for n in remaining if n != b.name and b.parent is not None and parent_of[n] == b.parent]
+        others = [n for n in remaining if n != b.name and n not in siblings]
+        for group in (siblings, others):
+            take = min(want, sum(remaining[n] for n in group))
+            if take <= 0:
+                continue
+            for name, gpus in _split(take, {n: remaining[n] for n in group}).items():
+                if gpus:
+                    remaining[name] -= gpus
+                    out.append(Loan(name, b.name, gpus))
+            want -= take
+    return sorted(out, key=lambda x: (x.borrower, x.lender))
 
 
-def _root(q: QueueRecord, by_name: Mapping[str, QueueRecord]) -> str:
-    seen = {q.name}
-    while q.parent and q.parent in by_name and q.parent not in seen:
-        q = by_name[q.parent]
-        seen.add(q.name)
-    return q.name
+def _split(total: int, weights: Mapping[str, int]) -> dict[str, int]:
+    """`total` split in proportion to `weights` (largest remainder, ties by name); no share above its weight."""
+    whole = sum(weights.values())
+    exact = {n: total * w / whole for n, w in weights.items()}
+    shares = {n: int(x) for n, x in exact.items()}
+    for n in sorted(exact, key=lambda n: (-(exact[n] - shares[n]), n))[:total - sum(shares.values())]:
+        shares[n] += 1
+    return shares
 
 
 def reclaim_decision(key: str, object_kind: str, queue: str, gpus_from: int, gpus_to: int,
