@@ -84,10 +84,16 @@ def test_reclaim_sign_from_condition_or_checkpoint_request():
     sign = reclaim_sign(reclaimed("j", "team-a", {"a": 4}))
     assert sign is not None and sign.to_queue == "team-b" and sign.since == NOW - 20
     assert sign.reason.startswith("Reclaimed: giving 4 GPUs back")
-    request = {"generation": 3, "reason": "reclaim for queue team-c", "time": iso(NOW - 5)}
+    # as the operator asks: the shrink's reason names the reclaim, and the checkpoint request carries it
+    request = {"generation": 3, "time": iso(NOW - 5),
+               "reason": "reclaim: gives 4 GPUs back to queue 'team-c' through a checkpoint (nominal share needed); "
+                         "marginal gain"}
     obj = training_job("j", annotations={"flotilla.dev/checkpoint-request": json.dumps(request)})
     sign = reclaim_sign(obj)
     assert sign is not None and sign.to_queue == "team-c" and sign.since == NOW - 5
+    assert sign.signal == "checkpoint-request:3"
+    request["reason"] = "drain node a"
+    assert reclaim_sign(training_job("j", annotations={"flotilla.dev/checkpoint-request": json.dumps(request)})) is None
     assert reclaim_sign(training_job("j")) is None
 
 
@@ -121,8 +127,12 @@ def test_reclaim_is_recorded_with_its_reason_and_duration(store, controller, cli
     controller.metrics.decided(res.decisions, res.reshard_seconds)
     reclaim = [d for d in res.decisions if d.kind == "reclaim"]
     assert len(reclaim) == 1 and reclaim[0].inputs == {
-        "fromQueue": "team-a", "toQueue": "team-b", "gpusFrom": 8, "gpusTo": 4, "gpus": 4, "seconds": 23.0}
+        "fromQueue": "team-a", "toQueue": "team-b", "gpusFrom": 8, "gpusTo": 4, "gpus": 4, "seconds": 23.0,
+        "signal": f"condition:Allocated:{iso(NOW - 20)}"}
     assert "giving 4 GPUs back to queue team-b" in reclaim[0].reason
+    # shrinking again under the same (stale) reclaim condition is no second reclaim
+    res = store.upsert_job(parse_training_job(reclaimed("borrower", "team-a", {"a": 2}, since=NOW - 20)))
+    assert "reclaim" not in {d.kind for d in res.decisions}
     # a job that grows, or shrinks with no reclaim asked, is no reclaim
     store.upsert_job(parse_training_job(in_queue(training_job("other", placement={"a": 8}), "team-a")))
     res = store.upsert_job(parse_training_job(in_queue(training_job("other", placement={"a": 2}), "team-a")))

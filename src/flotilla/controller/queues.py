@@ -158,4 +158,4 @@ def reclaim_decision(key: str, object_kind: str, queue: str, gpus_from: int, gpu
     seconds = max(0.0, now - sign.since) if sign.since is not None else None
     return DecisionRecord("reclaim", object_kind, key, sign.reason, {
         "fromQueue": queue, "toQueue": sign.to_queue, "gpusFrom": gpus_from, "gpusTo": gpus_to,
-        "gpus": gpus_from - gpus_to, "seconds": seconds}, time=now), seconds
+        "gpus": gpus_from - gpus_to, "seconds": seconds, "signal": sign.signal}, time=now), seconds

@@ -23,11 +23,19 @@ class ReclaimSign:
     reason: str
     since: float | None
     to_queue: str | None
+    signal: str = ""  # which request or condition said it: one reclaim is recorded once, however often it is seen
 
 
 def reclaim_sign(obj: Mapping[str, Any]) -> ReclaimSign | None:
-    """The newest reclaim the operator wrote on a TrainingJob or ServingDeployment (a condition whose reason
-    says Reclaim, or a checkpoint request made for a reclaim); None when there is none."""
+    """The reclaim the operator asked of a TrainingJob or ServingDeployment: its checkpoint request when made
+    for a reclaim (the operator names the reclaim in the shrink's reason: "reclaim: gives 4 GPUs back to queue
+    'team-b' through a checkpoint ..."), else the newest condition whose reason says Reclaim; None when none."""
+    meta = parse.mapping(obj, "metadata", "")
+    request = parse.annotation_request(meta, names.ANNOTATION_CHECKPOINT_REQUEST)
+    reason = str((request or {}).get("reason") or "")
+    if request and _RECLAIM.search(reason):
+        return ReclaimSign(reason, _time(request.get("time")), _to_queue(reason),
+                           f"checkpoint-request:{request.get('generation')}")
     status = parse.mapping(obj, "status", "")
     conditions = [c for c in status.get("conditions") or [] if isinstance(c, Mapping)
                   and _RECLAIM.search(str(c.get("reason") or "")) and c.get("status", "True") == "True"]
@@ -35,12 +43,8 @@ def reclaim_sign(obj: Mapping[str, Any]) -> ReclaimSign | None:
         c = max(conditions, key=lambda c: str(c.get("lastTransitionTime") or ""))
         message = str(c.get("message") or "")
         return ReclaimSign(f"{c.get('reason')}: {message}".strip(": "),
-                           _time(c.get("lastTransitionTime")), _to_queue(message))
-    meta = parse.mapping(obj, "metadata", "")
-    request = parse.annotation_request(meta, names.ANNOTATION_CHECKPOINT_REQUEST)
-    reason = str((request or {}).get("reason") or "")
-    if request and _RECLAIM.search(reason):
-        return ReclaimSign(reason, _time(request.get("time")), _to_queue(reason))
+                           _time(c.get("lastTransitionTime")), _to_queue(message),
+                           f"condition:{c.get('type')}:{c.get('lastTransitionTime')}")
     return None
 
 

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from typing import Any, Callable, Iterable, Sequence
 
 import sqlalchemy as sa
-from sqlalchemy.orm import sessionmaker
+from sqlalchemy.orm import Session, sessionmaker
 
 from flotilla.controller.db import (
     AllocationRow,
@@ -103,10 +103,19 @@ def _queue_record(row: QueueRow) -> queue_records.QueueRecord:
                                         if f.name != "namespaces"}, namespaces=tuple(row.namespaces))
 
 
-def _reclaims(kind: str, key: str, queue: str, gpus_from: int, gpus_to: int, rec: JobRecord | ServingRecord,
-              now: float) -> list[DecisionRecord]:
+def _reclaims(s: Session, kind: str, key: str, queue: str, gpus_from: int, gpus_to: int,
+              rec: JobRecord | ServingRecord, now: float) -> list[DecisionRecord]:
+    """The reclaim a smaller allocation carries out; none when it is not one, or when the reclaim that asked for
+    it was already recorded (a job shrinking again under the same request is not reclaimed twice)."""
     found = queue_records.reclaim_decision(key, kind, queue, gpus_from, gpus_to, rec.reclaim, now)
-    return [found[0]] if found is not None else []
+    if found is None:
+        return []
+    last = s.scalars(sa.select(DecisionRow.inputs).where(DecisionRow.kind == "reclaim", DecisionRow.object_kind == kind,
+                                                         DecisionRow.object == key)
+                     .order_by(DecisionRow.id.desc()).limit(1)).first()
+    if last is not None and last.get("signal") == found[0].inputs["signal"]:
+        return []
+    return [found[0]]
 
 
 def _node_record(row: NodeRow) -> NodeRecord:
@@ -156,7 +165,7 @@ class Store:
                 s.add_all(AllocationRow(job=rec.key, node=n, gpus=g) for n, g in _held(rec).items())
             decisions = job_changes(old, rec, now)
             if old is not None:
-                decisions += _reclaims("TrainingJob", rec.key, rec.queue, old.gpus, rec.gpus, rec, now)
+                decisions += _reclaims(s, "TrainingJob", rec.key, rec.queue, old.gpus, rec.gpus, rec, now)
             s.add_all(_decision_row(d, now) for d in decisions)
         return SyncResult(decisions, reshard_seconds)
 
@@ -176,7 +185,7 @@ class Store:
                 row.updated = now
             decisions = serving_changes(old, rec, now)
             if old is not None:
-                decisions += _reclaims("ServingDeployment", rec.key, rec.queue, _serving_gpus(old), _serving_gpus(rec),
+                decisions += _reclaims(s, "ServingDeployment", rec.key, rec.queue, _serving_gpus(old), _serving_gpus(rec),
                                        rec, now)
             s.add_all(_decision_row(d, now) for d in decisions)
         return SyncResult(decisions)
