@@ -157,7 +157,7 @@ def test_command_prints_queues_and_says_what_has_no_equivalent(tmp_path):
     assert [q["metadata"]["name"] for q in printed] == ["a", "b", "org"]
     assert printed[2]["spec"] == {"resources": [{"name": GPU, "nominal": 16, "borrowingLimit": 0, "lendingLimit": 0}]}
     assert r.stderr.splitlines() == [
-        "no equivalent: ClusterQueue a: spec.resourceGroups[0].flavors[default].resources[memory]: no equivalent "
+        "note: ClusterQueue a: spec.resourceGroups[0].flavors[default].resources[memory]: no equivalent "
         "(Queues hold nvidia.com/gpu only); left out"]
 
 

@@ -89,7 +89,7 @@ def run(args: argparse.Namespace) -> int:
         objects, labels = read_cluster(api)
     found = kueue.translate(objects, labels)
     for note in found.notes:
-        print(f"no equivalent: {note}", file=sys.stderr)
+        print(f"note: {note}", file=sys.stderr)
     queues = [kueue.queue_object(q) for q in found.queues]
     sys.stdout.write(yaml.safe_dump_all(queues, sort_keys=False) if queues else "")
     if not queues:
