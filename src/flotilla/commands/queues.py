@@ -50,14 +50,18 @@ def read_cluster(api: Any) -> tuple[list[Mapping[str, Any]], dict[str, dict[str,
     objects: list[Mapping[str, Any]] = []
     for kind, plural in (("ClusterQueue", "clusterqueues"), ("Cohort", "cohorts")):
         try:
-            items = custom.list_cluster_custom_object(KUEUE_GROUP, KUEUE_VERSION, plural)["items"]
+            listed: Any = custom.list_cluster_custom_object(KUEUE_GROUP, KUEUE_VERSION, plural)
+            items = listed["items"]
         except ApiException as e:
             if e.status == 404:
                 raise SystemExit(f"error: the cluster serves no {plural}.{KUEUE_GROUP}/{KUEUE_VERSION} "
                                  "(Kueue v0.15 or later, with its v1beta2 API, is needed; or use -f FILE)") from None
             raise SystemExit(f"error: listing {plural}.{KUEUE_GROUP}: {e.status} {e.reason}") from None
         objects.extend({**item, "kind": kind} for item in items)
-    namespaces = {ns.metadata.name: dict(ns.metadata.labels or {}) for ns in core.list_namespace().items}
+    namespaces: dict[str, dict[str, str]] = {}
+    for ns in core.list_namespace().items:
+        meta: Any = ns.metadata
+        namespaces[str(meta.name)] = dict(meta.labels or {})
     return objects, namespaces
 
 

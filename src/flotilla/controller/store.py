@@ -530,7 +530,7 @@ class Store:
             for queue, outlook, n in s.execute(sa.select(TrainingJobRow.queue, ol, sa.func.count())
                                                .where(TrainingJobRow.queue.is_not(None), TrainingJobRow.queue != "")
                                                .group_by(TrainingJobRow.queue, ol)):
-                out.setdefault(queue, {o: 0 for o in OUTLOOKS})[outlook] = int(n)
+                out.setdefault(str(queue), {o: 0 for o in OUTLOOKS})[outlook] = int(n)
         return out
 
     def queue_usage(self, name: str, *, limit: int, since: float | None = None, until: float | None = None,
