@@ -1,21 +1,10 @@
 """Kueue's ClusterQueues and Cohorts (kueue.x-k8s.io/v1beta2) translated into Flotilla Queues (pure).
 
-What maps (field by field):
-
-| Kueue | Flotilla Queue |
-|---|---|
-| ClusterQueue `metadata.name` | `metadata.name` |
-| `spec.resourceGroups[].flavors[].resources[name=nvidia.com/gpu].nominalQuota` | `spec.resources[nvidia.com/gpu].nominal` |
-| ... `.borrowingLimit`, `.lendingLimit` | `.borrowingLimit`, `.lendingLimit` |
-| `spec.cohortName` | `spec.parent` (the cohort becomes a Queue of its own) |
-| Cohort `spec.parentName` | the cohort's Queue's `spec.parent` |
-| Cohort `nominalQuota` (a shared pool *on top of* its members') | the cohort's Queue's `nominal` = its own plus its members' (a Flotilla parent's nominal *holds* its children's) |
-| `spec.fairSharing.weight` | `spec.weight` |
-| `spec.namespaceSelector` | `spec.namespaces`: the namespaces it selects (by `kubernetes.io/metadata.name` offline; any labels when the namespaces' labels are given) |
-
-A ClusterQueue with no cohort neither borrows nor lends in Kueue: its Queue gets `borrowingLimit: 0` and
-`lendingLimit: 0`. So does the Queue of a root cohort (Kueue shares nothing between cohort trees), unless it has
-no members of its own. What has no equivalent is reported, one `Note` each, and left out.
+The mapping, field by field, and what has no equivalent: docs/queues-import.md. Two differences of model shape it:
+a Kueue Cohort's nominalQuota is a pool *on top of* its members', while a Flotilla parent's nominal *holds* its
+children's (so a cohort's Queue gets its own pool plus its members'); and Kueue shares nothing outside a cohort
+tree (so a ClusterQueue with no cohort, and a root cohort, get borrowingLimit 0 and lendingLimit 0). What has no
+equivalent is returned as a `Note` each, and left out.
 """
 
 from __future__ import annotations
