@@ -361,8 +361,9 @@ def test_queues_from_values_are_created_updated_and_removed():
         helm("upgrade", release, chart, "-n", ns, *only_queues, *queues[:4])
         names = {q["metadata"]["name"] for q in json.loads(kubectl("get", "queues", "-o", "json").stdout)["items"]}
         assert {dept, a} <= names and b not in names
+        helm("uninstall", release, "-n", ns, "--wait")
+        assert kubectl("get", "queue", dept, check=False).returncode != 0  # the release's queues go with it
     finally:
         helm("uninstall", release, "-n", ns, "--wait", check=False)
         kubectl("delete", "queue", dept, a, b, "--ignore-not-found", check=False)
         kubectl("delete", "namespace", ns, "--wait=false", check=False)
-    assert kubectl("get", "queue", dept, check=False).returncode != 0  # uninstall removed them
