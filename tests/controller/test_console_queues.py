@@ -85,6 +85,8 @@ def test_teams_pages(base):
         assert d.execute_script("return [...document.querySelectorAll('tr[data-job]')].map(r => r.dataset.job)") == [
             "ns-a/big"]
         reclaim = browser.wait(d, lambda d: text_of(d, "tr[data-kind='reclaim']"), "the reclaim")
+        assert d.execute_script("return document.querySelector(\"tr[data-kind='reclaim'] a\").getAttribute('href')") \
+            == "#/training/ns-a/big"
         assert "giving 4 GPUs back to queue team-b" in reclaim
         history = d.execute_script("return [...document.querySelectorAll('tr[data-kind=loan]')].length")
         assert history == 2  # borrowed 4, gave back 4
@@ -100,6 +102,8 @@ def test_teams_pages(base):
         assert d.execute_script("return [...document.querySelectorAll('tr[data-serving]')].map(r => r.dataset.serving)") == [
             "ns-b/chat"]
         assert d.execute_script("return document.querySelector(\"tr[data-job='ns-b/late']\").dataset.outlook") == "at-risk"
+        d.find_element("css selector", "tr[data-serving='ns-b/chat'] a").click()  # a deployment links its team
+        browser.wait(d, lambda d: text_of(d, "dd[data-field='queue']") == "team-b", "chat's team")
         d.get(f"{base}/ui/#/queues/research")
         browser.wait(d, lambda d: text_of(d, "h2") == "Team research", "research's page")
         assert "team-a, team-b" in d.find_element("css selector", ".card").text

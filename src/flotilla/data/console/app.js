@@ -425,6 +425,7 @@ function renderJob(j) {
       h("dt", {}, "Deadline"), h("dd", {}, `${fmtTime(j.deadline)} (${fmtIn(j.deadline)})`),
       h("dt", {}, "ETA"), h("dd", {}, fmtTime(j.estimatedCompletion)),
       h("dt", {}, "Priority"), h("dd", {}, String(j.priority)),
+      h("dt", {}, "Team (queue)"), h("dd", { "data-field": "queue" }, j.queue ? queueLink(j.queue) : "none (the implicit queue)"),
       h("dt", {}, "Reshards"), h("dd", {}, String(j.reshards)),
       h("dt", {}, "Lent to serving"), h("dd", {}, loanList(j.lentTo, "serving")),
       h("dt", {}, "Checkpoint request"), h("dd", {}, j.checkpointRequest ? JSON.stringify(j.checkpointRequest) : "none"))),
@@ -501,6 +502,7 @@ function renderServingOne([d, history]) {
       h("dt", {}, "Mode"), h("dd", {}, d.plan.mode),
       h("dt", {}, "P:D"), h("dd", {}, `${d.plan.prefillReplicas}:${d.plan.decodeReplicas} (${d.plan.prefillGpusPerInstance} and ${d.plan.decodeGpusPerInstance} GPUs per instance)`),
       h("dt", {}, "GPUs planned"), h("dd", {}, String(d.plan.gpus)),
+      h("dt", {}, "Team (queue)"), h("dd", { "data-field": "queue" }, d.queue ? queueLink(d.queue) : "none (the implicit queue)"),
       h("dt", {}, "SLO"), h("dd", {}, d.slo ? `TTFT ≤ ${d.slo.ttftMs} ms, TPOT ≤ ${d.slo.tpotMs} ms, for ${pct(d.slo.attainment)} of requests` : "—"),
       h("dt", {}, "Observed"), h("dd", {}, d.observed && Object.keys(d.observed).length ? JSON.stringify(d.observed) : "no statistics yet"),
       h("dt", {}, "Predicted goodput"), h("dd", {}, d.plan.predictedGoodput === null ? "—" : `${d.plan.predictedGoodput.toFixed(2)} req/s`),
@@ -764,8 +766,8 @@ function renderDecisions(page) {
                                since: toIso(fd.get("since")), until: toIso(fd.get("until")) };
       refresh(true);
     } },
-      field("kind", "Kind", { placeholder: "reshard, drain, detection…" }),
-      h("label", {}, "Object kind", h("select", { name: "objectKind" }, ["", "TrainingJob", "ServingDeployment", "Node", "Controller"]
+      field("kind", "Kind", { placeholder: "reshard, drain, reclaim, loan…" }),
+      h("label", {}, "Object kind", h("select", { name: "objectKind" }, ["", "TrainingJob", "ServingDeployment", "Queue", "Node", "Controller"]
         .map((k) => h("option", { value: k, selected: (f.objectKind || "") === k }, k || "any")))),
       field("object", "Object", { placeholder: "namespace/name or node" }),
       h("label", {}, "Since", h("input", { name: "since", type: "datetime-local" })),
