@@ -40,7 +40,7 @@ OPTIONS = {
     "baseline-policy": ["--set", "operator.policy=fifo-gang"],
     "no-pool": ["--set", "operator.pool.enabled=false"],
     "queues": ["--set", "queues[0].name=research,queues[0].nominal=16,queues[1].name=team-a,queues[1].nominal=8,"
-                        "queues[1].parent=research,queues[1].namespaces={team-a},queues[1].weight=1.5"],
+                        "queues[1].parent=research,queues[1].namespaces={team-a},queues[1].weight=2"],
     "agent-step-port-dcgm": ["--set", "agent.stepPort=19477,agent.source=dcgm,"
                                       "agent.dcgm.url=http://localhost:9400/metrics,"
                                       "agent.stepAllowCIDRs={10.244.0.0/16,fd00:10:244::/56}"],
