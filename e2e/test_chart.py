@@ -355,7 +355,8 @@ def test_queues_from_values_are_created_updated_and_removed():
         assert got[a]["parent"] == dept and got[a]["weight"] == 2
         assert got[b]["resources"][0]["lendingLimit"] == 4 and got[b]["namespaces"] == [ns]
         # A lending limit above the nominal is refused before anything is applied, the field named.
-        r = helm("upgrade", release, chart, "-n", ns, "--reuse-values", "--set", "queues[2].lendingLimit=9", check=False)
+        r = helm("upgrade", release, chart, "-n", ns, *only_queues, *queues, "--set", "queues[2].lendingLimit=9",
+                 check=False)
         assert r.returncode != 0 and "queues[2].lendingLimit (9) must be <= queues[2].nominal (8)" in r.stderr
         # Dropping a queue from the list deletes it; the others stay.
         helm("upgrade", release, chart, "-n", ns, *only_queues, *queues[:4])
