@@ -334,3 +334,37 @@ def test_upgrade_and_uninstall_leave_no_orphans(release):
     assert get("lease", OP, ns) is None
     # CRDs stay, by Helm's rule for crds/: deleting them would delete every TrainingJob in the cluster.
     assert get("crd", "trainingjobs.flotilla.dev", "") is not None
+
+
+def test_queues_from_values_are_created_updated_and_removed():
+    if not (ROOT / "charts" / "flotilla" / "crds" / "queues.flotilla.dev.yaml").exists():
+        pytest.skip("the Queue CRD is not in the chart's crds/ yet")
+    ns, release, s = f"flotilla-q-{uuid.uuid4().hex[:6]}", "flq", uuid.uuid4().hex[:6]
+    dept, a, b = f"dept-{s}", f"a-{s}", f"b-{s}"
+    only_queues = [*NOT_PULLED, "--set", "operator.enabled=false,agent.enabled=false,controller.enabled=false"]
+    queues = ["--set", f"queues[0].name={dept},queues[0].nominal=16,queues[0].borrowingLimit=0",
+              "--set", f"queues[1].name={a},queues[1].nominal=8,queues[1].parent={dept},queues[1].weight=2",
+              "--set", f"queues[2].name={b},queues[2].nominal=8,queues[2].parent={dept},queues[2].lendingLimit=4,"
+                       f"queues[2].namespaces={{{ns}}}"]
+    kubectl("create", "namespace", ns)
+    chart = str(ROOT / "charts" / "flotilla")
+    try:
+        helm("install", release, chart, "-n", ns, *only_queues, *queues)
+        got = {q["metadata"]["name"]: q["spec"] for q in json.loads(kubectl("get", "queues", "-o", "json").stdout)["items"]}
+        assert got[dept]["resources"] == [{"name": "nvidia.com/gpu", "nominal": 16, "borrowingLimit": 0}]
+        assert got[a]["parent"] == dept and got[a]["weight"] == 2
+        assert got[b]["resources"][0]["lendingLimit"] == 4 and got[b]["namespaces"] == [ns]
+        # A lending limit above the nominal is refused before anything is applied, the field named.
+        r = helm("upgrade", release, chart, "-n", ns, *only_queues, *queues, "--set", "queues[2].lendingLimit=9",
+                 check=False)
+        assert r.returncode != 0 and "queues[2].lendingLimit (9) must be <= queues[2].nominal (8)" in r.stderr
+        # Dropping a queue from the list deletes it; the others stay.
+        helm("upgrade", release, chart, "-n", ns, *only_queues, *queues[:4])
+        names = {q["metadata"]["name"] for q in json.loads(kubectl("get", "queues", "-o", "json").stdout)["items"]}
+        assert {dept, a} <= names and b not in names
+        helm("uninstall", release, "-n", ns, "--wait")
+        assert kubectl("get", "queue", dept, check=False).returncode != 0  # the release's queues go with it
+    finally:
+        helm("uninstall", release, "-n", ns, "--wait", check=False)
+        kubectl("delete", "queue", dept, a, b, "--ignore-not-found", check=False)
+        kubectl("delete", "namespace", ns, "--wait=false", check=False)

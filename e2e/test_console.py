@@ -157,6 +157,12 @@ def test_every_page_shows_the_clusters_objects_and_the_map_puts_the_job_on_its_n
     assert "1:2" in by_css(d, f"tr[data-serving='{ns}/chat']")[0].text  # examples/: fixed, 1 prefill, 2 decode
     d.save_screenshot(str(shots / "serving.png"))
 
+    # Teams: the queues the cluster has (or the implicit queue's sentence when it has none).
+    open_page(d, base, "#/queues", "main h2", "the teams page")
+    browser.wait(d, lambda d: by_css(d, "table[aria-label=queues]") or "No Queue objects" in
+                 d.find_element("css selector", "main").text, "the teams page's queues")
+    d.save_screenshot(str(shots / "teams.png"))
+
     open_page(d, base, "#/nodes", "table[aria-label=nodes] tbody tr", "the nodes page")
     assert {r.get_attribute("data-node") for r in by_css(d, "table[aria-label=nodes] tbody tr")} == nodes
     d.save_screenshot(str(shots / "nodes.png"))

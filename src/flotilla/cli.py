@@ -24,6 +24,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "agent": ("flotilla.commands.agent", "Run the node agent: sample GPU/host/step-time metrics and publish them"),
     "detect": ("flotilla.commands.detect", "Run the health detectors offline over a JSONL metrics dump"),
     "simulate": ("flotilla.commands.simulate", "Simulate training policies on a job trace, or generate a synthetic trace"),
+    "queues": ("flotilla.commands.queues", "Teams' Queues: import Kueue ClusterQueues and Cohorts (print or --apply)"),
     "controller": ("flotilla.commands.controller", "Run the controller: REST admin API, metrics, ingest and decision history"),
     "simulate-unified": ("flotilla.commands.simulate_unified", "Simulate training and serving on one pool against static partitions"),
 }

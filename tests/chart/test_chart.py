@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 
 import pytest
+import yaml
 
 from tests.chart.conftest import CHART, ROOT, run_helm
 
@@ -38,6 +39,8 @@ OPTIONS = {
                              "operator.pool.forecastHeadroom=0"],
     "baseline-policy": ["--set", "operator.policy=fifo-gang"],
     "no-pool": ["--set", "operator.pool.enabled=false"],
+    "queues": ["--set", "queues[0].name=research,queues[0].nominal=16,queues[1].name=team-a,queues[1].nominal=8,"
+                        "queues[1].parent=research,queues[1].namespaces={team-a},queues[1].weight=2"],
     "agent-step-port-dcgm": ["--set", "agent.stepPort=19477,agent.source=dcgm,"
                                       "agent.dcgm.url=http://localhost:9400/metrics,"
                                       "agent.stepAllowCIDRs={10.244.0.0/16,fd00:10:244::/56}"],
@@ -189,6 +192,7 @@ def test_rbac_is_exactly_what_each_component_uses(render):
     # pods' places for the console's GPU map (list only).
     assert rules(o, "ClusterRole", CTL) == (
         triples("flotilla.dev", ["trainingjobs", "servingdeployments"], ["get", "list", "watch", "patch"])
+        | triples("flotilla.dev", ["queues"], ["get", "list", "watch"])  # mirrored for /v1/queues, never written
         | triples("", ["nodes"], ["get", "list", "watch", "patch"])
         | triples("", ["nodes/status"], ["patch"])
         | triples("", ["events"], ["create", "get", "patch"])
@@ -352,6 +356,17 @@ INVALID = [
      "controller.statsPosters needs controller.ingestAuth=tokenreview"),
     (["--set", "controller.enabled=false,agent.enabled=false,metrics.serviceMonitor.enabled=true"],
      "metrics.serviceMonitor.enabled needs controller.enabled"),
+    (["--set", "queues[0].name=a,queues[0].nominal=-1"], "at '/queues/0/nominal'"),
+    (["--set", "queues[0].name=Team_A,queues[0].nominal=1"], "at '/queues/0/name'"),
+    (["--set", "queues[0].name=a,queues[0].nominal=1,queues[0].weight=0"], "at '/queues/0/weight'"),
+    (["--set", "queues[0].name=a"], "at '/queues/0'"),  # nominal is required
+    (["--set", "queues[0].name=a,queues[0].nominal=1,queues[0].quota=2"], "at '/queues/0'"),
+    (["--set", "queues[0].name=a,queues[0].nominal=4,queues[0].lendingLimit=6"],
+     "queues[0].lendingLimit (6) must be <= queues[0].nominal (4)"),
+    (["--set", "queues[0].name=a,queues[0].nominal=1,queues[1].name=a,queues[1].nominal=2"],
+     'queues[1].name: queue "a" is listed twice'),
+    (["--set", "queues[0].name=a,queues[0].nominal=1,queues[0].parent=a"],
+     'queues[0].parent: queue "a" cannot be its own parent'),
 ]
 
 
@@ -430,3 +445,22 @@ def test_the_chart_made_certificate_is_signed_by_its_ca_for_the_service_names(re
     for name in (f"DNS:{CTL}.flotilla-system.svc", f"DNS:{CTL}.flotilla-system.svc.cluster.local", "DNS:localhost",
                  "IP Address:127.0.0.1"):
         assert name in names
+
+
+def test_queues_from_values(render, tmp_path):
+    values = tmp_path / "queues.yaml"
+    values.write_text(yaml.safe_dump({"queues": [
+        {"name": "research", "nominal": 32, "borrowingLimit": 0, "lendingLimit": 0},
+        {"name": "team-a", "nominal": 16, "parent": "research", "namespaces": ["team-a", "team-a-dev"], "weight": 2.5},
+        {"name": "team-b", "nominal": 0, "parent": "research", "borrowingLimit": 8}]}))
+    o = render("--values", str(values))
+    queues = {name: obj for (kind, name), obj in o.items() if kind == "Queue"}
+    assert sorted(queues) == ["research", "team-a", "team-b"]
+    assert all(q["apiVersion"] == "flotilla.dev/v1alpha1" and "namespace" not in q["metadata"] for q in queues.values())
+    assert queues["research"]["spec"] == {"resources": [{"name": "nvidia.com/gpu", "nominal": 32, "borrowingLimit": 0,
+                                                         "lendingLimit": 0}]}
+    assert queues["team-a"]["spec"] == {"resources": [{"name": "nvidia.com/gpu", "nominal": 16}], "weight": 2.5,
+                                        "parent": "research", "namespaces": ["team-a", "team-a-dev"]}
+    assert queues["team-b"]["spec"] == {"resources": [{"name": "nvidia.com/gpu", "nominal": 0, "borrowingLimit": 8}],
+                                        "parent": "research"}
+    assert not any(kind == "Queue" for kind, _ in render())  # none by default

@@ -30,6 +30,9 @@ ROUTES = [
     ("POST", "/v1/nodes/a/drain", "admin"),
     ("POST", "/v1/nodes/a/return-to-service", "admin"),
     ("GET", "/v1/decisions", "read"),
+    ("GET", "/v1/queues", "read"),
+    ("GET", "/v1/queues/q", "read"),
+    ("GET", "/v1/queues/q/usage", "read"),
     ("POST", "/v1/ingest", "ingest"),
     ("POST", "/v1/serving/default/s1/stats", "ingest"),
     ("POST", "/v1/serving/default/s1/stats/prometheus", "ingest"),
@@ -99,7 +102,7 @@ def test_cluster_after_every_job_finished_counts_no_training_gpus(client, store)
 
 def test_probes(client):
     assert client.get("/healthz").json() == {"status": "ok"}
-    assert client.get("/readyz").json() == {"status": "ready", "schema": "0006"}
+    assert client.get("/readyz").json() == {"status": "ready", "schema": "0007"}
     assert client.get("/openapi.json").json()["info"]["title"] == "Flotilla controller"
 
 

@@ -17,7 +17,7 @@ def test_no_input_gives_a_server_error(controller, store):
     store.upsert_serving(parse_serving_deployment(serving("s1")))
     schema = schemathesis.openapi.from_asgi("/openapi.json", create_app(controller))
     operations = [result.ok() for result in schema.get_all_operations()]
-    assert len(operations) == 26  # every route of test_api.ROUTES, /healthz and /readyz
+    assert len(operations) == 29  # every route of test_api.ROUTES, /healthz and /readyz
 
     for operation in operations:  # 25 generated requests per route: a few seconds in all
         @given(case=operation.as_strategy())

@@ -32,7 +32,7 @@ from starlette.concurrency import run_in_threadpool
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from flotilla.controller import checkpoints, console, views, vllm
+from flotilla.controller import checkpoints, console, queues, views, vllm
 from flotilla.controller.actions import ClusterActionError, ClusterActions, ClusterUnavailable, ObjectNotFound
 from flotilla.controller.auth import Identity, ReviewUnavailable, TokenAuthenticator
 from flotilla.controller.availability import RETRY_AFTER_S, DatabaseAvailability
@@ -409,6 +409,47 @@ def create_app(ctl: Controller) -> FastAPI:
     @app.get("/v1/cluster/domains", tags=["cluster"], summary="GPU capacity, allocation and free by topology domain")
     def domains(_: Reader, limit: Limit = 100, cursor: Cursor = None) -> dict[str, Any]:
         return views.page(store.domains(limit=limit, cursor=cursor), views.domain)
+
+    # ----- teams' queues -----
+
+    @app.get("/v1/queues", tags=["queues"],
+             summary="Teams' Queues: spec and status as each Queue says (nominal, used, borrowed, lent GPUs; "
+                     "admitted and pending jobs), with their jobs' deadline outlook")
+    def queue_list(_: Reader) -> dict[str, Any]:
+        outlooks = store.queue_outlooks()
+        return {"items": [views.queue(q, outlooks.get(q.name)) for q in store.all_queues()], "nextCursor": None}
+
+    def queue_or_404(name: str) -> Any:
+        row = store.queue(name)
+        if row is None:
+            raise ApiError(404, f"Queue {name!r} not found")
+        return row
+
+    @app.get("/v1/queues/{name}", tags=["queues"],
+             summary="One Queue: spec, status, its TrainingJobs and ServingDeployments, its loans (which queues "
+                     "borrow from it and how much, and from which it borrows), its latest decisions")
+    def queue_detail(_: Reader, name: str) -> dict[str, Any]:
+        row = queue_or_404(name)
+        jobs, servings = store.queue_members(name)
+        history = store.decisions(limit=HISTORY_IN_DETAIL, object_kind="Queue", obj=name)
+        reclaims = store.decisions(limit=HISTORY_IN_DETAIL, kind="reclaim", queue=name)
+        return {**views.queue(row, store.queue_outlooks().get(name)),
+                "children": [q.name for q in store.all_queues() if q.parent == name],
+                "jobs": [views.job(j) for j in jobs], "serving": [views.serving(sd) for sd in servings],
+                "loans": views.queue_loans(name, queues.loans(store.queue_records())),
+                "reclaims": [views.decision(d) for d in reclaims.items],
+                "history": [views.decision(d) for d in history.items]}
+
+    @app.get("/v1/queues/{name}/usage", tags=["queues"],
+             summary="A Queue's usage over time: its status numbers each time they changed, oldest first")
+    def queue_usage(_: Reader, name: str, limit: Limit = 1000, cursor: Cursor = None,
+                    since: Annotated[datetime | None, Query(description="RFC 3339; inclusive")] = None,
+                    until: Annotated[datetime | None, Query(description="RFC 3339; exclusive")] = None,
+                    ) -> dict[str, Any]:
+        queue_or_404(name)
+        return views.page(store.queue_usage(name, limit=limit, cursor=decision_cursor(cursor),
+                                            since=aware(since, "since"), until=aware(until, "until")),
+                          views.queue_usage)
 
     # ----- training jobs -----
 

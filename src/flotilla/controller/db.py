@@ -53,6 +53,7 @@ class TrainingJobRow(Base):
     lent_to: Mapped[dict[str, int] | None] = mapped_column(sa.JSON)  # ServingDeployment -> GPUs (None before 0004)
     # When the job entered phase Resharding (None when not resharding): for the reshard duration metric.
     resharding_since: Mapped[float | None] = mapped_column(Seconds)
+    queue: Mapped[str | None] = mapped_column(sa.String(253), index=True)  # status.queue (None before 0007)
     updated: Mapped[float] = mapped_column(Seconds)
 
 
@@ -84,6 +85,7 @@ class ServingDeploymentRow(Base):
     replan_request: Mapped[dict[str, Any] | None] = mapped_column(sa.JSON)
     borrowed_from: Mapped[dict[str, int] | None] = mapped_column(sa.JSON)  # TrainingJob -> GPUs (None before 0004)
     granted_gpus: Mapped[int | None] = mapped_column(sa.Integer)  # status.pool.grantedGPUs; None: no pool
+    queue: Mapped[str | None] = mapped_column(sa.String(253), index=True)  # status.queue (None before 0007)
     updated: Mapped[float] = mapped_column(Seconds)
 
 
@@ -100,6 +102,43 @@ class NodeRow(Base):
     health_message: Mapped[str | None] = mapped_column(sa.Text)
     taint: Mapped[dict[str, str] | None] = mapped_column(sa.JSON)  # the flotilla.dev/unhealthy taint
     updated: Mapped[float] = mapped_column(Seconds)
+
+
+class QueueRow(Base):
+    """A team's Queue (cluster-scoped): its GPU quota and the status the operator writes."""
+
+    __tablename__ = "queues"
+    name: Mapped[str] = mapped_column(sa.String(253), primary_key=True)
+    uid: Mapped[str] = mapped_column(sa.String(64))
+    parent: Mapped[str | None] = mapped_column(sa.String(253))
+    weight: Mapped[float] = mapped_column(Seconds)
+    namespaces: Mapped[list[str]] = mapped_column(sa.JSON)
+    nominal: Mapped[int] = mapped_column(sa.Integer)
+    borrowing_limit: Mapped[int | None] = mapped_column(sa.Integer)
+    lending_limit: Mapped[int | None] = mapped_column(sa.Integer)
+    usage: Mapped[dict[str, int]] = mapped_column(sa.JSON)  # status: nominal, used, borrowed, lent, ...
+    last_condition: Mapped[str] = mapped_column(sa.Text)
+    spec: Mapped[dict[str, Any]] = mapped_column(sa.JSON)
+    status: Mapped[dict[str, Any]] = mapped_column(sa.JSON)
+    updated: Mapped[float] = mapped_column(Seconds)
+
+
+class QueueUsageRow(Base):
+    """A queue's status numbers each time they changed: its usage over time. Kept after the queue is deleted."""
+
+    __tablename__ = "queue_usage"
+    __table_args__ = (sa.Index("ix_queue_usage_queue_time", "queue", "time"),)
+    id: Mapped[int] = mapped_column(sa.BigInteger().with_variant(sa.Integer, "sqlite"), primary_key=True,
+                                    autoincrement=True)
+    time: Mapped[float] = mapped_column(Seconds)
+    queue: Mapped[str] = mapped_column(sa.String(253))
+    nominal: Mapped[int] = mapped_column(sa.Integer)
+    used: Mapped[int] = mapped_column(sa.Integer)
+    borrowed: Mapped[int] = mapped_column(sa.Integer)
+    lent: Mapped[int] = mapped_column(sa.Integer)
+    guaranteed: Mapped[int] = mapped_column(sa.Integer)
+    admitted: Mapped[int] = mapped_column(sa.Integer)
+    pending: Mapped[int] = mapped_column(sa.Integer)
 
 
 class DecisionRow(Base):

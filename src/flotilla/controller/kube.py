@@ -25,6 +25,7 @@ from flotilla.controller.db import is_outage
 from flotilla.controller.ingest_auth import NODE_NAME_EXTRA, StatsAccess
 from flotilla.controller.metrics import ControllerMetrics
 from flotilla.controller.mirror import parse_node, parse_serving_deployment, parse_training_job
+from flotilla.controller.queues import parse_queue
 from flotilla.controller.store import Store, SyncResult
 from flotilla.operator.recorder import EventRecorder
 from flotilla.resources.names import (
@@ -155,11 +156,14 @@ KINDS = (
     MirroredKind("TrainingJob", parse_training_job, Store.upsert_job, lambda r: r.key),
     MirroredKind("ServingDeployment", parse_serving_deployment, Store.upsert_serving, lambda r: r.key),
     MirroredKind("Node", parse_node, Store.upsert_node, lambda r: r.name),
+    MirroredKind("Queue", parse_queue, Store.upsert_queue, lambda r: r.name),
 )
+PLURALS = {"TrainingJob": "trainingjobs", "ServingDeployment": "servingdeployments", "Queue": "queues"}
 
 
 class Sync:
-    """Mirrors TrainingJobs, ServingDeployments and Nodes into the store: list, then watch; re-list on any error."""
+    """Mirrors TrainingJobs, ServingDeployments, Nodes and Queues into the store: list, then watch; re-list on any
+    error (after 30 s when the kind is not installed: a cluster without the Queue CRD)."""
 
     def __init__(self, api: client.ApiClient, store: Store, metrics: ControllerMetrics) -> None:
         self.api, self.store, self.metrics = api, store, metrics
@@ -170,7 +174,7 @@ class Sync:
     def _lister(self, kind: str) -> Callable[..., Any]:
         if kind == "Node":
             return self.core.list_node
-        plural = {"TrainingJob": "trainingjobs", "ServingDeployment": "servingdeployments"}[kind]
+        plural = PLURALS[kind]
         return lambda **kw: self.custom.list_cluster_custom_object(GROUP, VERSION, plural, **kw)
 
     def _as_dict(self, obj: Any) -> Mapping[str, Any]:
@@ -207,9 +211,10 @@ class Sync:
                         return
                     self.apply(mk, event["type"], self._as_dict(event["object"]))
             except Exception as e:  # the loop must survive API server restarts and expired resourceVersions
+                missing = isinstance(e, ApiException) and e.status == 404
                 why = f"the database is unreachable ({type(e).__name__})" if is_outage(e) else e  # one line, no SQL
-                log.warning("sync of %s: %s; re-listing in 2 s", mk.kind, why)
-                self._stop.wait(2.0)
+                log.warning("sync of %s: %s; re-listing in %d s", mk.kind, why, 30 if missing else 2)
+                self._stop.wait(30.0 if missing else 2.0)
 
     def start(self) -> list[threading.Thread]:
         threads = [threading.Thread(target=self.run_kind, args=(mk,), name=f"sync-{mk.kind}", daemon=True)

@@ -15,6 +15,11 @@ read at scrape time by `StateCollector`, so it is right after a restart; events
 | flotilla_serving_pd_ratio | gauge | deployment (prefill / decode replicas) |
 | flotilla_serving_goodput_requests_per_second | gauge | deployment, source: predicted, observed |
 | flotilla_serving_slo_attainment_ratio | gauge | deployment |
+| flotilla_queue_nominal_gpus, flotilla_queue_used_gpus, flotilla_queue_borrowed_gpus, flotilla_queue_lent_gpus, flotilla_queue_guaranteed_gpus | gauge | queue (from each Queue's status) |
+| flotilla_queue_jobs | gauge | queue, state: admitted, pending |
+| flotilla_queue_reclaims_total | counter | queue (that got the GPUs back; unknown when the operator did not say), from_queue (the borrower) |
+| flotilla_queue_reclaimed_gpus_total | counter | queue, from_queue |
+| flotilla_queue_reclaim_duration_seconds | histogram | queue (from the operator's reclaim condition to the smaller allocation seen) |
 | flotilla_reshards_total | counter | |
 | flotilla_reshard_duration_seconds | histogram | |
 | flotilla_decisions_total | counter | kind |
@@ -100,6 +105,29 @@ class StateCollector(Collector):
             if "attainment" in sd.observed:
                 attainment.add_metric([sd.key], sd.observed["attainment"])
         yield from (replicas, ratio, goodput, attainment)
+        yield from queue_gauges(self.store)
+
+
+QUEUE_GPU_GAUGES = (("nominal", "GPUs the queue is guaranteed"), ("used", "GPUs its jobs and deployments hold"),
+                    ("borrowed", "GPUs it uses beyond its nominal share, lent by other queues"),
+                    ("lent", "Its nominal GPUs other queues use"),
+                    ("guaranteed", "GPUs promised to its jobs' deadlines now"))
+
+
+def queue_gauges(store: Store) -> Iterable[Metric]:
+    """Each Queue's status as the operator last wrote it (0 before it did)."""
+    rows = store.all_queues()
+    for what, doc in QUEUE_GPU_GAUGES:
+        g = GaugeMetricFamily(f"flotilla_queue_{what}_gpus", doc, labels=["queue"])
+        for q in rows:
+            g.add_metric([q.name], q.usage.get(what, 0))
+        yield g
+    jobs = GaugeMetricFamily("flotilla_queue_jobs", "Jobs and deployments of the queue by admission state",
+                             labels=["queue", "state"])
+    for q in rows:
+        for state in ("admitted", "pending"):
+            jobs.add_metric([q.name, state], q.usage.get(state, 0))
+    yield jobs
 
 
 class ControllerMetrics:
@@ -147,6 +175,13 @@ class ControllerMetrics:
                                        ["result"], registry=r)
         self.serving_scrape_failures = Counter("flotilla_serving_scrape_failures",
                                                "Failed scrapes of serving engines, by why", ["reason"], registry=r)
+        self.reclaims = Counter("flotilla_queue_reclaims", "Reclaims seen: a borrower gave GPUs back to their owner",
+                                ["queue", "from_queue"], registry=r)
+        self.reclaimed_gpus = Counter("flotilla_queue_reclaimed_gpus", "GPUs given back by reclaims",
+                                      ["queue", "from_queue"], registry=r)
+        self.reclaim_duration = Histogram("flotilla_queue_reclaim_duration_seconds",
+                                          "From the operator's reclaim to the borrower's smaller allocation",
+                                          ["queue"], buckets=DURATION_BUCKETS, registry=r)
         self.api_latency = Histogram("flotilla_api_request_duration_seconds", "REST API request latency",
                                      ["method", "route", "status"], buckets=LATENCY_BUCKETS, registry=r)
 
@@ -155,6 +190,12 @@ class ControllerMetrics:
             self.decisions.labels(d.kind).inc()
             if d.kind == "reshard":
                 self.reshards.inc()
+            elif d.kind == "reclaim":
+                owner, borrower = d.inputs.get("toQueue") or "unknown", d.inputs.get("fromQueue") or "unknown"
+                self.reclaims.labels(owner, borrower).inc()
+                self.reclaimed_gpus.labels(owner, borrower).inc(d.inputs.get("gpus") or 0)
+                if d.inputs.get("seconds") is not None:
+                    self.reclaim_duration.labels(owner).observe(d.inputs["seconds"])
         if reshard_seconds is not None:
             self.reshard_duration.observe(reshard_seconds)
 

@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from typing import Any, Mapping
 
 from flotilla.allocation.snapshot import NodeState
+from flotilla.controller.reclaims import ReclaimSign, reclaim_sign
 from flotilla.reshard import encoding
 from flotilla.resources import names, parse, serving_deployment, training_job
 from flotilla.resources import node as k8s_node
@@ -61,6 +62,8 @@ class JobRecord:
     checkpoint_request: Mapping[str, Any] | None
     last_condition: str  # "Reason: message" of the newest condition, for decision reasons
     lent_to: Mapping[str, int] = field(default_factory=dict)  # ServingDeployment -> GPUs lent through the pool
+    queue: str = ""  # status.queue, the team's Queue the operator resolved ("" before it did, or with no Queues)
+    reclaim: ReclaimSign | None = None  # a reclaim the operator asked of the job (not stored: read each time)
 
 
 @dataclass(frozen=True)
@@ -81,6 +84,8 @@ class ServingRecord:
     replan_request: Mapping[str, Any] | None
     borrowed_from: Mapping[str, int] = field(default_factory=dict)  # TrainingJob -> GPUs borrowed through the pool
     granted_gpus: int | None = None  # what the unified pool grants (status.pool.grantedGPUs); None without a pool
+    queue: str = ""  # status.queue
+    reclaim: ReclaimSign | None = None
 
 
 @dataclass(frozen=True)
@@ -121,6 +126,8 @@ def parse_training_job(obj: Mapping[str, Any]) -> JobRecord:
         checkpoint_request=encoding.strict_request(meta.get("annotations")),
         last_condition=parse.last_condition(job.conditions),
         lent_to=job.lent_to,
+        queue=status_queue(obj),
+        reclaim=reclaim_sign(obj),
     )
 
 
@@ -142,7 +149,17 @@ def parse_serving_deployment(obj: Mapping[str, Any]) -> ServingRecord:
         replan_request=parse.annotation_request(meta, names.ANNOTATION_REPLAN_REQUEST),
         borrowed_from=sd.borrowed_from,
         granted_gpus=sd.pool.granted_gpus if sd.pool is not None else None,
+        queue=status_queue(obj),
+        reclaim=reclaim_sign(obj),
     )
+
+
+def status_queue(obj: Mapping[str, Any]) -> str:
+    """The queue the operator resolved for a job (status.queue); "" when it has not (yet)."""
+    value = parse.mapping(obj, "status", "").get("queue")
+    if value is not None and not isinstance(value, str):
+        raise ValueError("status.queue must be a string")
+    return value or ""
 
 
 def _or_one(gpus_per_instance: int | None) -> int:

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from typing import Any, Callable, Iterable, Sequence
 
 import sqlalchemy as sa
-from sqlalchemy.orm import sessionmaker
+from sqlalchemy.orm import Session, sessionmaker
 
 from flotilla.controller.db import (
     AllocationRow,
@@ -17,11 +17,14 @@ from flotilla.controller.db import (
     IdempotencyRow,
     MemoryRow,
     NodeRow,
+    QueueRow,
+    QueueUsageRow,
     SampleRow,
     ServingDeploymentRow,
     TrainingJobRow,
     is_outage,
 )
+from flotilla.controller import queues as queue_records
 from flotilla.controller.mirror import (
     DecisionRecord,
     JobRecord,
@@ -42,6 +45,7 @@ _TABLES: dict[str, tuple[type, Any]] = {
     "TrainingJob": (TrainingJobRow, TrainingJobRow.key),
     "ServingDeployment": (ServingDeploymentRow, ServingDeploymentRow.key),
     "Node": (NodeRow, NodeRow.name),
+    "Queue": (QueueRow, QueueRow.name),
 }
 
 
@@ -72,9 +76,9 @@ def outlook_expr(now: float) -> sa.ColumnElement[str]:
 
 
 def _job_record(row: TrainingJobRow) -> JobRecord:
-    fields = {f.name for f in dataclasses.fields(JobRecord)} - {"last_condition", "uid", "lent_to"}
+    fields = {f.name for f in dataclasses.fields(JobRecord)} - {"last_condition", "uid", "lent_to", "queue", "reclaim"}
     return JobRecord(**{name: getattr(row, name) for name in fields}, uid=row.uid or "", last_condition="",
-                     lent_to=row.lent_to or {})
+                     lent_to=row.lent_to or {}, queue=row.queue or "")
 
 
 def _held(rec: JobRecord) -> dict[str, int]:
@@ -83,8 +87,38 @@ def _held(rec: JobRecord) -> dict[str, int]:
 
 
 def _serving_record(row: ServingDeploymentRow) -> ServingRecord:
-    record = ServingRecord(**{f.name: getattr(row, f.name) for f in dataclasses.fields(ServingRecord)})
-    return dataclasses.replace(record, borrowed_from=row.borrowed_from or {})  # None: mirrored before 0004
+    record = ServingRecord(**{f.name: getattr(row, f.name) for f in dataclasses.fields(ServingRecord)
+                              if f.name not in ("queue", "reclaim")})
+    return dataclasses.replace(record, borrowed_from=row.borrowed_from or {},  # None: mirrored before 0004
+                               queue=row.queue or "")
+
+
+def _serving_gpus(rec: ServingRecord) -> int:
+    return rec.prefill_replicas * rec.prefill_gpus_per_instance + rec.decode_replicas * rec.decode_gpus_per_instance
+
+
+_NOT_STORED = ("last_condition", "reclaim")
+
+
+def _queue_record(row: QueueRow) -> queue_records.QueueRecord:
+    return queue_records.QueueRecord(**{f.name: getattr(row, f.name)
+                                        for f in dataclasses.fields(queue_records.QueueRecord)
+                                        if f.name != "namespaces"}, namespaces=tuple(row.namespaces))
+
+
+def _reclaims(s: Session, kind: str, key: str, queue: str, gpus_from: int, gpus_to: int,
+              rec: JobRecord | ServingRecord, now: float) -> list[DecisionRecord]:
+    """The reclaim a smaller allocation carries out; none when it is not one, or when the reclaim that asked for
+    it was already recorded (a job shrinking again under the same request is not reclaimed twice)."""
+    found = queue_records.reclaim_decision(key, kind, queue, gpus_from, gpus_to, rec.reclaim, now)
+    if found is None:
+        return []
+    last = s.scalars(sa.select(DecisionRow.inputs).where(DecisionRow.kind == "reclaim", DecisionRow.object_kind == kind,
+                                                         DecisionRow.object == key)
+                     .order_by(DecisionRow.id.desc()).limit(1)).first()
+    if last is not None and last.get("signal") == found[0].inputs["signal"]:
+        return []
+    return [found[0]]
 
 
 def _node_record(row: NodeRow) -> NodeRecord:
@@ -124,7 +158,7 @@ class Store:
             # away. Nothing of the old row (changes, resharding time, allocations) is the new job's.
             same = row is not None and (not row.uid or not rec.uid or row.uid == rec.uid)
             old = _job_record(row) if row is not None and same else None
-            values = {f.name: getattr(rec, f.name) for f in dataclasses.fields(JobRecord) if f.name != "last_condition"}
+            values = {f.name: getattr(rec, f.name) for f in dataclasses.fields(JobRecord) if f.name not in _NOT_STORED}
             values["placement"] = dict(rec.placement)
             values["lent_to"] = dict(rec.lent_to)
             values["checkpoint_request"] = dict(rec.checkpoint_request) if rec.checkpoint_request else None
@@ -145,6 +179,8 @@ class Store:
                 s.execute(sa.delete(AllocationRow).where(AllocationRow.job == rec.key))
                 s.add_all(AllocationRow(job=rec.key, node=n, gpus=g) for n, g in _held(rec).items())
             decisions = job_changes(old, rec, now)
+            if old is not None:
+                decisions += _reclaims(s, "TrainingJob", rec.key, rec.queue, old.gpus, rec.gpus, rec, now)
             s.add_all(_decision_row(d, now) for d in decisions)
         return SyncResult(decisions, reshard_seconds)
 
@@ -153,7 +189,7 @@ class Store:
         with self.session.begin() as s:
             row = s.get(ServingDeploymentRow, rec.key)
             old = _serving_record(row) if row is not None else None
-            values = {f.name: getattr(rec, f.name) for f in dataclasses.fields(ServingRecord)}
+            values = {f.name: getattr(rec, f.name) for f in dataclasses.fields(ServingRecord) if f.name != "reclaim"}
             for k in ("slo", "observed", "replan_request", "borrowed_from"):
                 values[k] = dict(values[k]) if values[k] is not None else None
             if row is None:
@@ -163,6 +199,31 @@ class Store:
                     setattr(row, k, v)
                 row.updated = now
             decisions = serving_changes(old, rec, now)
+            if old is not None:
+                decisions += _reclaims(s, "ServingDeployment", rec.key, rec.queue, _serving_gpus(old), _serving_gpus(rec),
+                                       rec, now)
+            s.add_all(_decision_row(d, now) for d in decisions)
+        return SyncResult(decisions)
+
+    def upsert_queue(self, rec: queue_records.QueueRecord) -> SyncResult:
+        """Mirror one Queue; a change of its status numbers adds a point to its usage history, a change of what
+        it borrows or lends a `loan` decision."""
+        now = self.clock()
+        with self.session.begin() as s:
+            row = s.get(QueueRow, rec.name)
+            old = _queue_record(row) if row is not None and row.uid == rec.uid else None
+            values = {f.name: getattr(rec, f.name) for f in dataclasses.fields(queue_records.QueueRecord)}
+            values.update(namespaces=list(rec.namespaces), usage=dict(rec.usage), spec=dict(rec.spec),
+                          status=dict(rec.status))
+            if row is None:
+                s.add(QueueRow(**values, updated=now))
+            else:
+                for k, v in values.items():
+                    setattr(row, k, v)
+                row.updated = now
+            if old is None or dict(old.usage) != dict(rec.usage):
+                s.add(QueueUsageRow(time=now, queue=rec.name, **rec.usage))
+            decisions = queue_records.queue_changes(old, rec, now)
             s.add_all(_decision_row(d, now) for d in decisions)
         return SyncResult(decisions)
 
@@ -222,7 +283,8 @@ class Store:
 
     def decisions(self, *, limit: int, cursor: str | None = None, since: float | None = None,
                   until: float | None = None, kind: str | None = None, object_kind: str | None = None,
-                  obj: str | None = None, kinds: Sequence[str] | None = None) -> Page:
+                  obj: str | None = None, kinds: Sequence[str] | None = None, queue: str | None = None) -> Page:
+        """Newest first. `queue`: decisions whose inputs name it as fromQueue or toQueue (reclaims)."""
         q = sa.select(DecisionRow).order_by(DecisionRow.id.desc()).limit(limit + 1)
         if cursor is not None:
             q = q.where(DecisionRow.id < int(cursor))
@@ -238,6 +300,9 @@ class Store:
             q = q.where(DecisionRow.object_kind == object_kind)
         if obj is not None:
             q = q.where(DecisionRow.object == obj)
+        if queue is not None:
+            q = q.where(sa.or_(DecisionRow.inputs["fromQueue"].as_string() == queue,
+                               DecisionRow.inputs["toQueue"].as_string() == queue))
         with self.session() as s:
             rows = list(s.scalars(q))
         return Page(rows[:limit], str(rows[limit - 1].id) if len(rows) > limit else None)
@@ -501,6 +566,57 @@ class Store:
     def drop_answers_before(self, ts: float) -> int:
         with self.session.begin() as s:
             return _deleted(s.execute(sa.delete(IdempotencyRow).where(IdempotencyRow.created < ts)))
+
+    # ---- queues ----
+
+    def all_queues(self) -> list[QueueRow]:
+        with self.session() as s:
+            return list(s.scalars(sa.select(QueueRow).order_by(QueueRow.name)))
+
+    def queue_records(self) -> list[queue_records.QueueRecord]:
+        return [_queue_record(r) for r in self.all_queues()]
+
+    def queue(self, name: str) -> QueueRow | None:
+        with self.session() as s:
+            return s.get(QueueRow, name)
+
+    def queue_members(self, name: str) -> tuple[list[tuple[TrainingJobRow, str]], list[ServingDeploymentRow]]:
+        """The TrainingJobs (with their outlook) and ServingDeployments whose status.queue is `name`."""
+        with self.session() as s:
+            jobs = [(r, o) for r, o in s.execute(sa.select(TrainingJobRow, outlook_expr(self.clock()))
+                                                  .where(TrainingJobRow.queue == name).order_by(TrainingJobRow.key))]
+            servings = list(s.scalars(sa.select(ServingDeploymentRow).where(ServingDeploymentRow.queue == name)
+                                      .order_by(ServingDeploymentRow.key)))
+        return jobs, servings
+
+    def queue_outlooks(self) -> dict[str, dict[str, int]]:
+        """queue -> {outlook: TrainingJobs}, for the queues' jobs."""
+        ol = outlook_expr(self.clock())
+        out: dict[str, dict[str, int]] = {}
+        with self.session() as s:
+            for queue, outlook, n in s.execute(sa.select(TrainingJobRow.queue, ol, sa.func.count())
+                                               .where(TrainingJobRow.queue.is_not(None), TrainingJobRow.queue != "")
+                                               .group_by(TrainingJobRow.queue, ol)):
+                out.setdefault(str(queue), {o: 0 for o in OUTLOOKS})[outlook] = int(n)
+        return out
+
+    def queue_usage(self, name: str, *, limit: int, since: float | None = None, until: float | None = None,
+                    cursor: str | None = None) -> Page:
+        """A queue's usage points (one each time its status numbers changed), oldest first."""
+        q = sa.select(QueueUsageRow).where(QueueUsageRow.queue == name).order_by(QueueUsageRow.id).limit(limit + 1)
+        if cursor is not None:
+            q = q.where(QueueUsageRow.id > int(cursor))
+        if since is not None:
+            q = q.where(QueueUsageRow.time >= since)
+        if until is not None:
+            q = q.where(QueueUsageRow.time < until)
+        with self.session() as s:
+            rows = list(s.scalars(q))
+        return Page(rows[:limit], str(rows[limit - 1].id) if len(rows) > limit else None)
+
+    def drop_queue_usage_before(self, ts: float) -> int:
+        with self.session.begin() as s:
+            return s.execute(sa.delete(QueueUsageRow).where(QueueUsageRow.time < ts)).rowcount or 0
 
     def ping(self) -> None:
         with self.session() as s:

@@ -5,8 +5,17 @@ from __future__ import annotations
 from datetime import datetime, timezone
 from typing import Any
 
-from flotilla.controller.db import DecisionRow, NodeRow, SampleRow, ServingDeploymentRow, TrainingJobRow
-from flotilla.controller.store import Page
+from flotilla.controller.db import (
+    DecisionRow,
+    NodeRow,
+    QueueRow,
+    QueueUsageRow,
+    SampleRow,
+    ServingDeploymentRow,
+    TrainingJobRow,
+)
+from flotilla.controller.queues import USAGE_FIELDS, Loan
+from flotilla.controller.store import OUTLOOKS, Page
 
 
 def iso(ts: float | None) -> str | None:
@@ -32,6 +41,7 @@ def job(row_outlook: tuple[TrainingJobRow, str]) -> dict[str, Any]:
         "reshards": row.reshards, "checkpointGeneration": row.checkpoint_generation,
         "checkpointRequest": row.checkpoint_request,
         "lentTo": [{"serving": k, "gpus": g} for k, g in sorted((row.lent_to or {}).items())],
+        "queue": row.queue or None,
         "updated": iso(row.updated),
     }
 
@@ -49,6 +59,7 @@ def serving(row: ServingDeploymentRow) -> dict[str, Any]:
         "slo": row.slo, "observed": row.observed, "replanRequest": row.replan_request,
         "pool": None if row.granted_gpus is None else {"grantedGPUs": row.granted_gpus},
         "borrowedFrom": [{"job": k, "gpus": g} for k, g in sorted((row.borrowed_from or {}).items())],
+        "queue": row.queue or None,
         "updated": iso(row.updated),
     }
 
@@ -115,3 +126,18 @@ def gpu_map(nodes: list[tuple[Any, ...]], allocations: list[tuple[str, str, int]
 def reservation(row: tuple[str, str, int, int, float]) -> dict[str, Any]:
     key, phase, min_gpus, gpus, deadline = row
     return {"key": key, "phase": phase, "guaranteedGPUs": min_gpus, "gpus": gpus, "deadline": iso(deadline)}
+
+
+def queue(row: QueueRow, outlook: dict[str, int] | None = None) -> dict[str, Any]:
+    """A Queue as its object says (spec, status), with its training jobs' deadline outlook."""
+    return {"name": row.name, "spec": row.spec, "status": row.status,
+            "outlook": outlook or {o: 0 for o in OUTLOOKS}, "updated": iso(row.updated)}
+
+
+def queue_loans(name: str, found: list[Loan]) -> dict[str, Any]:
+    return {"lentTo": [{"queue": x.borrower, "gpus": x.gpus} for x in found if x.lender == name],
+            "borrowedFrom": [{"queue": x.lender, "gpus": x.gpus} for x in found if x.borrower == name]}
+
+
+def queue_usage(row: QueueUsageRow) -> dict[str, Any]:
+    return {"time": iso(row.time), **{f: getattr(row, f) for f in USAGE_FIELDS}}

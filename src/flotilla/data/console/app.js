@@ -131,6 +131,9 @@ const pages = {
            load: () => api(`/v1/nodes${q({ limit: PAGE_SIZE, cursor: state.cursor.nodes, ...state.nodeFilter })}`) },
   node: { title: "Node", load: (k) => Promise.all([api(`/v1/nodes/${k}`), api(`/v1/nodes/${k}/history${q({ limit: 100 })}`)]),
           render: renderNode },
+  queues: { title: "Teams", load: () => api("/v1/queues"), render: renderQueues },
+  queue: { title: "Team", render: renderQueue, load: (k) => Promise.all([api(`/v1/queues/${k}`),
+    api(`/v1/queues/${k}/usage${q({ limit: 1000, since: new Date(Date.now() - USAGE_HOURS * 3600e3).toISOString() })}`)]) },
   decisions: { title: "Decisions", load: () => api(`/v1/decisions${q({ limit: 200, ...state.decisionFilter })}`),
                render: renderDecisions },
 };
@@ -142,6 +145,7 @@ function route() {
   if (first === "training" && rest.length === 2) return ["job", arg];
   if (first === "serving" && rest.length === 2) return ["servingOne", arg];
   if (first === "nodes" && rest.length === 1) return ["node", arg];
+  if (first === "queues" && rest.length === 1) return ["queue", arg];
   if (pages[first]) return [first, null];
   return ["map", null];
 }
@@ -179,7 +183,7 @@ async function refresh(force = false) {
   for (const a of document.querySelectorAll("header nav a")) {
     const p = a.dataset.page;
     const current = p === page || (p === "training" && page === "job") || (p === "serving" && page === "servingOne")
-      || (p === "nodes" && page === "node");
+      || (p === "nodes" && page === "node") || (p === "queues" && page === "queue");
     if (current) a.setAttribute("aria-current", "page"); else a.removeAttribute("aria-current");
   }
   if (page === "map") document.body.dataset.mapReady = String(performance.now());
@@ -421,6 +425,7 @@ function renderJob(j) {
       h("dt", {}, "Deadline"), h("dd", {}, `${fmtTime(j.deadline)} (${fmtIn(j.deadline)})`),
       h("dt", {}, "ETA"), h("dd", {}, fmtTime(j.estimatedCompletion)),
       h("dt", {}, "Priority"), h("dd", {}, String(j.priority)),
+      h("dt", {}, "Team (queue)"), h("dd", { "data-field": "queue" }, j.queue ? queueLink(j.queue) : "none (the implicit queue)"),
       h("dt", {}, "Reshards"), h("dd", {}, String(j.reshards)),
       h("dt", {}, "Lent to serving"), h("dd", {}, loanList(j.lentTo, "serving")),
       h("dt", {}, "Checkpoint request"), h("dd", {}, j.checkpointRequest ? JSON.stringify(j.checkpointRequest) : "none"))),
@@ -497,6 +502,7 @@ function renderServingOne([d, history]) {
       h("dt", {}, "Mode"), h("dd", {}, d.plan.mode),
       h("dt", {}, "P:D"), h("dd", {}, `${d.plan.prefillReplicas}:${d.plan.decodeReplicas} (${d.plan.prefillGpusPerInstance} and ${d.plan.decodeGpusPerInstance} GPUs per instance)`),
       h("dt", {}, "GPUs planned"), h("dd", {}, String(d.plan.gpus)),
+      h("dt", {}, "Team (queue)"), h("dd", { "data-field": "queue" }, d.queue ? queueLink(d.queue) : "none (the implicit queue)"),
       h("dt", {}, "SLO"), h("dd", {}, d.slo ? `TTFT ≤ ${d.slo.ttftMs} ms, TPOT ≤ ${d.slo.tpotMs} ms, for ${pct(d.slo.attainment)} of requests` : "—"),
       h("dt", {}, "Observed"), h("dd", {}, d.observed && Object.keys(d.observed).length ? JSON.stringify(d.observed) : "no statistics yet"),
       h("dt", {}, "Predicted goodput"), h("dd", {}, d.plan.predictedGoodput === null ? "—" : `${d.plan.predictedGoodput.toFixed(2)} req/s`),
@@ -507,6 +513,158 @@ function renderServingOne([d, history]) {
     loans.length ? decisionTable(loans) : h("p", {}, "No loan in the decision history."),
     h("h3", {}, "Plan history"), decisionTable(history.items),
   ];
+}
+
+// ----- Teams (Queues) -----
+
+const USAGE_HOURS = 24;
+const queueLink = (name) => h("a", { href: `#/queues/${enc(name)}`, "data-key": `queue:${name}` }, name);
+const gpuQuota = (qu) => (qu.spec.resources || []).find((r) => r.name === "nvidia.com/gpu") || { nominal: 0 };
+const num = (x) => (x === undefined || x === null ? 0 : x);
+
+// One bar per queue: its nominal share as the frame; what it uses inside it, what it borrows beyond it, what of
+// it others use (lent). Each part is also said in words (aria-label and the table's cells).
+function shareBar(qu, top) {
+  const st = qu.status || {};
+  const nominal = num(st.nominal ?? gpuQuota(qu).nominal), used = num(st.used), borrowed = num(st.borrowed), lent = num(st.lent);
+  const own = Math.max(0, used - borrowed);
+  const scale = (g) => `${(100 * g) / Math.max(top, 1)}%`;
+  const label = `${qu.name}: nominal ${nominal} GPUs; uses ${used} (${own} of its own, ${borrowed} borrowed); lends ${lent}`;
+  return h("span", { class: "share", role: "img", "aria-label": label, title: label, style: `width:${scale(Math.max(nominal, used + lent, 1))}` },
+    h("span", { class: "own", style: `width:${(100 * own) / Math.max(nominal, used + lent, 1)}%` }),
+    h("span", { class: "lent", style: `width:${(100 * lent) / Math.max(nominal, used + lent, 1)}%` }),
+    h("span", { class: "borrowed", style: `width:${(100 * borrowed) / Math.max(nominal, used + lent, 1)}%` }));
+}
+
+function outlookBadges(o) {
+  const shown = Object.entries(o || {}).filter(([, n]) => n);
+  return shown.length ? shown.map(([k, n]) => [badge(k, `${n} ${k}`), " "]) : "no training jobs";
+}
+
+function queueOrder(items) {
+  // A tree: each queue after its parent, children indented.
+  const byParent = new Map();
+  const names = new Set(items.map((x) => x.name));
+  for (const x of items) {
+    const p = x.spec.parent && names.has(x.spec.parent) ? x.spec.parent : "";
+    if (!byParent.has(p)) byParent.set(p, []);
+    byParent.get(p).push(x);
+  }
+  const out = [];
+  const walk = (p, depth, seen) => { for (const x of byParent.get(p) || []) if (!seen.has(x.name)) {
+    seen.add(x.name); out.push([x, depth]); walk(x.name, depth + 1, seen); } };
+  const seen = new Set();
+  walk("", 0, seen);
+  for (const x of items) if (!seen.has(x.name)) out.push([x, 0]);  // a cycle: listed anyway
+  return out;
+}
+
+function renderQueues(page) {
+  const top = Math.max(1, ...page.items.map((x) => Math.max(num(x.status.nominal ?? gpuQuota(x).nominal),
+                                                            num(x.status.used) + num(x.status.lent))));
+  return [
+    h("h2", {}, "Teams"),
+    h("p", { class: "question" }, "What is each team guaranteed, what does it use, lend and borrow, and are its deadlines safe? "
+      + "Each bar is the team's nominal share: dark is its own use, hatched what it lends to others, purple what it borrows beyond its share."),
+    page.items.length ? h("table", { "aria-label": "queues" },
+      h("thead", {}, h("tr", {}, ["Team (queue)", "Share", "Nominal", "Used", "Borrowed", "Lent", "Guaranteed", "Admitted / pending",
+        "Weight", "Jobs' outlook"].map((t, i) => h("th", { scope: "col", class: i >= 2 && i <= 7 ? "num" : null }, t)))),
+      h("tbody", {}, queueOrder(page.items).map(([x, depth]) => {
+        const st = x.status || {};
+        return h("tr", { dataset: { queue: x.name } },
+          h("td", { style: `padding-left:${8 + depth * 18}px` }, depth ? "↳ " : "", queueLink(x.name)),
+          h("td", {}, shareBar(x, top)),
+          h("td", { class: "num", dataset: { field: "nominal" } }, String(num(st.nominal ?? gpuQuota(x).nominal))),
+          h("td", { class: "num", dataset: { field: "used" } }, String(num(st.used))),
+          h("td", { class: "num", dataset: { field: "borrowed" } }, String(num(st.borrowed))),
+          h("td", { class: "num", dataset: { field: "lent" } }, String(num(st.lent))),
+          h("td", { class: "num" }, String(num(st.guaranteed))),
+          h("td", { class: "num" }, `${num(st.admitted)} / ${num(st.pending)}`),
+          h("td", { class: "num" }, String(x.spec.weight ?? 1)),
+          h("td", {}, outlookBadges(x.outlook)));
+      }))) : h("p", {}, "No Queue objects: every job shares one implicit queue that holds every GPU."),
+  ];
+}
+
+function usageChart(points, nominal) {
+  const W = 900, H = 180, L = 40, B = 22, T = 10, R = 10;
+  const now = Date.now(), start = now - USAGE_HOURS * 3600e3;
+  const top = Math.max(1, nominal, ...points.map((p) => Math.max(p.used, p.nominal, p.used + p.lent)));
+  const x = (t) => L + ((Math.max(t, start) - start) / (now - start)) * (W - L - R);
+  const y = (g) => H - B - (g / top) * (H - B - T);
+  const step = (field) => {
+    if (!points.length) return "";
+    let d = "";
+    points.forEach((p, i) => { const px = x(new Date(p.time).getTime()), py = y(p[field]);
+      d += i === 0 ? `M${px},${py}` : `H${px}V${py}`; });
+    return `${d}H${x(now)}`;
+  };
+  const last = points[points.length - 1];
+  const svg = s("svg", { viewBox: `0 0 ${W} ${H}`, role: "img", id: "usage",
+    "aria-label": last ? `Over the last ${USAGE_HOURS} hours: now uses ${last.used} of a nominal ${last.nominal} GPUs, borrows ${last.borrowed}, lends ${last.lent}`
+                       : `No usage recorded in the last ${USAGE_HOURS} hours` });
+  svg.append(s("line", { class: "axis", x1: L, y1: H - B, x2: W - R, y2: H - B }), s("line", { class: "axis", x1: L, y1: T, x2: L, y2: H - B }),
+             s("text", { x: 4, y: y(top) + 10 }, `${top}`), s("text", { x: 4, y: H - B }, "0"),
+             s("text", { x: L, y: H - 6 }, `−${USAGE_HOURS} h`), s("text", { x: W - R, y: H - 6, "text-anchor": "end" }, "now"));
+  for (const [field, cls] of [["nominal", "nominal"], ["used", "used"], ["borrowed", "borrowed"], ["lent", "lent"]]) {
+    const path = s("path", { d: step(field), class: `line ${cls}` });
+    path.append(s("title", {}, field));
+    svg.append(path);
+  }
+  return h("div", { class: "timeline card" },
+    h("ul", { class: "legend" }, ["nominal", "used", "borrowed", "lent"].map((f) => h("li", {}, h("span", { class: `sw ${f}` }), f))), svg);
+}
+
+function renderQueue([qu, usage]) {
+  const st = qu.status || {};
+  const g = gpuQuota(qu);
+  const limit = (v, none) => (v === undefined || v === null ? none : `${v} GPUs`);
+  const conditions = st.conditions || [];
+  return [
+    h("h2", {}, `Team ${qu.name}`),
+    h("p", {}, h("a", { href: "#/queues" }, "← all teams")),
+    h("div", { class: "card" }, h("dl", { class: "facts" },
+      h("dt", {}, "Share (nominal)"), h("dd", { "data-field": "nominal" }, `${g.nominal} GPUs guaranteed: its deadlines are promised out of them`),
+      h("dt", {}, "Borrowing limit"), h("dd", {}, limit(g.borrowingLimit, "no limit")),
+      h("dt", {}, "Lending limit"), h("dd", {}, limit(g.lendingLimit, "all of its idle share")),
+      h("dt", {}, "Weight"), h("dd", {}, String(qu.spec.weight ?? 1), " (share of idle GPUs)"),
+      h("dt", {}, "Parent"), h("dd", {}, qu.spec.parent ? queueLink(qu.spec.parent) : "none (a root)"),
+      h("dt", {}, "Sub-teams"), h("dd", {}, qu.children.length ? qu.children.map((c, i) => [i ? ", " : "", queueLink(c)]) : "none"),
+      h("dt", {}, "Namespaces"), h("dd", {}, (qu.spec.namespaces || []).join(", ") || "none (jobs name the queue)"),
+      h("dt", {}, "Uses now"), h("dd", { "data-field": "used" }, `${num(st.used)} GPUs (${num(st.borrowed)} borrowed), ${num(st.guaranteed)} promised to deadlines`),
+      h("dt", {}, "Lends now"), h("dd", { "data-field": "lent" }, `${num(st.lent)} GPUs`),
+      h("dt", {}, "Jobs"), h("dd", {}, `${num(st.admitted)} admitted, ${num(st.pending)} pending`),
+      h("dt", {}, "Conditions"), h("dd", {}, conditions.length ? conditions.map((c, i) => [i ? "; " : "",
+        `${c.type}=${c.status}`, c.reason ? ` (${c.reason}: ${c.message || ""})` : ""]) : "none"))),
+    h("h3", {}, "Loans"),
+    h("div", { class: "card", "aria-label": "loans" }, h("dl", { class: "facts" },
+      h("dt", {}, "Lent to"), h("dd", { "data-field": "lent-to" }, queueLoans(qu.loans.lentTo)),
+      h("dt", {}, "Borrowed from"), h("dd", { "data-field": "borrowed-from" }, queueLoans(qu.loans.borrowedFrom)))),
+    h("h3", {}, `Usage over the last ${USAGE_HOURS} hours`), usageChart(usage.items, g.nominal),
+    h("h3", {}, "Its training jobs' outlook"),
+    qu.jobs.length ? h("table", { "aria-label": "training jobs of the team" },
+      h("thead", {}, h("tr", {}, ["Job", "Phase", "GPUs now / guaranteed / max", "Progress", "Deadline", "ETA", "Outlook"].map((t) => h("th", { scope: "col" }, t)))),
+      h("tbody", {}, qu.jobs.map((j) => h("tr", { dataset: { job: j.key, outlook: j.outlook } },
+        h("td", {}, jobLink(j.key)), h("td", {}, j.phase),
+        h("td", { class: "num" }, `${j.gpus} / ${j.elasticity.minGPUs} / ${j.elasticity.maxGPUs}`),
+        h("td", {}, progressBar(j.progress)),
+        h("td", {}, fmtTime(j.deadline), h("br"), h("small", {}, fmtIn(j.deadline))),
+        h("td", {}, fmtTime(j.estimatedCompletion)), h("td", {}, badge(j.outlook)))))) : h("p", {}, "No training jobs in this queue."),
+    h("h3", {}, "Its serving deployments"),
+    qu.serving.length ? h("table", { "aria-label": "serving deployments of the team" },
+      h("thead", {}, h("tr", {}, ["Deployment", "P:D", "GPUs planned", "SLO attainment (observed / target)"].map((t) => h("th", { scope: "col" }, t)))),
+      h("tbody", {}, qu.serving.map((d) => h("tr", { dataset: { serving: d.key } },
+        h("td", {}, h("a", { href: `#/serving/${d.key}` }, d.key)), h("td", {}, `${d.plan.prefillReplicas}:${d.plan.decodeReplicas}`),
+        h("td", { class: "num" }, String(d.plan.gpus)),
+        h("td", {}, `${pct(d.observed && d.observed.attainment)} / ${pct(d.slo && d.slo.attainment)}`))))) : h("p", {}, "No serving deployments in this queue."),
+    h("h3", {}, "Reclaims (GPUs given back to their owner, through checkpoints)"), decisionTable(qu.reclaims),
+    h("h3", {}, "Loans and quota changes"), decisionTable(qu.history),
+  ];
+}
+
+function queueLoans(list) {
+  if (!list || !list.length) return "none";
+  return list.map((l, i) => [i ? ", " : "", queueLink(l.queue), ` (${l.gpus} GPUs)`]);
 }
 
 // ----- Nodes -----
@@ -580,6 +738,7 @@ function objectLink(d) {
   if (d.objectKind === "TrainingJob") return h("a", { href: `#/training/${d.object}` }, d.object);
   if (d.objectKind === "ServingDeployment") return h("a", { href: `#/serving/${d.object}` }, d.object);
   if (d.objectKind === "Node") return h("a", { href: `#/nodes/${enc(d.object)}` }, d.object);
+  if (d.objectKind === "Queue") return queueLink(d.object);
   return d.object;
 }
 
@@ -607,8 +766,8 @@ function renderDecisions(page) {
                                since: toIso(fd.get("since")), until: toIso(fd.get("until")) };
       refresh(true);
     } },
-      field("kind", "Kind", { placeholder: "reshard, drain, detection…" }),
-      h("label", {}, "Object kind", h("select", { name: "objectKind" }, ["", "TrainingJob", "ServingDeployment", "Node", "Controller"]
+      field("kind", "Kind", { placeholder: "reshard, drain, reclaim, loan…" }),
+      h("label", {}, "Object kind", h("select", { name: "objectKind" }, ["", "TrainingJob", "ServingDeployment", "Queue", "Node", "Controller"]
         .map((k) => h("option", { value: k, selected: (f.objectKind || "") === k }, k || "any")))),
       field("object", "Object", { placeholder: "namespace/name or node" }),
       h("label", {}, "Since", h("input", { name: "since", type: "datetime-local" })),

@@ -1,0 +1,2 @@
+"""Translations of other schedulers' queues into Flotilla Queues (pure): `kueue` reads Kueue's ClusterQueues
+and Cohorts."""
