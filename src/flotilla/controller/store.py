@@ -616,7 +616,7 @@ class Store:
 
     def drop_queue_usage_before(self, ts: float) -> int:
         with self.session.begin() as s:
-            return s.execute(sa.delete(QueueUsageRow).where(QueueUsageRow.time < ts)).rowcount or 0
+            return _deleted(s.execute(sa.delete(QueueUsageRow).where(QueueUsageRow.time < ts)))
 
     def ping(self) -> None:
         with self.session() as s:
