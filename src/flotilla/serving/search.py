@@ -28,11 +28,12 @@ from flotilla.serving.check import CHECK_MARGIN, Layout, Router, check
 from flotilla.serving.latency import colocated_capacity, decode_capacity, prefill_capacity
 from flotilla.serving.planner import Plan, PlanRequest
 from flotilla.serving.profile import Profile
-from flotilla.serving.validation import offered
+from flotilla.serving.validation import PREDICTION_TOLERANCE, offered
 from flotilla.serving.workload import SLO, Workload
 
 PRUNE_SLACK = 0.15  # the estimate may under-rate a layout by this share and it is still checked
 MAX_CHECKS = 8
+SPARE_INSTANCES = 6  # pools this many instances larger than the estimate needs are still candidates
 KIND_FAILURES = 2  # a configuration (mode and GPUs per instance) is not checked again after this many fail
 ESTIMATE_SAMPLE = 128  # request lengths the analytical model is fed (the check draws from all of them)
 AT_RISK_STEPS = 5  # bisection steps of the check for what an at-risk layout serves
@@ -46,10 +47,33 @@ class Candidate:
 
 
 def estimates(workload: Workload, slo: SLO, profile: Profile, request: PlanRequest) -> dict[tuple[str, int], float]:
-    """(kind, GPUs per instance) -> req/s one instance is estimated to serve within the joint allowance."""
+    """(kind, GPUs per instance) -> req/s one instance is estimated to serve within the joint allowance.
+    Raises ValueError naming the field when a role has no configuration the spec and profile allow."""
+    _require_offered(profile, request)
     return dict(_estimates(_subsample(workload.at_rate(0.0)), slo, profile, profile.prediction_errors,
                            request.allow_disaggregated, request.allow_colocated, request.prefill_gpus,
                            request.decode_gpus))
+
+
+def _require_offered(profile: Profile, request: PlanRequest) -> None:
+    errors = profile.errors
+    colocated = (request.allow_colocated and request.prefill_gpus is None and request.decode_gpus is None
+                 and any(offered(errors, "colocated", f.gpus) for f in profile.prefill
+                         if f.gpus in {d.gpus for d in profile.decode}))
+    if not request.allow_disaggregated:
+        if not colocated:
+            raise ValueError(f"profile: {profile.name!r} offers no colocated configuration "
+                             f"validated within {PREDICTION_TOLERANCE:.0%}")
+        return
+    for kind, fits, pinned in (("prefill", profile.prefill, request.prefill_gpus),
+                               ("decode", profile.decode, request.decode_gpus)):
+        if any(pinned in (None, f.gpus) and offered(errors, kind, f.gpus) for f in fits):  # type: ignore[arg-type]
+            continue
+        if pinned is not None and all(f.gpus != pinned for f in fits):
+            raise ValueError(f"{kind}.gpusPerInstance: profile {profile.name!r} has no entry for {pinned} GPUs")
+        raise ValueError(f"{kind}.gpusPerInstance: profile {profile.name!r} offers no {kind} configuration "
+                         f"{'of ' + str(pinned) + ' GPUs ' if pinned is not None else ''}whose latency model "
+                         f"was validated within {PREDICTION_TOLERANCE:.0%}")
 
 
 def _subsample(workload: Workload) -> Workload:
@@ -95,21 +119,33 @@ class _Allowed:
     decode_gpus: int | None
 
 
-def candidates(rates: dict[tuple[str, int], float], max_gpus: int, router: str = "queue") -> list[Candidate]:
-    """Every layout within max_gpus, with its estimate."""
-    out = []
-    prefill = {g: r for (k, g), r in rates.items() if k == "prefill"}
-    decode = {g: r for (k, g), r in rates.items() if k == "decode"}
+def candidates(rates: dict[tuple[str, int], float], max_gpus: int, router: str = "queue",
+               floor: float = 0.0) -> list[Candidate]:
+    """The layouts within max_gpus estimated to serve at least `floor` with at most SPARE_INSTANCES more
+    instances in a pool than the estimate needs (a failed check asks for more), and per configuration
+    the one estimated to serve the most (what an at-risk plan falls back on)."""
+    out: list[Candidate] = []
+    prefill = {g: r for (k, g), r in rates.items() if k == "prefill" and r > 0}
+    decode = {g: r for (k, g), r in rates.items() if k == "decode" and r > 0}
     for gp, rp in prefill.items():
         for gd, rd in decode.items():
-            for n_p in range(1, (max_gpus - gd) // gp + 1):
-                for n_d in range(1, (max_gpus - n_p * gp) // gd + 1):
-                    out.append(Candidate(Layout((n_p, gp), (n_d, gd)), min(n_p * rp, n_d * rd)))
+            need_p, need_d = max(1, math.ceil(floor / rp - 1e-9)), max(1, math.ceil(floor / rd - 1e-9))
+            for n_p in range(need_p, min(need_p + SPARE_INSTANCES, (max_gpus - gd) // gp) + 1):
+                top = min(need_d + SPARE_INSTANCES, (max_gpus - n_p * gp) // gd)
+                out += [Candidate(Layout((n_p, gp), (n_d, gd)), min(n_p * rp, n_d * rd))
+                        for n_d in range(need_d, top + 1)]
+            most = [(min(n_p * rp, ((max_gpus - n_p * gp) // gd) * rd), n_p)
+                    for n_p in range(1, (max_gpus - gd) // gp + 1)]
+            if most:
+                estimate, n_p = max(most)
+                # the fewest decode instances that keep that estimate
+                n_d = min(max(1, math.ceil(estimate / rd - 1e-9)), (max_gpus - n_p * gp) // gd)
+                out.append(Candidate(Layout((n_p, gp), (n_d, gd)), estimate))
     for (kind, g), rc in rates.items():
-        if kind == "colocated":
+        if kind == "colocated" and rc > 0:
             out += [Candidate(Layout(colocated=(n, g)), rc * _colocated_pool(n, router))
                     for n in range(1, max_gpus // g + 1)]
-    return out
+    return list({c.layout: c for c in out}.values())
 
 
 def checked_plan(request: PlanRequest, seed: int = 0) -> Plan:
@@ -118,7 +154,7 @@ def checked_plan(request: PlanRequest, seed: int = 0) -> Plan:
     workload, slo, rate = request.workload, request.slo, request.workload.requests_per_second
     router = cast(Router, request.router)
     rates = estimates(workload, slo, request.profile, request)
-    pool = [c for c in candidates(rates, request.max_gpus, router) if c.estimate > 0]
+    pool = candidates(rates, request.max_gpus, router, rate * (1 - PRUNE_SLACK))
     if not pool:
         if not rates:
             raise ValueError(f"profile: {request.profile.name!r} offers no configuration for this spec "
@@ -166,8 +202,8 @@ def checked_plan(request: PlanRequest, seed: int = 0) -> Plan:
     if served >= rate:  # the check's own bisection is coarser than one check at the rate: do not promise
         served = rate * (1 - 1e-3)
     short = 1 - served / rate
-    reason = (f"SLO at risk by {short:.0%}: no layout checked within {request.max_gpus} GPUs meets {rate:.2f} req/s; "
-              f"{best.layout.describe()} serves about {served:.2f} within the SLO")
+    reason = (f"SLO at risk by {short:.0%}: {request.max_gpus} GPUs meet at most {served:.2f} req/s of the "
+              f"{rate:.2f} offered; {best.layout.describe()} serves the most")
     if failed:
         reason += " (checked: " + ", ".join(failed) + ")"
     return _plan(best.layout, served, rate, True, reason)
