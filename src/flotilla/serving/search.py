@@ -10,8 +10,9 @@
 3. The plausible layouts, fewest GPUs first (at least min_gpus where the budget allows; then the higher
    estimate), are checked in turn by flotilla.serving.check: a simulation of the layout's engines, its
    router and the observed lengths at the rate planned for, counting joint attainment. The first that
-   passes is offered, and its predicted goodput is the rate it was checked at. At most MAX_CHECKS are
-   run, which bounds the plan time.
+   passes a short check and then a long one (CONFIRM_REQUESTS, its last third included: a queue still
+   building fails it) is offered, and its predicted goodput is the rate it was checked at. At most
+   MAX_CHECKS layouts are checked, which bounds the plan time.
 4. When none passes, the plan is the layout estimated to serve the most within the budget, flagged
    `slo_at_risk`, and the check's bisection says what it does serve: "at risk by N%" is the share of
    the offered rate it falls short by.
@@ -24,7 +25,7 @@ from dataclasses import dataclass
 from functools import lru_cache
 from typing import cast
 
-from flotilla.serving.check import CHECK_MARGIN, Layout, Router, check
+from flotilla.serving.check import CHECK_MARGIN, CONFIRM_REQUESTS, Layout, Router, check
 from flotilla.serving.latency import colocated_capacity, decode_capacity, prefill_capacity
 from flotilla.serving.planner import Plan, PlanRequest
 from flotilla.serving.profile import Profile
@@ -178,6 +179,9 @@ def checked_plan(request: PlanRequest, seed: int = 0) -> Plan:
         c = min(plausible, key=lambda c: (c.layout.gpus < request.min_gpus, c.layout.gpus, -c.estimate))
         checked.add(c.layout)
         result = check(c.layout, request.profile, workload, rate, slo, seed=seed, router=router)
+        if result.meets(slo):  # confirm on a long run before promising
+            result = check(c.layout, request.profile, workload, rate, slo, requests=CONFIRM_REQUESTS, seed=seed + 1,
+                           router=router)
         if result.meets(slo):
             reason = (f"{c.layout.describe()} checked at {rate:.2f} req/s: {result.attainment:.1%} of requests "
                       f"meet TTFT and TPOT (target {slo.attainment:.0%}) on {c.layout.gpus} GPU(s)")
@@ -195,7 +199,9 @@ def checked_plan(request: PlanRequest, seed: int = 0) -> Plan:
     pool = _corrected(pool, correction)
     best = max(pool, key=lambda c: (c.estimate, -c.layout.gpus))
     if best.layout not in checked and check(best.layout, request.profile, workload, rate, slo, seed=seed,
-                                            router=router).meets(slo):
+                                            router=router).meets(slo) and check(
+            best.layout, request.profile, workload, rate, slo, requests=CONFIRM_REQUESTS, seed=seed + 1,
+            router=router).meets(slo):
         return _plan(best.layout, rate, rate, False, f"{best.layout.describe()} checked at {rate:.2f} req/s "
                      f"on {best.layout.gpus} GPU(s), the most the budget offers; failed the check: " + ", ".join(failed))
     served = served_rate(best.layout, request.profile, workload, slo, min(best.estimate, rate), router, seed)
