@@ -173,9 +173,10 @@ class _Sim:
     def _pick(self, engines: list[_Engine]) -> _Engine:
         if len(engines) == 1:
             return engines[0]
+        kind = type(engines[0])  # a pool is of one kind: its method as the key spares a lambda per instance
         if self.router == "queue":
-            return min(engines, key=lambda e: e.waiting_load())
-        return min(engines, key=lambda e: (e.waiting_load(), e.kv_use()))
+            return min(engines, key=kind.waiting_load)
+        return min(engines, key=lambda e: (kind.waiting_load(e), e.kv_use()))
 
     def first_token(self, request: int, now: float) -> None:
         self.ttft[request] = now - self.arrival[request]
@@ -279,7 +280,8 @@ class _Decode(_Engine):
             fit.per_request_ms * batch + fit.per_context_token_ms * self.context)
 
     def _start(self, now: float) -> None:
-        self._admit()
+        if self.waiting:
+            self._admit()
         self.busy = bool(self.running)
         if self.busy:
             self.sim.at(now + self._step_ms(), self)
@@ -319,7 +321,8 @@ class _Colocated(_Decode):
             self._begin(now)
 
     def _begin(self, now: float) -> None:
-        self._admit()
+        if self.waiting:
+            self._admit()
         prompts = self.sim.prompts
         fixed, work = 0.0, 0.0
         self.in_prefill = []

@@ -192,10 +192,11 @@ def checked_plan(request: PlanRequest, seed: int = 0) -> Plan:
         failures[_kind(c.layout)] = failures.get(_kind(c.layout), 0) + 1
         # The pool that missed more (TTFT: prefill or colocated; TPOT: decode or colocated) serves less
         # than its estimate said: rate it so that this layout falls out of the plausible ones.
-        kind, per_instance = _short_pool(c.layout, result.ttft_met, result.tpot_met)
-        factor = rate * (1 - PRUNE_SLACK) / max(c.estimate, 1e-9) * 0.999
+        # The further its phase fell short of the target, the more: a pool that met 70% where 90% was
+        # asked is rated at most 70/90 of its estimate.
+        kind, met = _short_pool(c.layout, result.ttft_met, result.tpot_met)
+        factor = min(rate * (1 - PRUNE_SLACK) / max(c.estimate, 1e-9), met / slo.attainment) * 0.999
         correction[kind] = min(correction.get(kind, 1.0), factor)
-        del per_instance
     pool = _corrected(pool, correction)
     best = max(pool, key=lambda c: (c.estimate, -c.layout.gpus))
     if best.layout not in checked and check(best.layout, request.profile, workload, rate, slo, seed=seed,
@@ -258,12 +259,13 @@ def _kind(layout: Layout) -> tuple[int, int, int]:
     return layout.prefill[1], layout.decode[1], layout.colocated[1]
 
 
-def _short_pool(layout: Layout, ttft_met: float, tpot_met: float) -> tuple[tuple[str, int], int]:
+def _short_pool(layout: Layout, ttft_met: float, tpot_met: float) -> tuple[tuple[str, int], float]:
+    """The pool that missed more, and the share of requests its phase met."""
     if layout.colocated[0]:
-        return ("colocated", layout.colocated[1]), layout.colocated[0]
+        return ("colocated", layout.colocated[1]), min(ttft_met, tpot_met)
     if ttft_met <= tpot_met:
-        return ("prefill", layout.prefill[1]), layout.prefill[0]
-    return ("decode", layout.decode[1]), layout.decode[0]
+        return ("prefill", layout.prefill[1]), ttft_met
+    return ("decode", layout.decode[1]), tpot_met
 
 
 def _plan(layout: Layout, goodput: float, rate: float, at_risk: bool, reason: str) -> Plan:
