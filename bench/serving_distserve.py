@@ -18,6 +18,9 @@ whose decode instance has 4 GPUs (TTFT ends when the prefill does), a decode ins
 not compared: DistServe's vLLM cluster schedules prompts first without chunked prefill, which is not
 what the planner models (chunked prefill, vLLM's default today).
 
+`--sweep` runs the planner's plans over a rate sweep on 4 and 8 GPUs, judged by the simulator (see
+bench/distserve_sweep.py and bench/distserve_judge.py).
+
 `--bisect` instead finds DistServe's own capacity per configuration (bisection on the rate for the
 same criterion, to `--resolution`) and reports the error predicted / measured - 1, twice: DistServe's
 simulator as published, and with two of its settings that are not vLLM's behaviour turned off in this
@@ -222,7 +225,21 @@ def main() -> None:
                         help="miss fractions at the predicted capacity: the double and each DistServe variant")
     parser.add_argument("--variants", default=",".join(VARIANTS),
                         help="of DistServe's simulator, with --bisect: " + ", ".join(VARIANTS))
+    parser.add_argument("--sweep", action="store_true",
+                        help="the planner's plans over a rate sweep judged by DistServe's simulator "
+                             "(bench/distserve_sweep.py); last line is JSON with claimed, met, min_vs_best")
+    parser.add_argument("--budgets", type=int, nargs="+", default=[4, 8], help="--sweep: GPU budgets")
+    parser.add_argument("--rates", type=float, nargs="+", help="--sweep: rates (default: per budget)")
+    parser.add_argument("--requests", type=int, default=10000, help="--sweep: requests per judged run")
+    parser.add_argument("--search-requests", type=int, default=4000,
+                        help="--sweep: requests per run while the judge searches for a smaller layout")
     args = parser.parse_args()
+    if args.sweep:
+        from distserve_sweep import DEFAULT_RATES, run
+
+        rates = {b: args.rates or DEFAULT_RATES.get(b, [2.0 * b * i / 4 for i in range(1, 10)]) for b in args.budgets}
+        run(args.distserve, args.budgets, rates, args.seed, args.requests, args.search_requests)
+        return
     sys.path.insert(0, args.distserve)
 
     samples = []

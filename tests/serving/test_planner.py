@@ -70,14 +70,16 @@ def test_min_gpus_adds_capacity_to_the_bottleneck():
     assert chosen.predicted_goodput == pytest.approx(16.0)
 
 
-@pytest.mark.parametrize("tpot_ms, mode", [(100.0, "colocated"), (25.0, "disaggregated")])
-def test_colocated_wins_at_loose_tpot_and_disaggregation_at_tight(tpot_ms, mode):
+@pytest.mark.parametrize("tpot_ms, router, mode", [(100.0, "queue+kv", "colocated"), (25.0, "queue+kv", "disaggregated"),
+                                                     (25.0, "queue", "disaggregated")])
+def test_colocated_wins_at_loose_tpot_and_disaggregation_at_tight(tpot_ms, router, mode):
+    # Behind a router that balances KV-cache use, colocated replicas share the load; behind the queue-depth
+    # router alone the first replicas take it (flotilla.serving.check), and the search weighs that.
     chosen = plan(PlanRequest(Workload.from_means(20.0, 300.0, 200.0), SLO(400.0, tpot_ms, 0.9),
-                              OPT_13B_A100, min_gpus=0, max_gpus=64))
+                              OPT_13B_A100, min_gpus=0, max_gpus=64, router=router))
     assert chosen.mode == mode
     assert not chosen.slo_at_risk and chosen.predicted_goodput >= 20.0
-    other = "disaggregated" if mode == "colocated" else "colocated"
-    assert other in chosen.reason
+    assert chosen.reason.startswith(f"{chosen.describe()} checked at 20.00 req/s")
 
 
 def test_budget_too_small_is_flagged_with_the_rate_it_meets():

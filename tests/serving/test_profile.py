@@ -100,5 +100,5 @@ def test_openapi_schema_is_structural_and_matches_the_dataclass():
         item = props[phase]["items"]
         assert props[phase]["x-kubernetes-list-map-keys"] == ["gpus"]
         for entry in written[phase]:
-            assert set(entry) == set(item["properties"])
-            assert set(item["required"]) <= set(entry)
+            # an optional limit left unset (decode maxBatchTokens: the KV capacity) is not written
+            assert set(item["required"]) <= set(entry) <= set(item["properties"])

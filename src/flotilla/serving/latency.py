@@ -34,8 +34,10 @@ Colocated instance (prefill and decode on the same GPUs, chunked prefill: vLLM's
   size (a prompt longer than that takes several iterations). A configuration whose iterations cannot
   fit the prompt tokens arriving (B + r*tau*E[l] > maxBatchTokens) is unstable.
 
-Joint attainment: a request counts only if it meets TTFT and TPOT. The planner gives each phase half
-of the allowed misses (a union bound), so meeting both per-phase budgets guarantees the joint target.
+Joint attainment: a request counts only if it meets TTFT and TPOT. The re-planner's fast path
+(planner.instance_capacities) gives each phase half of the allowed misses (a union bound). plan()
+(flotilla.serving.search) instead rates each phase with the whole allowance, only to rank layouts, and
+judges the joint attainment of a whole layout behind its router by simulation (flotilla.serving.check).
 """
 
 from __future__ import annotations

@@ -38,12 +38,18 @@ class PlanRequest:
     allow_disaggregated: bool = True
     prefill_gpus: int | None = None  # pin GPUs per prefill instance (spec.prefill.gpusPerInstance)
     decode_gpus: int | None = None  # pin GPUs per decode instance (spec.decode.gpusPerInstance)
+    # plan() checks a plan by simulation before offering it (flotilla.serving.search); False: the
+    # analytical model alone, per-phase budgets, as the re-planner's fast path does
+    check: bool = True
+    router: str = "queue"  # the router the check assumes (flotilla.serving.check.ROUTERS)
 
     def __post_init__(self) -> None:
         if self.min_gpus < 0:
             raise ValueError(f"minGPUs: must be >= 0, got {self.min_gpus}")
         if not (self.allow_colocated or self.allow_disaggregated):
             raise ValueError("mode: allow colocated or disaggregated plans, or both")
+        if self.router not in ("queue", "queue+kv"):
+            raise ValueError(f"router: must be queue or queue+kv, got {self.router!r}")
         if self.max_gpus < max(self.min_gpus, 1):
             raise ValueError(f"maxGPUs: must be >= max(minGPUs, 1), got {self.max_gpus} (minGPUs {self.min_gpus})")
 
@@ -151,7 +157,12 @@ class _Candidate:
 def plan(request: PlanRequest) -> Plan:
     """The plan for the request's rate. Raises ValueError (naming the field) when no instance fits
     maxGPUs or no configuration meets the SLO at any rate. Pinning GPUs per instance (either phase)
-    rules colocated out."""
+    rules colocated out. With `request.check` (the default) the plan is the checked one of
+    flotilla.serving.search."""
+    if request.check:
+        from flotilla.serving.search import checked_plan  # imports this module: load late
+
+        return checked_plan(request)
     caps = instance_capacities(request.workload, request.slo, request.profile, request.allow_colocated,
                                request.prefill_gpus, request.decode_gpus, request.allow_disaggregated)
     return plan_from_capacities(caps, request.workload.requests_per_second, request.min_gpus, request.max_gpus)

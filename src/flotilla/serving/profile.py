@@ -7,8 +7,16 @@ coefficients (the `name` is then only a label):
      "prefill": [{"gpus": 1, "constantMs": 16.5, "perTokenMs": 0.0926, "perTokenSquaredMs": 6.5e-6,
                   "maxBatchTokens": 4096}],
      "decode":  [{"gpus": 1, "constantMs": 19.9, "perRequestMs": 0.0385, "perContextTokenMs": 0.000627,
-                  "kvCacheTokens": 66144, "maxBatchSize": 256}],
+                  "kvCacheTokens": 66144, "maxBatchSize": 256, "maxBatchTokens": 50000}],
+     "chunkedPrefill": true,                       # optional: colocated engines chunk prompts (vLLM's default)
      "provenance": "where the numbers come from"}
+
+Engine limits the planner honours (its analytical model and its check, flotilla.serving.check):
+prefill `maxBatchTokens` (prompt tokens in one batch), decode `kvCacheTokens` (KV capacity),
+`maxBatchSize` (requests in a decode batch) and `maxBatchTokens` (context tokens one decode batch
+may hold; the KV capacity when absent), and `chunkedPrefill` (colocated instances: prompts run in
+chunks beside the decode batch, or first, alone, while decode waits). Profiles written before these
+fields existed stay valid: absent means the defaults below.
 
 One entry per tensor-parallel degree (`gpus` GPUs per instance). The formulas are in
 `flotilla.serving.latency`.
@@ -57,6 +65,11 @@ class DecodeFit:
     per_context_token_ms: float
     kv_cache_tokens: int
     max_batch_size: int = DEFAULT_MAX_BATCH_SIZE
+    max_batch_tokens: int | None = None  # context tokens one batch may hold; None: kv_cache_tokens
+
+    @property
+    def batch_token_cap(self) -> int:
+        return min(self.max_batch_tokens or self.kv_cache_tokens, self.kv_cache_tokens)
 
     def step_ms(self, batch: float, context_tokens: float) -> float:
         return self.constant_ms + self.per_request_ms * batch + self.per_context_token_ms * context_tokens
@@ -68,6 +81,7 @@ class Profile:
     prefill: tuple[PrefillFit, ...]
     decode: tuple[DecodeFit, ...]
     provenance: str = ""
+    chunked_prefill: bool = True  # colocated instances chunk prompts beside the decode batch
     # (kind, gpus, worst measured relative error of the predicted goodput): flotilla.serving.validation.
     # Known for shipped profiles only; not part of the coefficients (nor of to_dict / equality).
     prediction_errors: tuple[tuple[str, int, float], ...] = field(default=(), compare=False)
@@ -100,7 +114,10 @@ class Profile:
     def from_dict(cls, data: Mapping[str, Any]) -> Profile:
         """Inline coefficients in the CRD's camelCase form (see the module docstring)."""
         _require_mapping(data, "profile")
-        _reject_unknown(data, "profile", {"name", "prefill", "decode", "provenance"})
+        _reject_unknown(data, "profile", {"name", "prefill", "decode", "provenance", "chunkedPrefill"})
+        chunked = data.get("chunkedPrefill", True)
+        if not isinstance(chunked, bool):
+            raise ProfileError(f"profile.chunkedPrefill: must be true or false, got {chunked!r}")
         for field in ("prefill", "decode"):
             if field not in data:
                 raise ProfileError(f"profile.{field}: required (or give only a shipped profile name)")
@@ -109,18 +126,20 @@ class Profile:
         prefill = tuple(_prefill_from_dict(item, f"profile.prefill[{i}]") for i, item in enumerate(data["prefill"]))
         decode = tuple(_decode_from_dict(item, f"profile.decode[{i}]") for i, item in enumerate(data["decode"]))
         return cls(name=_string(data, "name", "profile", "inline"), prefill=prefill, decode=decode,
-                   provenance=_string(data, "provenance", "profile", ""))
+                   provenance=_string(data, "provenance", "profile", ""), chunked_prefill=chunked)
 
     def to_dict(self) -> dict[str, Any]:
         return {
             "name": self.name,
             "provenance": self.provenance,
+            "chunkedPrefill": self.chunked_prefill,
             "prefill": [{"gpus": f.gpus, "constantMs": f.constant_ms, "perTokenMs": f.per_token_ms,
                          "perTokenSquaredMs": f.per_token_squared_ms, "maxBatchTokens": f.max_batch_tokens}
                         for f in self.prefill],
             "decode": [{"gpus": f.gpus, "constantMs": f.constant_ms, "perRequestMs": f.per_request_ms,
                         "perContextTokenMs": f.per_context_token_ms, "kvCacheTokens": f.kv_cache_tokens,
-                        "maxBatchSize": f.max_batch_size}
+                        "maxBatchSize": f.max_batch_size,
+                        **({"maxBatchTokens": f.max_batch_tokens} if f.max_batch_tokens else {})}
                        for f in self.decode],
         }
 
@@ -156,6 +175,7 @@ _DECODE_FIELDS = {
     "perContextTokenMs": ("per_context_token_ms", "number", True),
     "kvCacheTokens": ("kv_cache_tokens", "count", True),
     "maxBatchSize": ("max_batch_size", "count", False),
+    "maxBatchTokens": ("max_batch_tokens", "count", False),
 }
 
 
@@ -260,8 +280,12 @@ OPENAPI_SCHEMA: dict[str, Any] = {
                 "perContextTokenMs": "ms per KV-cache token in the batch, per step.",
                 "kvCacheTokens": "KV-cache capacity of one instance, tokens.",
                 "maxBatchSize": f"Most requests in one decode batch (default {DEFAULT_MAX_BATCH_SIZE}).",
+                "maxBatchTokens": "Most context tokens one decode batch may hold (default: kvCacheTokens).",
             }),
         },
+        "chunkedPrefill": {"type": "boolean",
+                           "description": "Colocated engines run prompts in chunks beside the decode batch "
+                                          "(vLLM's default, true) or first and alone (false)."},
     },
     "x-kubernetes-validations": [
         {"rule": "has(self.name) || (has(self.prefill) && has(self.decode))",

@@ -131,7 +131,8 @@ class Replanner:
         """A Replanner whose first plan serves the request's rate (spec.workload) with its margin."""
         policy = policy or ReplanPolicy()
         rate = provisioned_rate(request.workload.requests_per_second, policy.window_s, request.slo.attainment)
-        return cls(request, plan(replace(request, workload=request.workload.at_rate(rate))), policy)
+        # the re-planner's own analytical world (per-phase budgets, no check): its first plan is sized by it too
+        return cls(request, plan(replace(request, workload=request.workload.at_rate(rate), check=False)), policy)
 
     def observe(self, window: ObservedWindow) -> ReplanDecision:
         policy = self.policy

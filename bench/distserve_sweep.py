@@ -1,0 +1,165 @@
+"""`bench/serving_distserve.py --sweep`: the planner's promises judged by DistServe's own simulator.
+
+For each GPU budget and each offered rate of a sweep, the planner (flotilla.serving.planner.plan, which
+checks its plan with flotilla.serving.check before offering it) is asked for a plan; the judge
+(bench/distserve_judge.py: DistServe's simulator, which imports nothing of Flotilla) then runs the pick
+on 10,000 requests at that rate:
+
+* a claim is a plan not flagged at risk; it is met when at least the SLO's share of the judge's requests
+  meet both TTFT and TPOT. A claim not met is a broken promise.
+* the pick's goodput per GPU at rate r is r / its GPUs when the judge meets r (0 otherwise); the best
+  the judge finds at r is r / the fewest GPUs of any layout the judge meets r with. The judge searches
+  the layouts with one GPU fewer than the pick (every split of every TP degree, in a fixed order that
+  knows nothing of the planner, on `--search-requests` requests): vs_best = best / pick.
+* the sweep stops after the first rate the planner flags at risk; there the judge searches every
+  layout of the full budget, so the table says whether the planner gave up below the best layout's
+  capacity.
+
+The planner sees only the observed lengths (a 2,000-request sample of another seed than the judge's
+requests) and the profile. The profile is the shipped OPT-13B A100 fits with DistServe's simulator's
+engine as published stated in it: its Ray overhead per iteration (2 ms + 0.1 us per context token,
+`Worker.add_ray_overhead`) and prefill pipeline constant (1 ms, `get_prefill_time`) in the
+coefficients, its 50,000-context-token cap on a decode batch (`decode maxBatchTokens`), and no
+chunked prefill in colocated instances (`chunkedPrefill: false`).
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))  # run from a checkout
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from distserve_judge import JudgeLayout, attainment, use_checkout  # noqa: E402
+
+from flotilla.serving.planner import Plan, PlanRequest, plan  # noqa: E402
+from flotilla.serving.profile import Profile  # noqa: E402
+from flotilla.serving.shipped_profiles import OPT_13B_A100  # noqa: E402
+from flotilla.serving.workload import SLO, Workload  # noqa: E402
+from flotilla.sim.serving_trace import generate  # noqa: E402
+
+SLO_SWEEP = SLO(ttft_ms=200.0, tpot_ms=100.0, attainment=0.9)
+DEFAULT_RATES = {4: [2.0, 4.0, 6.0, 8.0, 10.0, 12.0, 14.0, 16.0, 18.0],
+                 8: [4.0, 8.0, 12.0, 16.0, 20.0, 24.0, 28.0, 32.0, 36.0, 40.0]}
+DEGREES = (1, 2, 4)
+
+
+def judge_engine_profile() -> Profile:
+    """The shipped fits with DistServe's simulator's engine stated (see the module docstring)."""
+    data: dict[str, Any] = OPT_13B_A100.to_dict()
+    data["name"] = "opt-13b-a100-distserve-sim"
+    data["provenance"] = OPT_13B_A100.provenance + "; DistServe simulator's overheads and limits as published"
+    data["chunkedPrefill"] = False
+    for entry in data["prefill"]:
+        entry["constantMs"] += 2.0 + 1.0  # Ray overhead + pipeline constant per prefill batch
+        entry["perTokenMs"] += 1e-4  # Ray overhead per context token
+        entry["maxBatchTokens"] = 4096
+    for entry in data["decode"]:
+        entry["constantMs"] += 2.0
+        entry["perRequestMs"] += entry["perContextTokenMs"]  # it prices context + 1 tokens per request
+        entry["perContextTokenMs"] += 1e-4
+        entry["maxBatchTokens"] = 50000
+        entry["maxBatchSize"] = 10**6
+    return Profile.from_dict(data)
+
+
+def layouts_with(gpus: int) -> list[JudgeLayout]:
+    """Every layout of exactly `gpus` GPUs, TP 1/2/4 pools, in a fixed order (smaller TP first, then
+    the prefill and decode GPUs most nearly even)."""
+    out = []
+    for tp_p in DEGREES:
+        for tp_d in DEGREES:
+            for n_p in range(1, gpus // tp_p + 1):
+                rest = gpus - n_p * tp_p
+                if rest > 0 and rest % tp_d == 0:
+                    out.append(JudgeLayout(n_p, tp_p, rest // tp_d, tp_d))
+    for tp in DEGREES:
+        if gpus % tp == 0:
+            out.append(JudgeLayout(n_colocated=gpus // tp, tp_colocated=tp))
+
+    def order(lay: JudgeLayout) -> tuple[int, int]:
+        if lay.n_colocated:
+            return 2 * lay.tp_colocated, lay.gpus
+        return lay.tp_prefill + lay.tp_decode, abs(lay.n_prefill * lay.tp_prefill - lay.n_decode * lay.tp_decode)
+
+    return sorted(out, key=order)
+
+
+def _judge_layout(p: Plan) -> JudgeLayout:
+    return JudgeLayout(p.prefill_replicas, p.prefill_gpus_per_instance, p.decode_replicas,
+                       p.decode_gpus_per_instance, p.colocated_replicas, p.colocated_gpus_per_instance)
+
+
+def run(distserve: str, budgets: list[int], rates: dict[int, list[float]], seed: int, requests: int,
+        search_requests: int) -> dict[str, Any]:
+    use_checkout(distserve)
+    judged = generate("steady", "chat", 1.0, 3.0 * requests, seed)
+    unit = judged.arrival_s[:requests].tolist()
+    prompts, outputs = judged.prompt_tokens[:requests].tolist(), judged.output_tokens[:requests].tolist()
+    seen = generate("steady", "chat", 1.0, 6000.0, seed + 1000)  # what the planner observed: other requests
+    observed = Workload(1.0, tuple(int(x) for x in seen.prompt_tokens[:2000]),
+                        tuple(int(x) for x in seen.output_tokens[:2000]))
+    profile = judge_engine_profile()
+    slo = SLO_SWEEP
+
+    def meets(lay: JudgeLayout, rate: float, count: int) -> tuple[bool, float]:
+        a = attainment(lay, [t / rate for t in unit[:count]], prompts[:count], outputs[:count], slo.ttft_ms,
+                       slo.tpot_ms)
+        return a >= slo.attainment, a
+
+    rows = []
+    plan_ms: list[float] = []
+    print(f"judge: DistServe simulator, {requests} requests (seed {seed}), OPT-13B A100, TTFT {slo.ttft_ms:g} / "
+          f"TPOT {slo.tpot_ms:g} ms, {slo.attainment:.0%} joint; planner profile {profile.name}", flush=True)
+    print(f"{'GPUs':>4} {'rate':>6}  {'pick':34} {'claim':>5} {'judged':>7} {'met':>4}  {'best judged':34} "
+          f"{'vs_best':>7} {'plan ms':>7}", flush=True)
+    for budget in budgets:
+        for rate in rates[budget]:
+            start = time.perf_counter()
+            chosen = plan(PlanRequest(observed.at_rate(rate), slo, profile, min_gpus=0, max_gpus=budget))
+            plan_ms.append((time.perf_counter() - start) * 1000.0)
+            pick = _judge_layout(chosen)
+            claimed = not chosen.slo_at_risk
+            met, att = meets(pick, rate, requests)
+            best: JudgeLayout | None = pick if met else None
+            levels = [pick.gpus - 1] if claimed else [budget]
+            for level in levels:
+                if level < 1:
+                    continue
+                for lay in layouts_with(level):
+                    if lay == pick:
+                        continue
+                    if meets(lay, rate, search_requests)[0] and meets(lay, rate, requests)[0]:
+                        best = lay if best is None or lay.gpus < best.gpus else best
+                        break
+            vs_best = (best.gpus / pick.gpus if met else 0.0) if best is not None else None
+            row = {"gpus": budget, "rate": rate, "pick": pick.describe(), "pick_gpus": pick.gpus, "claimed": claimed,
+                   "judged_attainment": round(att, 4), "met": met,
+                   "best": best.describe() if best else None, "best_gpus": best.gpus if best else None,
+                   "vs_best": None if vs_best is None else round(vs_best, 3), "plan_ms": round(plan_ms[-1], 1)}
+            rows.append(row)
+            print(f"{budget:4d} {rate:6.1f}  {pick.describe():34} {'yes' if claimed else 'risk':>5} {att:7.3f} "
+                  f"{'yes' if met else 'NO':>4}  {row['best'] or '-':34} "
+                  f"{'-' if vs_best is None else f'{vs_best:.2f}':>7} {plan_ms[-1]:7.0f}", flush=True)
+            if not claimed:
+                break  # the best layout's capacity is around here: the row says whether any layout meets it
+    claims = [r for r in rows if r["claimed"]]
+    ratios = [r["vs_best"] for r in claims if r["vs_best"] is not None]
+    ordered = sorted(plan_ms)
+    summary = {
+        "claimed": len(claims),
+        "met": sum(1 for r in claims if r["met"]),
+        "broken_promises": sum(1 for r in claims if not r["met"]),
+        "min_vs_best": round(min(ratios), 3) if ratios else None,
+        "at_risk_but_a_layout_meets": sum(1 for r in rows if not r["claimed"] and r["best"] is not None),
+        "plan_ms_median": round(statistics.median(plan_ms), 1),
+        "plan_ms_max": round(ordered[-1], 1),
+        "rows": rows,
+    }
+    print(json.dumps(summary), flush=True)
+    return summary

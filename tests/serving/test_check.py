@@ -1,0 +1,88 @@
+"""The check before a promise (flotilla.serving.check): a simulation of a layout's engines and router."""
+
+from dataclasses import replace
+
+import pytest
+
+from flotilla.serving.check import Layout, check
+from flotilla.serving.profile import Profile, ProfileError
+from flotilla.serving.shipped_profiles import OPT_13B_A100
+from flotilla.serving.workload import SLO, Workload
+
+CHAT = Workload.from_means(1.0, 300.0, 200.0)
+SLO_LOOSE = SLO(400.0, 100.0, 0.9)
+
+
+def test_a_layout_meets_a_light_load_and_misses_an_overload():
+    light = check(Layout((1, 1), (1, 1)), OPT_13B_A100, CHAT, 1.0, SLO_LOOSE)
+    heavy = check(Layout((1, 1), (1, 1)), OPT_13B_A100, CHAT, 40.0, SLO_LOOSE)
+    assert light.meets(SLO_LOOSE) and light.attainment > 0.97
+    assert not heavy.meets(SLO_LOOSE) and heavy.attainment < 0.5
+
+
+def test_attainment_is_joint():
+    # TPOT tight enough that some requests miss it while others miss TTFT: both must be met
+    slo = SLO(150.0, 35.0, 0.9)
+    result = check(Layout((1, 1), (1, 1)), OPT_13B_A100, CHAT, 6.0, slo)
+    assert result.attainment <= min(result.ttft_met, result.tpot_met)
+    assert result.attainment < result.ttft_met and result.attainment < result.tpot_met
+
+
+def test_a_pool_serves_more_than_its_instances_apart():
+    # two prefill instances behind the router serve at least what twice one instance at half the rate does
+    one = check(Layout((1, 1), (1, 4)), OPT_13B_A100, CHAT, 7.0, SLO(200.0, 100.0, 0.9))
+    pool = check(Layout((2, 1), (1, 4)), OPT_13B_A100, CHAT, 14.0, SLO(200.0, 100.0, 0.9))
+    assert pool.ttft_met >= one.ttft_met - 0.005
+
+
+def test_the_decode_batch_token_cap_is_honoured():
+    capped = replace(OPT_13B_A100, decode=tuple(replace(d, max_batch_tokens=4000) for d in OPT_13B_A100.decode))
+    free = check(Layout((1, 2), (1, 1)), OPT_13B_A100, CHAT, 8.0, SLO_LOOSE)
+    tight = check(Layout((1, 2), (1, 1)), capped, CHAT, 8.0, SLO_LOOSE)
+    assert free.tpot_met > 0.95 and tight.tpot_met < free.tpot_met - 0.2
+
+
+def test_chunked_prefill_protects_tpot_in_colocated_instances():
+    unchunked = replace(OPT_13B_A100, chunked_prefill=False)
+    slo = SLO(400.0, 40.0, 0.9)
+    chunked = check(Layout(colocated=(1, 1)), OPT_13B_A100, CHAT, 3.0, slo)
+    first = check(Layout(colocated=(1, 1)), unchunked, CHAT, 3.0, slo)
+    assert chunked.tpot_met > first.tpot_met
+
+
+def test_the_queue_router_piles_colocated_work_on_the_first_replicas():
+    slo = SLO(400.0, 40.0, 0.9)
+    queue = check(Layout(colocated=(4, 1)), OPT_13B_A100, CHAT, 14.0, slo, router="queue")
+    balanced = check(Layout(colocated=(4, 1)), OPT_13B_A100, CHAT, 14.0, slo, router="queue+kv")
+    assert balanced.meets(slo) and not queue.meets(slo)
+
+
+def test_the_same_seed_gives_the_same_result_and_bad_input_names_the_field():
+    a = check(Layout((1, 1), (2, 1)), OPT_13B_A100, CHAT, 5.0, SLO_LOOSE, seed=3)
+    b = check(Layout((1, 1), (2, 1)), OPT_13B_A100, CHAT, 5.0, SLO_LOOSE, seed=3)
+    assert a == b
+    with pytest.raises(ValueError, match="rate"):
+        check(Layout((1, 1), (1, 1)), OPT_13B_A100, CHAT, 0.0, SLO_LOOSE)
+    with pytest.raises(ValueError, match="router"):
+        check(Layout((1, 1), (1, 1)), OPT_13B_A100, CHAT, 1.0, SLO_LOOSE, router="random")  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="layout"):
+        Layout((1, 1), (0, 0))
+
+
+def test_profiles_state_engine_limits_and_old_ones_stay_valid():
+    data = OPT_13B_A100.to_dict()
+    assert "maxBatchTokens" not in data["decode"][0]  # unset: the KV capacity
+    data["decode"][0]["maxBatchTokens"] = 50000
+    data["chunkedPrefill"] = False
+    profile = Profile.from_dict(data)
+    assert profile.decode_fit(1).batch_token_cap == 50000 and not profile.chunked_prefill
+    assert Profile.from_dict(profile.to_dict()) == profile
+    old = OPT_13B_A100.to_dict()
+    del old["chunkedPrefill"]
+    assert Profile.from_dict(old).chunked_prefill
+    with pytest.raises(ProfileError, match="profile.chunkedPrefill"):
+        Profile.from_dict({**old, "chunkedPrefill": "yes"})
+    bad = OPT_13B_A100.to_dict()
+    bad["decode"][1]["maxBatchTokens"] = 0
+    with pytest.raises(ProfileError, match=r"profile.decode\[1\].maxBatchTokens"):
+        Profile.from_dict(bad)
