@@ -45,7 +45,7 @@ def test_the_demo_plays_its_scenario_then_serves_the_console_until_stopped(tmp_p
            "FLOTILLA_PORT_BASE": str(PORT_BASE), "PYTHONUNBUFFERED": "1"}
     env.pop("KUBECONFIG", None)
     proc = subprocess.Popen([sys.executable, "-m", "flotilla.cli", "demo", "--repo", str(ROOT), "--state", str(state),
-                             "--port", str(port), "--timeout", "60", "--down"], env=env, cwd=ROOT,
+                             "--port", str(port), "--timeout", "90", "--down"], env=env, cwd=ROOT,
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
     lines: list[str] = []
     threading.Thread(target=_lines, args=(proc, lines), daemon=True).start()

@@ -38,7 +38,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--port", type=int, default=8080, help="the controller's port: API and console (default 8080)")
     parser.add_argument("--no-scenario", action="store_true", help="apply examples/ and stay up; play no scenario")
     parser.add_argument("--timeout", type=float,
-                        help="stop Flotilla after this many seconds (default: stay up until Ctrl-C)")
+                        help="after the scenario, stay up this many seconds, then stop (default: until Ctrl-C)")
     parser.add_argument("--down", action="store_true", help="also stop the cluster at the end")
     parser.add_argument("--state", type=Path,
                         help="the demo's own files: tokens, logs, the controller's database (default: REPO/.flotilla)")
@@ -210,7 +210,6 @@ def run(args: argparse.Namespace) -> int:
     agent_token = demo.state / "agent-token"
     agent_token.write_text(ingest_token(tokens))
     agent_token.chmod(0o600)
-    started = time.monotonic()
     try:
         demo.start("operator", "operator", "--liveness", "")
         demo.start("controller", "controller", "--db-url", f"sqlite:///{demo.state / 'controller.db'}",
@@ -233,10 +232,12 @@ def run(args: argparse.Namespace) -> int:
             "Ctrl-C stops Flotilla; `make down` stops everything, the cluster too.")
         from flotilla.commands.demo_view import live
 
-        remaining = None if args.timeout is None else max(0.0, args.timeout - (time.monotonic() - started))
-        live(demo, remaining)
+        live(demo, args.timeout)
     except KeyboardInterrupt:
         pass
+    except (TimeoutError, RuntimeError) as e:
+        print(f"[demo] error: {e}", file=sys.stderr, flush=True)
+        return 1
     finally:
         demo.stop_all()
         if args.down:
