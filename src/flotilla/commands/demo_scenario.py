@@ -35,10 +35,10 @@ def play(demo: "Demo", agent_token: Path, admin_token: str, start_agent: Callabl
     demo.k("apply", "-f", "-", input=_job("too-late", 600, 500_000, 8, 16), capture_output=True)
     refused = wait_for("too-late refused", lambda: (s := status("too-late")).get("phase") == "Rejected" and s,
                        timeout=60, demo=demo)
-    say(f"  too-late: Rejected — {refused.get('message', '')}")
+    say(f"  too-late: Rejected — {refused.get('message', '').removeprefix('rejected: ')}")
 
     say("step 2/2: a GPU fault on a node that runs a job: the node is tainted, the job moves through a checkpoint")
-    demo.k("apply", "-f", "-", input=_job("pretrain", 30 * 86400, 50_000_000, 8, 16), capture_output=True)
+    demo.k("apply", "-f", "-", input=_job("pretrain", 30 * 86400, 4_000_000, 8, 16), capture_output=True)
     running = wait_for("pretrain running", lambda: (s := status("pretrain")).get("phase") == "Running"
                        and s.get("placement") and s.get("progress", {}).get("steps", 0) > 0 and s,
                        timeout=120, demo=demo)
