@@ -3,11 +3,17 @@ PYTHON ?= python3
 VENV   := .venv
 BIN    := $(VENV)/bin
 
-.PHONY: demo test unit e2e venv deps cluster-up cluster-down crds bench clean
+.PHONY: demo down test unit e2e venv venv-demo deps cluster-up cluster-down crds bench clean
 
-## demo: set everything up and run Flotilla on its embedded defaults (local cluster, fake GPU nodes, examples/)
-demo: deps venv
+## demo: set everything up and run Flotilla on its embedded defaults (local cluster, fake GPU nodes, examples/,
+## a short scenario), then keep it running until Ctrl-C. It installs only what the demo needs (no PyTorch).
+demo: venv-demo
+	scripts/install-system-deps.sh --demo
 	$(BIN)/flotilla demo
+
+## down: stop everything `make demo` started, the local cluster included
+down:
+	$(BIN)/flotilla demo --stop
 
 ## test: the whole test suite from nothing (unit, integration, e2e on a throw-away local cluster)
 test:
@@ -22,6 +28,16 @@ e2e: venv
 	$(BIN)/python -m pytest e2e
 
 venv: $(VENV)/.installed
+
+venv-demo: $(VENV)/.installed-demo
+
+# The demo's environment: Flotilla and its runtime dependencies only. `make test` adds the test extras
+# (PyTorch among them) to the same .venv.
+$(VENV)/.installed-demo: pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install -q --upgrade pip
+	$(BIN)/pip install -q -e .
+	touch $@
 
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)

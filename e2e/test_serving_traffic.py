@@ -84,7 +84,7 @@ class Load:
              "--data", f"kind=synthetic_text,prompt_tokens={PROMPT},output_tokens={OUTPUT}",
              "--tokenizer", f"kind=huggingface_auto,model={tok}",
              "--output", f"kind=json,path={log_path.with_suffix('.json')}", "--disable-console-interactive"],
-            stdout=self.log, stderr=subprocess.STDOUT, cwd=log_path.parent,
+            stdout=self.log, stderr=subprocess.STDOUT, cwd=log_path.parent, start_new_session=True,
             # one worker process: guidellm's default of ten takes a minute to start on a small machine
             env={**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1",
                  "GUIDELLM__MAX_WORKER_PROCESSES": "1"})
@@ -94,7 +94,7 @@ class Load:
         return f"Starting benchmark for strategy: constant@{rate:.2f}" in self.log_path.read_text(errors="replace")
 
     def stop(self):
-        stop_process(self.proc)
+        stop_process(self.proc, group=True)  # guidellm's worker processes too
         self.log.close()
 
 

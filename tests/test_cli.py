@@ -69,3 +69,20 @@ def test_demo_console_tokens_are_made_once_owner_only_and_accepted_by_the_contro
     path.write_text(f"{read},read,viewer\n")
     with pytest.raises(SystemExit, match="needs a read and an admin token"):
         console_tokens(path)
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["controller", "--no-kubernetes", "--tokens-file", "{tokens}", "--db-url", "sqlite:///{db}"],
+     "{tokens} line 1: token must be at least 16 characters"),
+    (["operator", "--pool-policy", "{missing}"], "--pool-policy {missing}: [Errno 2] No such file or directory"),
+])
+def test_a_configuration_error_at_start_up_is_one_line_and_exit_2(tmp_path, argv, message):
+    paths = {"tokens": tmp_path / "tokens", "db": tmp_path / "c.db", "missing": tmp_path / "none.yaml"}
+    paths["tokens"].write_text("short,read,alice\n")
+    argv = [a.format(**paths) for a in argv]
+    out = subprocess.run([sys.executable, "-m", "flotilla.cli", *argv], capture_output=True, text=True, env=ENV,
+                         timeout=60)
+    assert out.returncode == 2, out.stderr
+    lines = out.stderr.splitlines()
+    assert len(lines) == 1 and lines[0].startswith(f"flotilla {argv[0]}: error: {message.format(**paths)}"), lines
+    assert not paths["db"].exists()  # refused before the database was touched

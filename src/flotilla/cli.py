@@ -61,7 +61,15 @@ def main(argv: list[str] | None = None) -> int:
         level=logging.DEBUG if args.verbose else logging.INFO,
         format="%(asctime)s %(levelname)-7s %(name)s: %(message)s",
     )
-    return int(module.run(args) or 0)
+    try:
+        return int(module.run(args) or 0)
+    except SystemExit as e:
+        # A command refuses its configuration with SystemExit("what is wrong"): one line and exit 2, no traceback.
+        if not isinstance(e.code, str):
+            raise
+        message = e.code.removeprefix(f"flotilla {top.command}: ").removeprefix("error: ")
+        print(f"flotilla {top.command}: error: {message}", file=sys.stderr)
+        return 2
 
 
 if __name__ == "__main__":

@@ -110,7 +110,8 @@ def test_cluster(client, cluster):
     body = client.get("/v1/cluster", headers=auth(READER)).json()
     assert body["capacity"] == {"nodes": 3, "gpus": 20, "schedulableGpus": 16, "trainingGpus": 8,
                                 "servingGpus": 10, "freeGpus": 0}
-    assert body["outlook"] == {"on-track": 1, "at-risk": 1, "missed": 0, "done": 1, "no-deadline": 0}
+    assert body["outlook"] == {"on-track": 1, "at-risk": 1, "missed": 0, "rejected": 0, "done": 1,
+                               "no-deadline": 0}
     assert body["nodes"] == {"total": 3, "unhealthy": 1, "cordoned": 1}
     domains = client.get("/v1/cluster/domains", headers=auth(READER)).json()
     assert domains == {"items": [

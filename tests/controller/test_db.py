@@ -61,16 +61,20 @@ def test_capacity_domains_and_outlook(store, clock):
     store.upsert_job(parse_training_job(training_job("risk", placement={"b": 2}, deadline_met=False)))
     store.upsert_job(parse_training_job(training_job("late", placement={}, deadline=NOW - 1)))
     store.upsert_job(parse_training_job(training_job("free", placement={}, deadline=None)))
+    store.upsert_job(parse_training_job(training_job("refused", phase="Rejected", placement={}, deadline=NOW - 1)))
     store.upsert_serving(parse_serving_deployment(serving("s", prefill=1, decode=1)))  # 1*1 + 1*2 GPUs
     assert store.capacity() == {"nodes": 3, "gpus": 20, "schedulableGpus": 16, "trainingGpus": 6,
                                 "servingGpus": 3, "freeGpus": 7}
-    assert store.outlook_counts() == {"on-track": 1, "at-risk": 1, "missed": 1, "done": 0, "no-deadline": 1}
+    # A job refused at admission was never promised its deadline: "rejected", not "missed", even once it is past.
+    assert store.outlook_counts() == {"on-track": 1, "at-risk": 1, "missed": 1, "rejected": 1, "done": 0,
+                                      "no-deadline": 1}
     domains = {d[0]: d[1:] for d in store.domains(limit=10).items}
     assert domains == {"r1": (2, 16, 16, 6), "r2": (1, 4, 0, 0)}
     page1 = store.jobs(limit=2)
     page2 = store.jobs(limit=2, cursor=page1.next_cursor)
-    assert [r.name for r, _ in page1.items + page2.items] == ["free", "late", "ok", "risk"]
-    assert page2.next_cursor is None
+    page3 = store.jobs(limit=2, cursor=page2.next_cursor)
+    assert [r.name for r, _ in page1.items + page2.items + page3.items] == ["free", "late", "ok", "refused", "risk"]
+    assert page3.next_cursor is None
 
 
 def test_samples_retention_and_latest(store):

@@ -1,119 +1,252 @@
-"""Run Flotilla on its embedded defaults, on this machine.
+"""Run Flotilla on its embedded defaults, on this machine, and show what it is for.
 
-Brings up the local control plane (e2e/cluster.sh: etcd, kube-apiserver,
-kube-controller-manager, kube-scheduler, KWOK with fake 8-GPU nodes), applies
-the CRDs, starts the operator, the controller (its console at
-http://127.0.0.1:PORT/ui/, printed with a read token) and the simulated workers
-(`flotilla simworkers`: no container runs on a fake node, so they play rank 0 of
-each job, with time running --speed times faster), applies examples/ (two
-TrainingJobs with deadlines and one ServingDeployment) and shows `kubectl get
-flotilla` as it changes, until the training jobs finish (with --stay, until Ctrl-C). The cluster is left running for you
-to explore (export KUBECONFIG=.flotilla/kubeconfig); `e2e/cluster.sh down` stops it.
+Brings up the local control plane (e2e/cluster.sh: etcd, kube-apiserver, kube-controller-manager,
+kube-scheduler, KWOK with fake 8-GPU nodes), applies the CRDs, starts the operator, the controller (its
+console at http://127.0.0.1:PORT/ui/, printed with a read token), one simulated node agent per node and the
+simulated workers (`flotilla simworkers`: no container runs on a fake node, so they play rank 0 of each job,
+with time running --speed times faster), and applies examples/.
+
+Then it plays a short scenario (unless --no-scenario), each step announced in one line and visible in the
+console as it happens: a job whose deadline cannot be met is refused with the reason; a GPU fault on a node
+that runs a job, the node tainted and the job moved off it through a checkpoint, no step lost. After that
+Flotilla keeps running, with a live view of jobs, nodes and events, until Ctrl-C (or --timeout seconds).
+`flotilla demo --stop` (`make down`) stops everything the demo started, the cluster included.
 Run from a checkout of the repository.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import secrets
+import signal
 import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
-HELP = "Bring up a local cluster with fake GPU nodes, run the operator and apply examples/"
+HELP = "Bring up a local cluster with fake GPU nodes, run Flotilla on examples/ and play its scenario"
+FINISHED = ("Succeeded", "Failed", "Rejected")
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--repo", type=Path, default=Path.cwd(), help="repository checkout (default: .)")
     parser.add_argument("--nodes", type=int, default=4, help="fake GPU nodes (default: %(default)s)")
     parser.add_argument("--speed", type=float, default=100, help="simulated time runs this many times faster")
-    parser.add_argument("--timeout", type=float, default=300, help="stop watching after this many seconds")
-    parser.add_argument("--down", action="store_true", help="stop the cluster at the end")
     parser.add_argument("--port", type=int, default=8080, help="the controller's port: API and console (default 8080)")
-    parser.add_argument("--stay", action="store_true",
-                        help="keep the operator, controller and workers running after the jobs finish, until Ctrl-C")
+    parser.add_argument("--no-scenario", action="store_true", help="apply examples/ and stay up; play no scenario")
+    parser.add_argument("--timeout", type=float,
+                        help="after the scenario, stay up this many seconds, then stop (default: until Ctrl-C)")
+    parser.add_argument("--down", action="store_true", help="also stop the cluster at the end")
+    parser.add_argument("--state", type=Path,
+                        help="the demo's own files: tokens, logs, the controller's database (default: REPO/.flotilla)")
+    parser.add_argument("--stop", action="store_true",
+                        help="stop what an earlier `flotilla demo` left running (its processes, then the cluster)")
 
 
 def console_tokens(path: Path) -> tuple[str, str]:
-    """-> (read token, admin token) from the demo's tokens file, made (owner-only) with one of each if missing."""
+    """-> (read token, admin token) from the demo's tokens file, made (owner-only) with one of each, and an
+    ingest token for the demo's node agents, if missing."""
     if not path.exists():
         path.parent.mkdir(parents=True, exist_ok=True)
         fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
         with os.fdopen(fd, "w") as f:
             f.write("# <token>,<role: read|ingest|admin>,<name>  (made by flotilla demo)\n"
-                    f"{secrets.token_urlsafe(24)},read,demo-viewer\n{secrets.token_urlsafe(24)},admin,demo-admin\n")
-    found: dict[str, str] = {}
-    for line in path.read_text().splitlines():
-        parts = [p.strip() for p in line.split("#", 1)[0].split(",")]
-        if len(parts) == 3:
-            found.setdefault(parts[1], parts[0])
+                    f"{secrets.token_urlsafe(24)},read,demo-viewer\n{secrets.token_urlsafe(24)},admin,demo-admin\n"
+                    f"{secrets.token_urlsafe(24)},ingest,demo-agents\n")
+    found = _tokens(path)
     if "read" not in found or "admin" not in found:
         raise SystemExit(f"error: {path} needs a read and an admin token (delete it to make new ones)")
     return found["read"], found["admin"]
 
 
-def run(args: argparse.Namespace) -> int:
-    repo = args.repo.resolve()
-    cluster = repo / "e2e" / "cluster.sh"
-    if not cluster.exists():
-        print(f"error: {cluster} not found; run from the repository root or pass --repo", file=sys.stderr)
-        return 2
-    env = {**os.environ, "FLOTILLA_NODES": str(args.nodes), "KUBECONFIG": str(repo / ".flotilla" / "kubeconfig")}
-    subprocess.run([str(cluster), "up"], check=True, env=env)
-    kubectl = str(Path(subprocess.run([str(cluster), "bin"], check=True, env=env, capture_output=True,
-                                      text=True).stdout.strip().splitlines()[-1]) / "kubectl")
+def _tokens(path: Path) -> dict[str, str]:
+    found: dict[str, str] = {}
+    for line in path.read_text().splitlines():
+        parts = [p.strip() for p in line.split("#", 1)[0].split(",")]
+        if len(parts) == 3:
+            found.setdefault(parts[1], parts[0])
+    return found
 
-    def k(*a: str, **kw: Any) -> subprocess.CompletedProcess[str]:
-        return subprocess.run([kubectl, *a], env=env, text=True, **kw)
 
-    k("apply", "--server-side", "-f", str(repo / "crds"), check=True)
-    k("wait", "--for", "condition=established", "--timeout=60s",
-      "crd/trainingjobs.flotilla.dev", "crd/servingdeployments.flotilla.dev", check=True)
-    procs = {}
-    tokens = repo / ".flotilla" / "console-tokens"
-    read_token, _ = console_tokens(tokens)
-    controller = ["controller", "--db-url", f"sqlite:///{repo / '.flotilla' / 'controller.db'}",
-                  "--tokens-file", str(tokens), "--port", str(args.port)]
-    for name, argv in (("operator", ["operator", "--liveness", ""]), ("controller", controller),
-                       ("simworkers", ["simworkers", "--speed", str(args.speed)])):
-        log_path = repo / ".flotilla" / f"{name}.log"
+def ingest_token(path: Path) -> str:
+    """The tokens file's ingest token, added if a file made by an older demo has none."""
+    found = _tokens(path)
+    if "ingest" not in found:
+        found["ingest"] = secrets.token_urlsafe(24)
+        with open(path, "a") as f:
+            f.write(f"{found['ingest']},ingest,demo-agents\n")
+    return found["ingest"]
+
+
+class Demo:
+    """The cluster, the processes the demo started (each leading its own process group) and its files."""
+
+    def __init__(self, args: argparse.Namespace) -> None:
+        self.repo: Path = args.repo.resolve()
+        self.state: Path = (args.state or self.repo / ".flotilla").resolve()
+        self.state.mkdir(parents=True, exist_ok=True)
+        self.cluster = self.repo / "e2e" / "cluster.sh"
+        self.kubeconfig = os.environ.get("FLOTILLA_KUBECONFIG") or str(self.state / "kubeconfig")
+        self.env = {**os.environ, "FLOTILLA_NODES": str(args.nodes), "KUBECONFIG": self.kubeconfig,
+                    "FLOTILLA_KUBECONFIG": self.kubeconfig}
+        self.pids = self.state / "demo.pids"
+        self.port = args.port
+        self.url = f"http://127.0.0.1:{args.port}"
+        self.procs: dict[str, subprocess.Popen] = {}
+        self.kubectl = ""
+
+    def up(self) -> None:
+        subprocess.run([str(self.cluster), "up"], check=True, env=self.env)
+        bin_dir = subprocess.run([str(self.cluster), "bin"], check=True, env=self.env, capture_output=True,
+                                 text=True).stdout.strip().splitlines()[-1]
+        self.kubectl = str(Path(bin_dir) / "kubectl")
+
+    def k(self, *a: str, check: bool = True, **kw: Any) -> subprocess.CompletedProcess:
+        return subprocess.run([self.kubectl, *a], env=self.env, text=True, check=check, **kw)
+
+    def get(self, *a: str) -> dict:
+        out = self.k("get", *a, "-o", "json", check=False, capture_output=True)
+        return json.loads(out.stdout) if out.returncode == 0 and out.stdout else {}
+
+    def start(self, name: str, *argv: str) -> subprocess.Popen:
+        log_path = self.state / f"{name}.log"
         with open(log_path, "w") as log:
-            procs[name] = subprocess.Popen([sys.executable, "-m", "flotilla.cli", *argv],
-                                           stdout=log, stderr=subprocess.STDOUT, env=env)
-        print(f"{name} started (pid {procs[name].pid}), log: {log_path}")
-    print(f"\nConsole: http://127.0.0.1:{args.port}/ui/\n  read token: {read_token}\n"
-          f"  (an admin token, which can act, is in {tokens})\n", flush=True)
+            proc = subprocess.Popen([sys.executable, "-m", "flotilla.cli", *argv], stdout=log,
+                                    stderr=subprocess.STDOUT, env=self.env, start_new_session=True)
+        self.procs[name] = proc
+        self._write_pids()
+        return proc
+
+    def stop_one(self, name: str) -> None:
+        proc = self.procs.pop(name)
+        _stop_group(proc.pid)
+        proc.wait()
+        self._write_pids()
+
+    def stop_all(self) -> None:
+        for name in list(self.procs):
+            self.stop_one(name)
+        self.pids.unlink(missing_ok=True)
+
+    def _write_pids(self) -> None:
+        self.pids.write_text("".join(f"{name} {p.pid}\n" for name, p in self.procs.items()))
+
+    def dead(self) -> str | None:
+        return next((name for name, p in self.procs.items() if p.poll() is not None), None)
+
+
+def _stop_group(pgid: int, timeout: float = 20.0) -> None:
     try:
-        k("apply", "-f", str(repo / "examples"), check=True)
-        last, started = "", time.monotonic()
-        while args.stay or time.monotonic() - started < args.timeout:
-            table = k("get", "flotilla", capture_output=True).stdout
-            if table != last:
-                print(f"\n--- kubectl get flotilla  (t={time.monotonic() - started:.0f}s)\n{table}", flush=True)
-                last = table
-            phases = k("get", "tj", "-o", "jsonpath={.items[*].status.phase}", capture_output=True).stdout.split()
-            if phases and all(p in ("Succeeded", "Failed", "Rejected") for p in phases) and not args.stay:
-                break
-            for name, proc in procs.items():
-                if proc.poll() is not None:
-                    print(f"error: {name} exited; see .flotilla/{name}.log", file=sys.stderr)
-                    return 1
-            time.sleep(2)
-        print("\nEvents:")
-        k("get", "events", "--sort-by=.lastTimestamp",
-          "--field-selector", "involvedObject.apiVersion=flotilla.dev/v1alpha1")
+        os.killpg(pgid, signal.SIGTERM)
+    except ProcessLookupError:
+        return
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            os.killpg(pgid, 0)
+        except ProcessLookupError:
+            return
+        time.sleep(0.2)
+    try:
+        os.killpg(pgid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+
+
+def stop_left_running(demo: Demo) -> int:
+    """`flotilla demo --stop`: the process groups an earlier demo recorded, then the cluster."""
+    if demo.pids.exists():
+        for line in demo.pids.read_text().splitlines():
+            name, _, pid = line.partition(" ")
+            if pid.isdigit() and _ours(int(pid)):
+                print(f"stopping {name} (pid {pid})")
+                _stop_group(int(pid))
+        demo.pids.unlink()
+    subprocess.run([str(demo.cluster), "down"], env=demo.env, check=False)
+    return 0
+
+
+def _ours(pid: int) -> bool:
+    """Still a process of ours (a recycled pid would run something else)."""
+    try:
+        return b"flotilla.cli" in Path(f"/proc/{pid}/cmdline").read_bytes()
+    except OSError:
+        return False
+
+
+def say(text: str) -> None:
+    print(f"[demo] {text}", flush=True)
+
+
+def wait_for(what: str, check: Callable[[], Any], timeout: float, demo: Demo) -> Any:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if (name := demo.dead()) is not None:
+            raise RuntimeError(f"{name} exited; see {demo.state / (name + '.log')}")
+        if (value := check()):
+            return value
+        time.sleep(1)
+    raise TimeoutError(f"gave up after {timeout:.0f} s waiting for {what}")
+
+
+def run(args: argparse.Namespace) -> int:
+    demo = Demo(args)
+    if not demo.cluster.exists():
+        raise SystemExit(f"{demo.cluster} not found; run from the repository root or pass --repo")
+    if args.stop:
+        return stop_left_running(demo)
+    if demo.pids.exists() and any(_ours(int(p)) for _, _, p in
+                                  (line.partition(" ") for line in demo.pids.read_text().splitlines()) if p.isdigit()):
+        raise SystemExit("a demo is already running (see .flotilla/demo.pids); `make down` stops it")
+    demo.up()
+    demo.k("apply", "--server-side", "-f", str(demo.repo / "crds"))
+    demo.k("wait", "--for", "condition=established", "--timeout=60s", "crd/trainingjobs.flotilla.dev",
+           "crd/servingdeployments.flotilla.dev")
+    tokens = demo.state / "console-tokens"
+    read_token, admin_token = console_tokens(tokens)
+    agent_token = demo.state / "agent-token"
+    agent_token.write_text(ingest_token(tokens))
+    agent_token.chmod(0o600)
+    try:
+        demo.start("operator", "operator", "--liveness", "")
+        demo.start("controller", "controller", "--db-url", f"sqlite:///{demo.state / 'controller.db'}",
+                   "--tokens-file", str(tokens), "--port", str(args.port))
+        demo.start("simworkers", "simworkers", "--speed", str(args.speed))
+        nodes = sorted(n["metadata"]["name"] for n in demo.get("nodes").get("items", []))
+        for node in nodes:
+            start_agent(demo, node, agent_token)
+        say(f"Flotilla is up: operator, controller, {len(nodes)} node agents, simulated workers "
+            f"(logs in {demo.state}/)")
+        say(f"console: {demo.url}/ui/  read token: {read_token}  (an admin token, which can act, is in {tokens})")
+        demo.k("apply", "-f", str(demo.repo / "examples"))
+        say("applied examples/: two TrainingJobs with deadlines and a ServingDeployment")
+        if not args.no_scenario:
+            from flotilla.commands.demo_scenario import play
+
+            play(demo, agent_token, admin_token, start_agent)
+        say(f"Flotilla keeps running. Apply a job of your own: KUBECONFIG={demo.kubeconfig} "
+            f"$(e2e/cluster.sh bin)/kubectl apply -f examples/trainingjob-resnet.yaml; see it in the console. "
+            "Ctrl-C stops Flotilla; `make down` stops everything, the cluster too.")
+        from flotilla.commands.demo_view import live
+
+        live(demo, args.timeout)
     except KeyboardInterrupt:
         pass
+    except (TimeoutError, RuntimeError) as e:
+        print(f"[demo] error: {e}", file=sys.stderr, flush=True)
+        return 1
     finally:
-        for proc in procs.values():
-            proc.terminate()
-            proc.wait(timeout=20)
+        demo.stop_all()
         if args.down:
-            subprocess.run([str(cluster), "down"], env=env)
+            subprocess.run([str(demo.cluster), "down"], env=demo.env)
         else:
-            print(f"\nThe cluster is still up: export KUBECONFIG={env['KUBECONFIG']}; "
-                  f"`e2e/cluster.sh down` stops it.")
+            say(f"Flotilla stopped; the cluster is still up (KUBECONFIG={demo.kubeconfig}); `make down` stops it.")
     return 0
+
+
+def start_agent(demo: Demo, node: str, token_file: Path, *extra: str) -> None:
+    demo.start(f"agent-{node}", "agent", "--node", node, "--source", "sim", "--controller-url", demo.url,
+               "--token-file", str(token_file), "--step-port", "0", *extra)

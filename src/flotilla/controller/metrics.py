@@ -7,7 +7,7 @@ read at scrape time by `StateCollector`, so it is right after a restart; events
 | metric | type | labels |
 |---|---|---|
 | flotilla_training_jobs | gauge | phase |
-| flotilla_training_jobs_deadline_outlook | gauge | outlook: on-track, at-risk, missed, done, no-deadline |
+| flotilla_training_jobs_deadline_outlook | gauge | outlook: on-track, at-risk, missed, rejected, done, no-deadline |
 | flotilla_gpus_capacity, flotilla_gpus_schedulable, flotilla_gpus_free | gauge | (GPUs on all nodes; on healthy uncordoned ones; not held) |
 | flotilla_gpus_allocated | gauge | workload: training, serving |
 | flotilla_nodes_unhealthy, flotilla_nodes_cordoned | gauge | |

@@ -14,7 +14,7 @@ import uvicorn
 
 from flotilla.controller.actions import ClusterActions, OfflineActions
 from flotilla.controller.api import Controller, Policy, create_app
-from flotilla.controller.auth import TokenAuthenticator, create_tokens_file
+from flotilla.controller.auth import TokenAuthenticator, create_tokens_file, parse_tokens
 from flotilla.controller.db import create_engine, is_outage, upgrade
 from flotilla.controller.health import HealthResponder
 from flotilla.controller.ingest import Ingestor, RedisConsumer, Retention, SampleSink, SampleStoreSink
@@ -81,6 +81,8 @@ class Settings:
         if (self.tls_cert_file is None) != (self.tls_key_file is None):
             raise ValueError("--tls-cert-file and --tls-key-file go together")
         IngestPolicy(SHARED, self.agent_service_accounts)  # each --agent-service-accounts entry is ns/name
+        if self.tokens_file.exists():  # a bad tokens file is refused before the database is touched
+            parse_tokens(self.tokens_file.read_text(), str(self.tokens_file))
 
 
 class ControllerService:

@@ -37,7 +37,7 @@ from flotilla.controller.mirror import (
 from flotilla.health.samples import Sample
 
 RACK_LABEL = "flotilla.dev/rack"
-OUTLOOKS = ("on-track", "at-risk", "missed", "done", "no-deadline")
+OUTLOOKS = ("on-track", "at-risk", "missed", "rejected", "done", "no-deadline")
 FINISHED = ("Succeeded", "Failed", "Rejected")
 ADMITTED = ("Admitted", "Running", "Resharding")  # holding, or promised, a guaranteed share
 # Mirrored kind -> (table, key column)
@@ -65,9 +65,10 @@ def outlook_expr(now: float) -> sa.ColumnElement[str]:
     """The deadline outlook of a training job, as SQL (so that lists filter and count by it)."""
     j = TrainingJobRow
     return sa.case(
+        (j.phase == "Rejected", "rejected"),  # never admitted: not a deadline Flotilla promised and missed
         (j.deadline.is_(None), "no-deadline"),
         (j.phase == "Succeeded", "done"),
-        (j.phase.in_(("Failed", "Rejected")), "missed"),
+        (j.phase == "Failed", "missed"),
         (j.deadline < now, "missed"),
         (j.deadline_met.is_(False), "at-risk"),
         (sa.and_(j.estimated_completion.is_not(None), j.estimated_completion > j.deadline), "at-risk"),

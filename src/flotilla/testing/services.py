@@ -34,16 +34,32 @@ def wait_for_port(port: int, timeout: float = 15.0, proc: subprocess.Popen | Non
     raise TimeoutError(f"nothing listened on 127.0.0.1:{port} within {timeout}s")
 
 
-def stop_process(proc: subprocess.Popen, sig: int = signal.SIGTERM, timeout: float = 20.0) -> None:
-    """Send `sig` to a child that still runs, wait up to `timeout` s, then kill it."""
-    if proc.poll() is not None:
-        return
-    proc.send_signal(sig)
+def stop_process(proc: subprocess.Popen, sig: int = signal.SIGTERM, timeout: float = 20.0,
+                 group: bool = False) -> None:
+    """Send `sig` to a child that still runs, wait up to `timeout` s, then kill it. With `group` (a child started
+    with `start_new_session=True`, so leading its own process group) the whole group is signalled and, once the
+    child is gone, whatever is left of the group (a load generator's worker processes) is killed: nothing outlives
+    it."""
+    pgid = proc.pid if group else None
+    if proc.poll() is None:
+        _signal(proc, pgid, sig)
+        try:
+            proc.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            _signal(proc, pgid, signal.SIGKILL)
+            proc.wait()
+    if pgid is not None:
+        _signal(proc, pgid, signal.SIGKILL)
+
+
+def _signal(proc: subprocess.Popen, pgid: int | None, sig: int) -> None:
     try:
-        proc.wait(timeout=timeout)
-    except subprocess.TimeoutExpired:
-        proc.kill()
-        proc.wait()
+        if pgid is not None:
+            os.killpg(pgid, sig)
+        else:
+            proc.send_signal(sig)
+    except ProcessLookupError:
+        pass
 
 
 class RedisServer:

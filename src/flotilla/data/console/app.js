@@ -347,7 +347,7 @@ function renderTraining({ jobs, plan }) {
     timeline(plan),
     h("h3", {}, "Jobs"),
     filterForm("training", "filter jobs", [
-      ["outlook", "Outlook", [["", "any"], ["at-risk", "at-risk"], ["missed", "missed"], ["on-track", "on-track"], ["done", "done"], ["no-deadline", "no deadline"]]],
+      ["outlook", "Outlook", [["", "any"], ["at-risk", "at-risk"], ["missed", "missed"], ["rejected", "rejected"], ["on-track", "on-track"], ["done", "done"], ["no-deadline", "no deadline"]]],
       ["phase", "Phase", [["", "any"], ...["Pending", "Admitted", "Running", "Resharding", "Succeeded", "Failed", "Rejected"].map((p) => [p, p])]],
     ], state.jobFilter, (f) => { state.jobFilter = f; }),
     h("p", {}, `${jobs.items.length} jobs on this page${jobs.nextCursor ? "; more on the next" : ""}.`),

@@ -1,0 +1,86 @@
+"""`flotilla demo` as a new user runs it: on a throw-away cluster of its own, the scenario reaches each step,
+then Flotilla keeps serving the console (a browser sees the jobs) until the demo's --timeout, and nothing the
+demo started outlives it."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from e2e.kube import ROOT
+from flotilla.testing import browser
+from flotilla.testing.services import free_port, stop_process
+
+PORT_BASE = int(os.environ.get("FLOTILLA_DEMO_TEST_PORT_BASE", "17540"))  # the test cluster is at 17440
+
+
+def _lines(proc: subprocess.Popen, into: list[str]) -> None:
+    assert proc.stdout is not None
+    for line in proc.stdout:
+        into.append(line.rstrip("\n"))
+
+
+def _wait_line(lines: list[str], text: str, proc: subprocess.Popen, timeout: float) -> str:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        found = next((line for line in lines if text in line), None)
+        if found is not None:
+            return found
+        if proc.poll() is not None:
+            break
+        time.sleep(0.5)
+    raise AssertionError(f"the demo never printed {text!r}; its output:\n" + "\n".join(lines[-40:]))
+
+
+@pytest.mark.timeout(900)  # a cluster of its own, the scenario, then a minute up
+@pytest.mark.skipif(browser.available() is not None, reason=f"the browser check needs {browser.available()}")
+def test_the_demo_plays_its_scenario_then_serves_the_console_until_stopped(tmp_path: Path):
+    state, port = tmp_path / "demo", free_port()
+    env = {**os.environ, "FLOTILLA_STATE": str(tmp_path / "cluster"), "FLOTILLA_KUBECONFIG": str(tmp_path / "kc"),
+           "FLOTILLA_PORT_BASE": str(PORT_BASE), "PYTHONUNBUFFERED": "1"}
+    env.pop("KUBECONFIG", None)
+    proc = subprocess.Popen([sys.executable, "-m", "flotilla.cli", "demo", "--repo", str(ROOT), "--state", str(state),
+                             "--port", str(port), "--timeout", "60", "--down"], env=env, cwd=ROOT,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
+    lines: list[str] = []
+    threading.Thread(target=_lines, args=(proc, lines), daemon=True).start()
+    try:
+        _wait_line(lines, "console: http://127.0.0.1", proc, timeout=240)
+        refused = _wait_line(lines, "too-late: Rejected", proc, timeout=120)
+        assert "deadline" in refused or "needs" in refused, refused  # the reason, not just the verdict
+        tainted = _wait_line(lines, "tainted flotilla.dev/unhealthy", proc, timeout=180)
+        moved = _wait_line(lines, "through its checkpoint at step", proc, timeout=180)
+        assert moved.endswith(": 0 steps lost"), moved
+        _wait_line(lines, "returned to service", proc, timeout=60)
+        _wait_line(lines, "Flotilla keeps running", proc, timeout=60)
+        node = tainted.split()[1]
+        assert f"pretrain runs on {node}" in _wait_line(lines, "pretrain runs on", proc, timeout=1)
+        assert node not in moved.split(" through ")[0], moved  # it left the tainted node
+        started = [int(line.split()[1]) for line in (state / "demo.pids").read_text().splitlines()]
+        assert len(started) >= 3 + 1  # operator, controller, simworkers and an agent per node
+
+        read_token = next(line.split(",")[0] for line in (state / "console-tokens").read_text().splitlines()
+                          if line.endswith(",read,demo-viewer"))
+        base = f"http://127.0.0.1:{port}"
+        with browser.chromium() as d:
+            browser.sign_in(d, base, read_token)
+            d.get(f"{base}/ui/#/training")
+            shown = browser.wait(d, lambda d: {r.get_attribute("data-job"): r.get_attribute("data-phase") for r in
+                                               d.find_elements("css selector", "tr[data-job]")}
+                                 if len(d.find_elements("css selector", "tr[data-job]")) >= 4 else None,
+                                 "the demo's jobs in the console", timeout=30)
+        assert shown.get("default/too-late") == "Rejected" and "default/pretrain" in shown, shown
+
+        assert proc.wait(timeout=180) == 0, "\n".join(lines[-40:])
+        assert not (state / "demo.pids").exists()
+        left = [pid for pid in started if Path(f"/proc/{pid}").exists()]
+        assert not left, f"processes the demo started outlived it: {left}"
+    finally:
+        stop_process(proc, group=True)
+        subprocess.run([str(ROOT / "e2e" / "cluster.sh"), "down"], env=env, check=False, capture_output=True)

@@ -1,0 +1,66 @@
+"""The scenario `flotilla demo` plays: what Flotilla does that other schedulers do not, one announced step at a
+time, each visible in the console as it happens."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import TYPE_CHECKING, Callable
+
+import httpx
+
+if TYPE_CHECKING:
+    from flotilla.commands.demo import Demo
+
+UNHEALTHY = "flotilla.dev/unhealthy"
+
+
+def _job(name: str, deadline_s: int, steps: int, min_gpus: int, max_gpus: int) -> str:
+    return json.dumps({
+        "apiVersion": "flotilla.dev/v1alpha1", "kind": "TrainingJob", "metadata": {"name": name},
+        "spec": {"deadlineSeconds": deadline_s, "totalSteps": steps,
+                 "elasticity": {"minGPUs": min_gpus, "maxGPUs": max_gpus, "gpusPerWorker": 8},
+                 "throughput": [{"gpus": 8, "stepsPerSecond": 2.0}, {"gpus": 16, "stepsPerSecond": 3.6}],
+                 "checkpoint": {"intervalSteps": 2000, "restoreSeconds": 30},
+                 "template": {"spec": {"containers": [{"name": "worker", "image": "example-worker"}]}}}})
+
+
+def play(demo: "Demo", agent_token: Path, admin_token: str, start_agent: Callable[..., None]) -> None:
+    from flotilla.commands.demo import say, wait_for
+
+    def status(name: str) -> dict:
+        found: dict = demo.get("trainingjob", name).get("status", {})
+        return found
+
+    say("step 1/2: a job whose deadline cannot be met is refused, with the reason")
+    demo.k("apply", "-f", "-", input=_job("too-late", 600, 500_000, 8, 16), capture_output=True)
+    refused = wait_for("too-late refused", lambda: (s := status("too-late")).get("phase") == "Rejected" and s,
+                       timeout=60, demo=demo)
+    say(f"  too-late: Rejected — {refused.get('message', '').removeprefix('rejected: ')}")
+
+    say("step 2/2: a GPU fault on a node that runs a job: the node is tainted, the job moves through a checkpoint")
+    demo.k("apply", "-f", "-", input=_job("pretrain", 30 * 86400, 4_000_000, 8, 16), capture_output=True)
+    running = wait_for("pretrain running", lambda: (s := status("pretrain")).get("phase") == "Running"
+                       and s.get("placement") and s.get("progress", {}).get("steps", 0) > 0 and s,
+                       timeout=120, demo=demo)
+    node = running["placement"][0]["node"]
+    before = status("pretrain").get("progress", {}).get("steps", 0)
+    say(f"  pretrain runs on {', '.join(p['node'] for p in running['placement'])} at step {before}; "
+        f"{node}'s agent now reports an uncorrectable ECC error on GPU 0")
+    demo.stop_one(f"agent-{node}")
+    start_agent(demo, node, agent_token, "--inject", "ecc_error@1")
+    wait_for(f"{node} tainted", lambda: any(t.get("key") == UNHEALTHY for t in
+                                            demo.get("node", node).get("spec", {}).get("taints") or []),
+             timeout=90, demo=demo)
+    say(f"  {node} tainted {UNHEALTHY}: the controller found the fault")
+    moved = wait_for("pretrain moved off the node", lambda: (s := status("pretrain")).get("phase") == "Running"
+                     and node not in {p["node"] for p in s.get("placement", [])} and s, timeout=120, demo=demo)
+    at = moved.get("checkpoint", {}).get("step", 0)
+    say(f"  pretrain moved to {', '.join(p['node'] for p in moved['placement'])} through its checkpoint at step {at} "
+        f"(it was at step {before} when the fault struck): {max(0, before - at)} steps lost")
+    demo.stop_one(f"agent-{node}")
+    start_agent(demo, node, agent_token)
+    r = httpx.post(f"{demo.url}/v1/nodes/{node}/return-to-service", json={"reason": "demo: GPU replaced"},
+                   headers={"Authorization": f"Bearer {admin_token}"}, timeout=10)
+    r.raise_for_status()
+    say(f"  {node}'s GPU replaced (a healthy agent again) and returned to service through the API")
