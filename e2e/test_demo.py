@@ -77,7 +77,7 @@ def test_the_demo_plays_its_scenario_then_serves_the_console_until_stopped(tmp_p
                                  "the demo's jobs in the console", timeout=30)
         assert shown.get("default/too-late") == "Rejected" and "default/pretrain" in shown, shown
 
-        assert proc.wait(timeout=180) == 0, "\n".join(lines[-40:])
+        assert proc.wait(timeout=300) == 0, "\n".join(lines[-40:])
         assert not (state / "demo.pids").exists()
         left = [pid for pid in started if Path(f"/proc/{pid}").exists()]
         assert not left, f"processes the demo started outlived it: {left}"

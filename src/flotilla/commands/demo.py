@@ -25,7 +25,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Mapping
 
 HELP = "Bring up a local cluster with fake GPU nodes, run Flotilla on examples/ and play its scenario"
 FINISHED = ("Succeeded", "Failed", "Rejected")
@@ -122,13 +122,16 @@ class Demo:
 
     def stop_one(self, name: str) -> None:
         proc = self.procs.pop(name)
-        _stop_group(proc.pid)
+        _stop_groups([proc.pid], {proc.pid: proc})
         proc.wait()
         self._write_pids()
 
     def stop_all(self) -> None:
-        for name in list(self.procs):
-            self.stop_one(name)
+        """All at once: each may take seconds to shut down cleanly (the operator gives up its writes)."""
+        _stop_groups([p.pid for p in self.procs.values()], {p.pid: p for p in self.procs.values()})
+        for proc in self.procs.values():
+            proc.wait()
+        self.procs.clear()
         self.pids.unlink(missing_ok=True)
 
     def _write_pids(self) -> None:
@@ -138,22 +141,30 @@ class Demo:
         return next((name for name, p in self.procs.items() if p.poll() is not None), None)
 
 
-def _stop_group(pgid: int, timeout: float = 20.0) -> None:
-    try:
-        os.killpg(pgid, signal.SIGTERM)
-    except ProcessLookupError:
-        return
+def _stop_groups(pgids: list[int], children: Mapping[int, subprocess.Popen] | None = None,
+                 timeout: float = 20.0) -> None:
+    """SIGTERM to each process group, SIGKILL to what is left of them after `timeout` s. `children`: the
+    leaders that are our own children, reaped here (an exited child not yet reaped still counts as alive)."""
+    children = children or {}
+
+    def signal_all(sig: int, among: list[int]) -> list[int]:
+        alive = []
+        for pgid in among:
+            if pgid in children and children[pgid].poll() is not None and sig == 0:
+                continue
+            try:
+                os.killpg(pgid, sig)
+                alive.append(pgid)
+            except ProcessLookupError:
+                pass
+        return alive
+
+    left = signal_all(signal.SIGTERM, pgids)
     deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        try:
-            os.killpg(pgid, 0)
-        except ProcessLookupError:
-            return
+    while left and time.monotonic() < deadline:
         time.sleep(0.2)
-    try:
-        os.killpg(pgid, signal.SIGKILL)
-    except ProcessLookupError:
-        pass
+        left = signal_all(0, left)
+    signal_all(signal.SIGKILL, pgids)  # the leaders' children too, if any outlived them
 
 
 def stop_left_running(demo: Demo) -> int:
@@ -163,7 +174,7 @@ def stop_left_running(demo: Demo) -> int:
             name, _, pid = line.partition(" ")
             if pid.isdigit() and _ours(int(pid)):
                 print(f"stopping {name} (pid {pid})")
-                _stop_group(int(pid))
+                _stop_groups([int(pid)])
         demo.pids.unlink()
     subprocess.run([str(demo.cluster), "down"], env=demo.env, check=False)
     return 0
