@@ -212,6 +212,7 @@ def run(args: argparse.Namespace) -> int:
     if demo.pids.exists() and any(_ours(int(p)) for _, _, p in
                                   (line.partition(" ") for line in demo.pids.read_text().splitlines()) if p.isdigit()):
         raise SystemExit("a demo is already running (see .flotilla/demo.pids); `make down` stops it")
+    signal.signal(signal.SIGTERM, _interrupt)  # `kill` stops it as Ctrl-C does: what it started is stopped too
     demo.up()
     demo.k("apply", "--server-side", "-f", str(demo.repo / "crds"))
     demo.k("wait", "--for", "condition=established", "--timeout=60s", "crd/trainingjobs.flotilla.dev",
@@ -256,6 +257,10 @@ def run(args: argparse.Namespace) -> int:
         else:
             say(f"Flotilla stopped; the cluster is still up (KUBECONFIG={demo.kubeconfig}); `make down` stops it.")
     return 0
+
+
+def _interrupt(signum: int, frame: object) -> None:
+    raise KeyboardInterrupt
 
 
 def start_agent(demo: Demo, node: str, token_file: Path, *extra: str) -> None:
