@@ -30,8 +30,8 @@ def test_simulated_agent_streams_samples_with_the_injected_fault(redis_url, tmp_
 
 
 def test_inject_without_the_simulated_source_is_refused(capsys):
-    with pytest.raises(SystemExit, match="--inject needs --source sim"):
-        main(["agent", "--node", "n", "--redis-url", "redis://127.0.0.1:1/0", "--inject", "node_down@1"])
+    assert main(["agent", "--node", "n", "--redis-url", "redis://127.0.0.1:1/0", "--inject", "node_down@1"]) == 2
+    assert capsys.readouterr().err == "flotilla agent: error: --inject needs --source sim\n"
 
 
 @pytest.mark.redis
@@ -45,9 +45,9 @@ def test_a_clock_offset_stamps_the_published_samples_off_the_wall_clock(redis_ur
     assert stamps and all(before - 31 <= ts <= time.time() - 29 for ts in stamps)
 
 
-def test_a_clock_offset_without_the_simulated_source_is_refused():
-    with pytest.raises(SystemExit, match="--clock-offset needs --source sim"):
-        main(["agent", "--node", "n", "--redis-url", "redis://127.0.0.1:1/0", "--clock-offset", "30"])
+def test_a_clock_offset_without_the_simulated_source_is_refused(capsys):
+    assert main(["agent", "--node", "n", "--redis-url", "redis://127.0.0.1:1/0", "--clock-offset", "30"]) == 2
+    assert capsys.readouterr().err == "flotilla agent: error: --clock-offset needs --source sim\n"
 
 
 @pytest.mark.redis
