@@ -13,7 +13,7 @@ from typing import Any, Mapping, Sequence
 
 from flotilla.controller.mirror import DecisionRecord
 from flotilla.controller.reclaims import ReclaimSign
-from flotilla.resources import parse
+from flotilla.resources import parse, queue
 from flotilla.tenancy import RESOURCE_GPU, QueueSpec, Quota
 
 # The numbers of a Queue's status, in the order the API, the usage history and the metrics show them.
@@ -37,42 +37,16 @@ class QueueRecord:
 
 
 def parse_queue(obj: Mapping[str, Any]) -> QueueRecord:
-    """A Queue object as the API server returns it -> QueueRecord; ValueError naming the field when malformed."""
-    meta = parse.mapping(obj, "metadata", "")
-    name = meta.get("name")
-    if not isinstance(name, str) or not name:
-        raise ValueError("metadata.name must be a non-empty string")
-    spec = parse.mapping(obj, "spec", "")
-    status = parse.mapping(obj, "status", "")
-    gpu: Mapping[str, Any] = {}
-    resources = spec.get("resources") or []
-    if not isinstance(resources, list):
-        raise ValueError("spec.resources must be a list")
-    for i, r in enumerate(resources):
-        if not isinstance(r, Mapping):
-            raise ValueError(f"spec.resources[{i}] must be an object")
-        if r.get("name") == RESOURCE_GPU:
-            gpu = r
-    where = f"spec.resources[{RESOURCE_GPU}]"
-    parent = spec.get("parent")
-    if parent is not None and not isinstance(parent, str):
-        raise ValueError("spec.parent must be a string")
-    namespaces = spec.get("namespaces") or []
-    if not isinstance(namespaces, list) or not all(isinstance(n, str) for n in namespaces):
-        raise ValueError("spec.namespaces must be a list of strings")
-    weight = parse.number(spec, "weight", "spec")
-    conditions = status.get("conditions") or []
-    if not isinstance(conditions, list):
-        raise ValueError("status.conditions must be a list")
+    """A Queue object as the API server returns it -> QueueRecord; ValueError naming the field when malformed
+    (flotilla.resources.queue reads it)."""
+    q = queue.parse(obj)
+    gpu = q.spec.quotas.get(RESOURCE_GPU) or Quota(nominal=0)
     return QueueRecord(
-        name=name, uid=str(meta.get("uid") or ""), parent=parent or None,
-        weight=1.0 if weight is None else weight, namespaces=tuple(namespaces),
-        nominal=parse.integer(gpu, "nominal", where),
-        borrowing_limit=parse.optional_integer(gpu, "borrowingLimit", where),
-        lending_limit=parse.optional_integer(gpu, "lendingLimit", where),
-        usage={f: parse.integer(status, f, "status") for f in USAGE_FIELDS},
-        last_condition=parse.last_condition(tuple(c for c in conditions if isinstance(c, Mapping))),
-        spec=dict(spec), status=dict(status))
+        name=q.name, uid=q.uid, parent=q.spec.parent, weight=q.spec.weight, namespaces=q.spec.namespaces,
+        nominal=gpu.nominal, borrowing_limit=gpu.borrowing_limit, lending_limit=gpu.lending_limit,
+        usage={f: parse.integer(q.status, f, "status") for f in USAGE_FIELDS},
+        last_condition=parse.last_condition(q.conditions),
+        spec=dict(parse.mapping(obj, "spec", "")), status=dict(q.status))
 
 
 def queue_spec(rec: QueueRecord) -> QueueSpec:

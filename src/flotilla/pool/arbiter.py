@@ -103,7 +103,7 @@ def decide(snapshot: PoolSnapshot, policy: PoolPolicy = PoolPolicy()) -> PoolDec
 
     job_decisions = {key: _job_decision(d, placements[key], protected[key], loans) for key, d in decision.jobs.items()}
     serving_decisions = {s.sd.key: _serving_decision(s, protected, placements) for s in servings}
-    return PoolDecision(job_decisions, serving_decisions, tuple(loans), _transition(snapshot, job_decisions,
+    return PoolDecision(job_decisions, serving_decisions, tuple(loans), transition(snapshot, job_decisions,
                                                                                     serving_decisions))
 
 
@@ -295,8 +295,10 @@ def _serving_decision(s: _Serving, protected: dict[str, int], placements: dict[s
     return ServingDecision(s.sd.key, dict(s.placement), s.want, "; ".join(notes), s.below_since)
 
 
-def _transition(snapshot: PoolSnapshot, jobs: dict[str, JobDecision],
-                serving: dict[str, ServingDecision]) -> Transition:
+def transition(snapshot: PoolSnapshot, jobs: Mapping[str, JobDecision],
+               serving: Mapping[str, ServingDecision]) -> Transition:
+    """Who shrinks and who grows from the snapshot's placements to the decisions', and what each holds
+    in between (shrink first, then grow)."""
     before = {f"tj/{j.key}": dict(j.placement) for j in snapshot.jobs}
     before.update({f"sd/{s.key}": dict(s.placement) for s in snapshot.serving})
     after = {f"tj/{k}": dict(d.placement) for k, d in jobs.items()}

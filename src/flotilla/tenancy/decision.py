@@ -32,7 +32,7 @@ from flotilla.allocation.placement import shrink_in_place
 from flotilla.allocation.sizes import fit_size, job_sizes
 from flotilla.allocation.snapshot import ClusterSnapshot, JobDecision, JobState, NodeState, Verdict
 from flotilla.pool import arbiter
-from flotilla.pool.types import Loan, PoolDecision, PoolPolicy, PoolSnapshot, ServingDecision, ServingState, Transition
+from flotilla.pool.types import Loan, PoolDecision, PoolPolicy, PoolSnapshot, ServingDecision, ServingState
 from flotilla.tenancy.model import IMPLICIT_QUEUE, RESOURCE_GPU, QueueProblem, QueueSpec, validate_queues
 from flotilla.tenancy.shares import Claim, settle, split_tree
 from flotilla.tenancy.types import QueueUsage, Reclaim, TenantDecision
@@ -155,7 +155,7 @@ def decide(snapshot: PoolSnapshot, queues: Sequence[QueueSpec], policy: PoolPoli
                 final[node] = final.get(node, 0) + g
         loans.extend(decision.loans)
         occupied[name] = final
-    pool = PoolDecision(jobs, serving, tuple(loans), _transition(snapshot, jobs, serving))
+    pool = PoolDecision(jobs, serving, tuple(loans), arbiter.transition(snapshot, jobs, serving))
     usage = {name: _usage(m.guarantee if m.spec is None else m.spec.quota().nominal,
                           [jobs[j.key] for j in m.jobs], [serving[s.key] for s in m.serving])
              for name, m in members.items() if m.spec is not None or m.jobs or m.serving or m.guarantee}
@@ -405,22 +405,3 @@ def _lend(usage: dict[str, QueueUsage], members: Mapping[str, _Queue]) -> None:
         lent = min(unused, borrowed)
         borrowed -= lent
         usage[name] = replace(u, lent=lent)
-
-
-def _transition(snapshot: PoolSnapshot, jobs: Mapping[str, JobDecision],
-                serving: Mapping[str, ServingDecision]) -> Transition:
-    """Shrink first, then grow (as flotilla.pool's transition), over every queue's holders."""
-    before = {f"tj/{j.key}": dict(j.placement) for j in snapshot.jobs}
-    before.update({f"sd/{s.key}": dict(s.placement) for s in snapshot.serving})
-    after = {f"tj/{k}": dict(d.placement) for k, d in jobs.items()}
-    after.update({f"sd/{k}": dict(d.placement) for k, d in serving.items()})
-    shrink, grow, interim = [], [], {}
-    for holder in sorted(set(before) | set(after)):
-        old, new = before.get(holder, {}), after.get(holder, {})
-        nodes = set(old) | set(new)
-        interim[holder] = {n: min(old.get(n, 0), new.get(n, 0)) for n in nodes if min(old.get(n, 0), new.get(n, 0))}
-        if any(old.get(n, 0) > new.get(n, 0) for n in nodes):
-            shrink.append(holder)
-        if any(new.get(n, 0) > old.get(n, 0) for n in nodes):
-            grow.append(holder)
-    return Transition(tuple(shrink), tuple(grow), interim)
