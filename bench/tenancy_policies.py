@@ -153,6 +153,16 @@ def _place(size: int, free: dict[str, int]) -> dict[str, int] | None:
     return out if left == 0 else None
 
 
+def _start(w: "_Workload", got: dict[str, int], free: dict[str, int], usage: dict[str, int],
+           running: list["_Workload"]) -> None:
+    """A workload placed: its GPUs taken from the free ones and counted to its team."""
+    w.placement = got
+    for n, g in got.items():
+        free[n] -= g
+    usage[w.team] += w.size
+    running.append(w)
+
+
 class _Evicting:
     preempts = "evict"
 
@@ -263,13 +273,8 @@ class KueueLike(_Evicting):
 
                 if self.evict(victims, running, free, usage, w.size, may_take):
                     got = _place(w.size, free)
-            if got is None:
-                continue
-            w.placement = got
-            for n, g in got.items():
-                free[n] -= g
-            usage[w.team] += w.size
-            running.append(w)
+            if got is not None:
+                _start(w, got, free, usage, running)
 
 
 class KaiLike(_Evicting):
@@ -310,13 +315,8 @@ class KaiLike(_Evicting):
 
                 if self.evict(victims, running, free, usage, w.size, may_take):
                     got = _place(w.size, free)
-            if got is None:
-                continue
-            w.placement = got
-            for n, g in got.items():
-                free[n] -= g
-            usage[team] += w.size
-            running.append(w)
+            if got is not None:
+                _start(w, got, free, usage, running)
 
 
 class KueueSized(KueueLike):
