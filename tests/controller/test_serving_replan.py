@@ -133,7 +133,7 @@ def test_every_write_carries_the_plan_so_server_side_apply_keeps_it(setup, clock
     body["spec"]["slo"]["attainment"] = 0.95  # kubectl apply of the user's manifest: spec.plan is not in it
     step(replanner, clock, 12.0)  # well within the plan (17 would now call for more at the stricter SLO)
     assert applies(actions)[-1]["spec"]["plan"] == plan_
-    assert operator_serving.target(land(actions)).replicas == {"prefill": plan_["prefillReplicas"],
+    assert operator_serving.target(land(actions)["spec"]).replicas == {"prefill": plan_["prefillReplicas"],
                                                                 "decode": plan_["decodeReplicas"]}
 
 

@@ -2,9 +2,14 @@ import json
 
 import pytest
 
+from flotilla.allocation import policies
 from flotilla.operator import serving
 from flotilla.operator.actions import ApplyDeployment, ApplyObject, PatchStatus, PostEvent
-from tests.operator_plan.builders import T0
+from flotilla.operator.reconcile import Planner
+from flotilla.pool import PoolPolicy
+from flotilla.serving import target as target_module
+from flotilla.serving.target import target
+from tests.operator_plan.builders import T0, node
 
 
 def sd(mode="fixed", p=1, d=2, max_gpus=12, status=None):
@@ -193,10 +198,10 @@ def test_auto_mode_deploys_spec_plan_never_status_and_mirrors_it_into_status():
     assert st["lastPlan"] == {"time": "2027-01-15T08:00:00Z", "reason": "scale up: 18 req/s"}
     # The user changes another spec field (kubectl apply of a manifest without spec.plan): the plan holds.
     body["spec"]["slo"]["attainment"] = 0.95
-    assert serving.target(body).replicas == {"prefill": 3, "decode": 5}
+    assert serving.target(body["spec"]).replicas == {"prefill": 3, "decode": 5}
     # In fixed mode spec.plan is ignored.
     body["spec"]["planner"] = {"mode": "fixed", "prefillReplicas": 1, "decodeReplicas": 1}
-    assert serving.target(body).replicas == {"prefill": 1, "decode": 1}
+    assert serving.target(body["spec"]).replicas == {"prefill": 1, "decode": 1}
 
 
 @pytest.mark.parametrize("raw", ["{not json", "[1, 2]", json.dumps({"requestsPerSecond": -1, "attainment": 7,
@@ -272,3 +277,36 @@ def test_an_endpoint_object_applied_a_moment_ago_is_not_sent_again_until_the_rel
     assert not view.applied_recently(service, 161.0, ttl=60)  # applied again: one deleted by hand comes back
     changed = {**service, "spec": {**service["spec"], "ports": [{"name": "http", "port": 9000}]}}
     assert not view.applied_recently(changed, 101.0, ttl=60)  # a different manifest goes at once
+
+
+def target_spec(**extra):
+    template = {"spec": {"containers": [{"name": "vllm", "image": "vllm"}]}}
+    return {"slo": {"ttftMs": 400, "tpotMs": 100, "attainment": 0.9},
+            "workload": {"requestsPerSecond": 6, "inputTokens": 512, "outputTokens": 128},
+            "profile": {"name": "opt-13b-a100"}, "maxGPUs": 16,
+            "prefill": {"template": template}, "decode": {"template": template},
+            "planner": {"mode": "auto"}, **extra}
+
+
+def test_a_pass_makes_each_target_once_per_spec_for_the_pool_and_the_deployments(monkeypatch):
+    calls = []
+    real = target_module.plan
+    monkeypatch.setattr(target_module, "plan", lambda request: calls.append(request) or real(request))
+    body = {"apiVersion": "flotilla.dev/v1alpha1", "kind": "ServingDeployment",
+            "metadata": {"name": "chat", "namespace": "ns", "uid": "u1", "generation": 1}, "spec": target_spec(),
+            "status": {}}
+    planner, allocator = Planner(), policies.get("elastic-deadline")
+    nodes = {"n0": node("n0", 8), "n1": node("n1", 8)}
+    first = planner.plan(T0, allocator, {}, nodes, {}, {"ns/chat": body}, {}, pool=PoolPolicy())
+    assert len(calls) == 1  # the arbiter's demand and the Deployments: one Target
+    replicas = {a.manifest["metadata"]["name"]: a.manifest["spec"]["replicas"]
+                for _, _, acts in first for a in acts if isinstance(a, ApplyDeployment)}
+    wanted = target(body["spec"])
+    assert replicas == {"chat-prefill": wanted.replicas["prefill"], "chat-decode": wanted.replicas["decode"]}
+    calls.clear()
+    planner.plan(T0 + 1, allocator, {}, nodes, {}, {"ns/chat": {**body, "status": {"phase": "Progressing"}}}, {},
+                 pool=PoolPolicy())
+    assert calls == []  # the same spec: the same Target
+    changed = {**body, "spec": target_spec(workload={"requestsPerSecond": 12, "inputTokens": 512, "outputTokens": 128})}
+    planner.plan(T0 + 2, allocator, {}, nodes, {}, {"ns/chat": changed}, {}, pool=PoolPolicy())
+    assert len(calls) == 1

@@ -42,7 +42,8 @@ from flotilla.resources.names import ANNOTATION_OBSERVED
 from flotilla.resources.names import ANNOTATION_REPLAN_REQUEST as REPLAN_REQUEST
 from flotilla.serving.planner import Plan
 from flotilla.serving.replan import ObservedWindow, ReplanMemory, ReplanPolicy, Replanner
-from flotilla.serving.spec import plan_field, plan_from_spec, plan_from_status, plan_request
+from flotilla.serving.spec import plan_field, plan_request
+from flotilla.serving.target import deployed
 
 log = logging.getLogger(__name__)
 PLURAL = "servingdeployments"
@@ -113,8 +114,7 @@ class ServingReplanner:
         """What to do about one ServingDeployment now (no writes: the actions for the applier)."""
         meta, spec, status = body["metadata"], body["spec"], body.get("status") or {}
         key = f"{meta['namespace']}/{meta['name']}"
-        # What the operator deploys: the plan in the spec, else its first plan for spec.workload (status).
-        current = plan_from_spec(spec) or plan_from_status(status)
+        current = deployed(spec, status)  # what the operator deploys (flotilla.serving.target)
         if (spec.get("planner") or {}).get("mode", "auto") != "auto" or current is None:
             return self._forget(key)  # fixed mode, or the operator has not made the first plan yet
         with self._lock:

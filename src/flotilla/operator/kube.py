@@ -7,14 +7,13 @@ import json
 import logging
 import time
 from concurrent.futures import ThreadPoolExecutor
-from types import SimpleNamespace
 from typing import Any, Callable
 
 from kubernetes import client
 from kubernetes.client.rest import ApiException
 
 from flotilla import GROUP, VERSION
-from flotilla.kubeapi import DEFAULT_TIMEOUT_SECONDS, JSON, NotLeader, send
+from flotilla.kubeapi import DEFAULT_TIMEOUT_SECONDS, MERGE_PATCH, EventsApi, NotLeader, Wire, send
 from flotilla.operator import failpoints
 from flotilla.operator.actions import (
     Action,
@@ -92,7 +91,7 @@ class Kube:
 
     def __init__(self, api: client.ApiClient, concurrency: int = 16, limiter: RateLimiter | None = None,
                  timeout: float = DEFAULT_TIMEOUT_SECONDS):
-        self.wire = Wire(api)
+        self.wire = Wire(api, FIELD_MANAGER)
         self._limit = asyncio.Semaphore(concurrency)
         self._pool = ThreadPoolExecutor(max_workers=concurrency, thread_name_prefix="kube")
         self._limiter = limiter or RateLimiter(0, 0)
@@ -231,55 +230,6 @@ class Kube:
 
     def _event(self, a: PostEvent) -> Any:
         return self.events.record(a.involved, a.type, a.reason, a.message)
-
-
-MERGE_PATCH = "application/merge-patch+json"  # RFC 7386, as `flotilla.operator.view.merge_patch` shows it
-APPLY_PATCH = "application/apply-patch+yaml"  # server-side apply (a JSON body is YAML)
-
-
-class Wire:
-    """The operator's writes as requests (`flotilla.kubeapi.send`): a created pod's typed reply model cost
-    more of the operator's CPU than sending it, and nothing here reads it."""
-
-    def __init__(self, api: client.ApiClient):
-        self.api = api
-
-    def send(self, method: str, path: str, body: Any = None, *, query: list[tuple[str, str]] | None = None,
-             content_type: str = JSON, answer: bool = False, timeout: float | None = None) -> Any:
-        """One request; `answer`: returns the reply's JSON, else True. Raises ApiException for a reply
-        other than 2xx."""
-        response = send(self.api, method, path, body, query=query, content_type=content_type, timeout=timeout)
-        try:
-            data = response.data
-            return json.loads(data) if answer else True
-        finally:
-            response.release_conn()
-
-    def apply(self, path: str, manifest: dict[str, Any]) -> Any:
-        """Server-side apply, forced: this operator owns the fields it sets."""
-        return self.send("PATCH", path, manifest, query=[("fieldManager", FIELD_MANAGER), ("force", "true")],
-                         content_type=APPLY_PATCH)
-
-
-class EventsApi:
-    """The Event calls `EventRecorder` makes (CoreV1Api's names), as requests through a `Wire`."""
-
-    def __init__(self, wire: Wire):
-        self.wire = wire
-
-    def create_namespaced_event(self, namespace: str, body: dict[str, Any], _request_timeout: float | None = None,
-                                **_: Any) -> Any:
-        return self.wire.send("POST", f"/api/v1/namespaces/{namespace}/events", body, timeout=_request_timeout)
-
-    def read_namespaced_event(self, name: str, namespace: str, _request_timeout: float | None = None) -> Any:
-        event = self.wire.send("GET", f"/api/v1/namespaces/{namespace}/events/{name}", answer=True,
-                               timeout=_request_timeout)
-        return SimpleNamespace(count=event.get("count"))
-
-    def patch_namespaced_event(self, name: str, namespace: str, patch: dict[str, Any],
-                               _request_timeout: float | None = None, **_: Any) -> Any:
-        return self.wire.send("PATCH", f"/api/v1/namespaces/{namespace}/events/{name}", patch,
-                              content_type=MERGE_PATCH, timeout=_request_timeout)
 
 
 def _custom(plural: str, namespace: str) -> str:

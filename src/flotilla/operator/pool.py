@@ -20,11 +20,12 @@ from typing import Any, Callable, Mapping
 
 from flotilla import tenancy as tenancy_
 from flotilla.allocation import ClusterSnapshot, JobDecision, JobState, NodeState
-from flotilla.operator import queues, serving, training
+from flotilla.operator import queues, training
 from flotilla.operator.pods import holds_gpus, pod_gpus, serving_key, worker_job_uid
 from flotilla.operator.serving import ServingGrant
 from flotilla.pool import PoolDecision, PoolPolicy, PoolSnapshot, ServingState, decide, with_foreign_gpus
 from flotilla.resources import serving_deployment
+from flotilla.serving.target import Target, target
 
 Body = Mapping[str, Any]
 
@@ -37,8 +38,8 @@ class PoolPlan:
     tenant: tenancy_.TenantDecision | None = None  # with queues: the tenancy decision this plan carries out
 
 
-def _serving_state(body: Body, placement: Mapping[str, int], now: float,
-                   policy: PoolPolicy) -> tuple[ServingState, tuple[int, float]] | None:
+def _serving_state(body: Body, placement: Mapping[str, int], now: float, policy: PoolPolicy,
+                   want: Target | ValueError) -> tuple[ServingState, tuple[int, float]] | None:
     """The arbiter's view of a ServingDeployment, and its recent peak demand (GPUs, since when);
     None when it has no valid plan (plan_serving refuses it).
 
@@ -47,9 +48,7 @@ def _serving_state(body: Body, placement: Mapping[str, int], now: float,
     sd = serving_deployment.parse(body)
     if sd.max_gpus is None:
         raise ValueError(f"ServingDeployment {sd.key} has no spec.maxGPUs")
-    try:
-        want = serving.target(body)
-    except ValueError:
+    if isinstance(want, ValueError):
         return None
     unit = max(want.gpus_per_instance.values())
     max_gpus, min_gpus = sd.max_gpus, sd.min_gpus
@@ -65,6 +64,17 @@ def _serving_state(body: Body, placement: Mapping[str, int], now: float,
                          forecast=((now, peak),) if peak > demand else (),
                          below_since=sd.pool.below_since if sd.pool else None)
     return state, (peak, since)
+
+
+def targets_of(servings: Mapping[str, Body]) -> dict[str, Target | ValueError]:
+    """Each ServingDeployment's Target (`flotilla.serving.target`), or why it has none."""
+    out: dict[str, Target | ValueError] = {}
+    for key, body in servings.items():
+        try:
+            out[key] = target(body["spec"])
+        except ValueError as e:
+            out[key] = e
+    return out
 
 
 @dataclass
@@ -83,16 +93,19 @@ class _PodUsage:
 
 def arbitrate(now: float, policy: PoolPolicy, jobs: Mapping[str, Body], nodes: Mapping[str, Body],
               pods: Mapping[str, Body], servings: Mapping[str, Body],
-              state_of: Callable[[Body], JobState] | None = None, base: ClusterSnapshot | None = None,
-              tenancy: queues.Tenancy | None = None) -> PoolPlan:
-    """`state_of`: `training.job_state`, or a cache of it; `base`: `training.snapshot` of the same objects,
+              job_states: Mapping[str, JobState] | None = None, base: ClusterSnapshot | None = None,
+              tenancy: queues.Tenancy | None = None, targets: Mapping[str, Target | ValueError] | None = None
+              ) -> PoolPlan:
+    """`job_states`: job key -> its `training.job_state`, when already made; `base`: `training.snapshot` of the same objects,
     when already made; `tenancy`: the queues (`flotilla.tenancy.decide` decides, in place of
-    `flotilla.pool.decide`)."""
-    base = base or training.snapshot(now, jobs.values(), nodes.values(), pods.values(), state_of=state_of)
-    placement = training.placement_reader(state_of)
+    `flotilla.pool.decide`); `targets`: each ServingDeployment's `flotilla.serving.target.target` (or the
+    ValueError it raised), as the pass made them, else made here."""
+    base = base or training.snapshot(now, jobs.values(), nodes.values(), pods.values(), states=job_states)
+    placement = training.placement_reader(job_states)
     usage = _pod_usage(pods, servings, training.live_by_uid(jobs.values()),
                        {n.name for n in base.nodes if n.schedulable})
-    states, peaks = _serving_states(servings, usage, now, policy)
+    states, peaks = _serving_states(servings, usage, now, policy,
+                                    targets if targets is not None else targets_of(servings))
     node_states = with_foreign_gpus(base.nodes, usage.foreign)
     # A live job's old worker set terminating on a node it has left holds GPUs nobody may be given yet
     # (`_free_now` counts them through the job's pods).
@@ -148,13 +161,14 @@ def _pod_usage(pods: Mapping[str, Body], servings: Mapping[str, Body], live: Map
     return usage
 
 
-def _serving_states(servings: Mapping[str, Body], usage: _PodUsage, now: float, policy: PoolPolicy
+def _serving_states(servings: Mapping[str, Body], usage: _PodUsage, now: float, policy: PoolPolicy,
+                    targets: Mapping[str, Target | ValueError]
                     ) -> tuple[dict[str, ServingState], dict[str, tuple[int, float]]]:
     """The arbiter's view of each ServingDeployment with a valid plan, and its recent peak. What one
     without a plan holds is not the arbiter's to give: it is counted foreign."""
     states, peaks = {}, {}
     for key, body in sorted(servings.items()):
-        seen = _serving_state(body, usage.serving_live.get(key, {}), now, policy)
+        seen = _serving_state(body, usage.serving_live.get(key, {}), now, policy, targets[key])
         if seen is None:
             for node, g in usage.serving_live.get(key, {}).items():
                 usage.foreign[node] += g

@@ -11,23 +11,25 @@ from flotilla.allocation import Allocator, ClusterSnapshot, JobDecision, JobStat
 from flotilla.operator import queues, serving, training
 from flotilla.operator.actions import Action, Done
 from flotilla.operator.pods import holds_gpus, pod_gpus, serving_key, worker_job_uid
-from flotilla.operator.pool import arbitrate
+from flotilla.operator.pool import arbitrate, targets_of
 from flotilla.pool import PoolPolicy, with_foreign_gpus
 from flotilla.resources import names
+from flotilla.serving.target import Target
 
 Body = Mapping[str, Any]
 
 
 def training_snapshot(now: float, jobs: Mapping[str, Body], nodes: Mapping[str, Body],
-                      pods: Mapping[str, Body], state_of: Callable[[Body], JobState] | None = None,
+                      pods: Mapping[str, Body], states: Mapping[str, JobState] | None = None,
                       base: ClusterSnapshot | None = None) -> ClusterSnapshot:
     """The allocator's view: GPUs held by Flotilla pods that no live job accounts for (serving
     instances, workers of a job that is gone or finished, still terminating, orphans of a deleted job
     whose name a new one took, a live job's old worker set terminating where it no longer runs) are not
-    its to give. `base`: `training.snapshot` of the same objects, when already made."""
-    snap = base or training.snapshot(now, jobs.values(), nodes.values(), pods.values(), state_of=state_of)
+    its to give. `states`: job key -> its `training.job_state`, when already made; `base`: `training.snapshot` of
+    the same objects, when already made."""
+    snap = base or training.snapshot(now, jobs.values(), nodes.values(), pods.values(), states=states)
     live = training.live_by_uid(jobs.values())
-    placement = training.placement_reader(state_of)
+    placement = training.placement_reader(states)
     foreign: dict[str, int] = defaultdict(int, training.held_beyond_placement(jobs.values(), pods.values(), placement))
     for pod in pods.values():
         if holds_gpus(pod) and worker_job_uid(pod) not in live:
@@ -76,13 +78,15 @@ def _pods_by_job(pods: Mapping[str, Body]) -> dict[str, list[Body]]:
 
 
 def _plan_servings(now: float, servings: Mapping[str, Body], deployments: Mapping[str, Body],
-                   grants: Mapping[str, Any], inference_pools: bool) -> list[tuple[str, str, list[Action]]]:
+                   grants: Mapping[str, Any], inference_pools: bool, targets: Mapping[str, Target | ValueError]
+                   ) -> list[tuple[str, str, list[Action]]]:
     out: list[tuple[str, str, list[Action]]] = []
     for key, body in servings.items():
         ns = body["metadata"]["namespace"]
         deps = {role: deployments[d] for role in serving.ROLES
                 if (d := f"{ns}/{serving.deployment_name(body['metadata']['name'], role)}") in deployments}
-        out.append(("servings", key, serving.plan_serving(body, deps, now, grants.get(key), inference_pools)))
+        out.append(("servings", key, serving.plan_serving(body, deps, now, grants.get(key), inference_pools,
+                                                          want=targets[key])))
     return out
 
 
@@ -131,6 +135,7 @@ class Planner:
     _acted: set[str] = field(default_factory=set)  # job keys with actions in the last pass
     _timers: dict[str, float] = field(default_factory=dict)  # job key -> when time alone changes its plan
     _queues: queues.Glue = field(default_factory=queues.Glue)
+    _targets: dict[str, tuple[Body, Target | ValueError]] = field(default_factory=dict)  # key -> (spec, its Target)
 
     def plan(self, now: float, allocator: Allocator, jobs: Mapping[str, Body], nodes: Mapping[str, Body],
              pods: Mapping[str, Body], servings: Mapping[str, Body], deployments: Mapping[str, Body],
@@ -154,9 +159,9 @@ class Planner:
         self._states = {k: self._states[k] for k in jobs if k in self._states and self._states[k][0] is jobs[k]}
         self._node_states = {k: self._node_states[k] if k in self._node_states and self._node_states[k][0] is n
                              else (n, training.node_state(n)) for k, n in nodes.items()}
-        node_of = {id(n): state for n, state in self._node_states.values()}
-        base = training.snapshot(now, jobs.values(), nodes.values(), pods.values(), state_of=self._state_of,
-                                 node_of=lambda n: node_of[id(n)])
+        states = {key: self._state_of(body) for key, body in jobs.items()}
+        base = training.snapshot(now, jobs.values(), nodes.values(), pods.values(), states=states,
+                                 node_states={n["metadata"]["name"]: state for n, state in self._node_states.values()})
         self._pod_prints = {k: self._pod_prints[k] if k in self._pod_prints and self._pod_prints[k][0] is p
                             else (p, _pod_print(p)) for k, p in pods.items()}
         # What the allocator reads: the snapshot's nodes and jobs, the jobs' loans, the pods (what they add to
@@ -165,15 +170,16 @@ class Planner:
         inputs = (base.nodes, base.jobs, tuple(self._states[s.key][2] for s in base.jobs),
                   {k: v[1] for k, v in self._pod_prints.items()}, tuple(servings), tuple(map(id, servings.values())),
                   (tenancy.specs, tuple(sorted(tenancy.broken.items()))) if tenancy is not None else None)
+        targets = self._targets_of(servings)
         if full or inputs != self._inputs:
-            self._decide(now, allocator, pool, jobs, nodes, pods, servings, base, tenancy)
+            self._decide(now, allocator, pool, jobs, nodes, pods, servings, base, states, targets, tenancy)
             self._inputs = inputs
         decisions, lending, grants = self._decided
         pods_of = _pods_by_job(pods)
         ids = {uid: tuple(map(id, mine)) for uid, mine in pods_of.items()}
         out, acted = self._plan_jobs(now, allocator.name, jobs, pods_of, ids, plan_all, busy, max_restarts,
                                      agent_port)
-        out.extend(_plan_servings(now, servings, deployments, grants, inference_pools))
+        out.extend(_plan_servings(now, servings, deployments, grants, inference_pools, targets))
         out = self._queues.finish(out, tenancy, jobs, servings, busy, now, training.PLURAL, serving.PLURAL)
         if done is not None:  # after `acted`: a job whose actions are all done is planned again next pass
             out = [(kind, key, done.outstanding(kind, actions)) for kind, key, actions in out]
@@ -188,18 +194,19 @@ class Planner:
 
     def _decide(self, now: float, allocator: Allocator, pool: PoolPolicy | None, jobs: Mapping[str, Body],
                 nodes: Mapping[str, Body], pods: Mapping[str, Body], servings: Mapping[str, Body],
-                base: ClusterSnapshot, tenancy: queues.Tenancy | None) -> None:
+                base: ClusterSnapshot, states: Mapping[str, JobState], targets: Mapping[str, Target | ValueError],
+                tenancy: queues.Tenancy | None) -> None:
         """Run the allocator, or the unified pool's arbiter when there are ServingDeployments to share with or
         queues to decide between (flotilla.tenancy, through the arbiter)."""
         self.allocator_runs += 1
         if (pool is not None and servings) or tenancy is not None:
             shared = arbitrate(now, pool or PoolPolicy(), jobs, nodes, pods, servings if pool is not None else {},
-                               state_of=self._state_of, base=base, tenancy=tenancy)
+                               job_states=states, base=base, tenancy=tenancy, targets=targets)
             self._decided = (shared.jobs, shared.lending, shared.serving)
             self._queues.decided(shared.tenant)
         else:
             self._queues.decided(None)
-            self._decided = (allocator.decide(training_snapshot(now, jobs, nodes, pods, state_of=self._state_of,
+            self._decided = (allocator.decide(training_snapshot(now, jobs, nodes, pods, states=states,
                                                                 base=base)).jobs, {}, {})
 
     def _plan_jobs(self, now: float, policy: str, jobs: Mapping[str, Body], pods_of: Mapping[str, list[Body]],
@@ -231,6 +238,15 @@ class Planner:
                 timers.pop(key, None)
         self._timers = timers
         return out, acted
+
+    def _targets_of(self, servings: Mapping[str, Body]) -> dict[str, Target | ValueError]:
+        """Each ServingDeployment's Target (`flotilla.serving.target`: its replica counts), made once per spec:
+        the pool's arbiter and its Deployments read the same one."""
+        fresh = targets_of({k: body for k, body in servings.items()
+                            if k not in self._targets or self._targets[k][0] != body["spec"]})
+        self._targets = {k: (body["spec"], fresh[k] if k in fresh else self._targets[k][1])
+                         for k, body in servings.items()}
+        return {k: made for k, (_, made) in self._targets.items()}
 
     def _why_full(self, now: float, jobs: Mapping[str, Body], nodes: Mapping[str, Body],
                   inference_pools: bool) -> str | None:

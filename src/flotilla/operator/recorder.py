@@ -21,7 +21,7 @@ class EventRecorder:
     A create answered 409 finds this component's Event from before a restart (names are deterministic)
     and continues its count; a bump answered 404 (the Event expired) creates it again. Each API call
     has a timeout; a failed one raises to the caller, which logs it (an Event is never worth a retry).
-    `core`: a CoreV1Api, or anything with its three Event calls (the operator's `kube.EventsApi`).
+    `core`: a CoreV1Api, or anything with its three Event calls (the operator's `flotilla.kubeapi.EventsApi`).
     """
 
     def __init__(self, core: Any, component: str, clock: Callable[[], float] = time.time,

@@ -1,8 +1,9 @@
-"""ServingDeployments: from the spec to prefill/decode Deployments and the status. Pure.
+"""ServingDeployments: from their Target to prefill/decode Deployments and the status. Pure.
 
-In auto mode the plan is the controller's `spec.plan` (it owns that field through server-side apply),
-else the PD planner's first plan for spec.workload; the operator never writes the plan, and is the one
-writer of status, where it mirrors the plan it acts on and the controller's observed-load annotation.
+The replica counts are decided in `flotilla.serving.target` (fixed by the spec, the controller's `spec.plan` in
+auto mode, else the PD planner's first plan for spec.workload); the reconcile pass makes each Target once and
+hands it here and to the pool. The operator never writes the plan, and is the one writer of status, where it
+mirrors the plan it acts on and the controller's observed-load annotation.
 """
 
 from __future__ import annotations
@@ -17,66 +18,17 @@ from flotilla.operator.actions import Action, ApplyDeployment, ApplyObject, Patc
 from flotilla.operator.training import ref, set_condition
 from flotilla.operator.timeutil import rfc3339
 from flotilla.resources import names, phases
-from flotilla.serving.planner import Plan, plan
-from flotilla.serving.spec import observed_from_annotation, plan_from_spec, plan_request
+from flotilla.serving.spec import observed_from_annotation
+from flotilla.serving.target import ROLES, Target, fit, initial_plan, target
+
+__all__ = ["Target", "fit", "initial_plan", "target", "plan_serving", "deployment", "ServingGrant"]
 
 Body = Mapping[str, Any]
 PLURAL = "servingdeployments"
-ROLES = (names.ROLE_PREFILL, names.ROLE_DECODE)
 
 
 def deployment_name(sd: str, role: str) -> str:
     return f"{sd}-{role}"
-
-
-@dataclass(frozen=True)
-class Target:
-    """What the Deployments should be: instances and GPUs per instance per role, and why."""
-
-    replicas: dict[str, int]
-    gpus_per_instance: dict[str, int]
-    reason: str
-    predicted_goodput: float | None = None
-    slo_at_risk: bool = False
-
-    @property
-    def gpus(self) -> int:
-        return sum(self.replicas[r] * self.gpus_per_instance[r] for r in ROLES)
-
-    @property
-    def ratio(self) -> str:
-        return f"{self.replicas[names.ROLE_PREFILL]}:{self.replicas[names.ROLE_DECODE]}"
-
-
-def _pinned(spec: Body, role: str) -> int | None:
-    value = spec[role].get("gpusPerInstance")
-    return int(value) if value else None
-
-
-def initial_plan(spec: Body) -> Plan:
-    """The PD planner's plan for the spec's workload estimate (auto mode, before any observation).
-    Raises ValueError (ProfileError included) with the field named."""
-    return plan(plan_request(spec))
-
-
-def target(body: Body) -> Target:
-    """`fixed` mode: the spec's counts. `auto` mode: the controller's plan in spec.plan (re-planned from
-    observed load), else the PD planner's plan for spec.workload."""
-    spec = body["spec"]
-    planner = spec.get("planner") or {}
-    if planner.get("mode", "auto") == "fixed":
-        return Target({names.ROLE_PREFILL: int(planner["prefillReplicas"]),
-                       names.ROLE_DECODE: int(planner["decodeReplicas"])},
-                      {r: _pinned(spec, r) or 1 for r in ROLES}, "fixed by spec.planner")
-    p = plan_from_spec(spec)
-    if p is not None:
-        return Target({names.ROLE_PREFILL: p.prefill_replicas, names.ROLE_DECODE: p.decode_replicas},
-                      {names.ROLE_PREFILL: p.prefill_gpus_per_instance, names.ROLE_DECODE: p.decode_gpus_per_instance},
-                      p.reason or "spec.plan", p.predicted_goodput or None)
-    p = initial_plan(spec)
-    return Target({names.ROLE_PREFILL: p.prefill_replicas, names.ROLE_DECODE: p.decode_replicas},
-                  {names.ROLE_PREFILL: p.prefill_gpus_per_instance, names.ROLE_DECODE: p.decode_gpus_per_instance},
-                  p.reason, p.predicted_goodput, p.slo_at_risk)
 
 
 def last_plan(body: Body, want: Target, now: float) -> dict[str, str]:
@@ -139,23 +91,6 @@ class ServingGrant:
                 "belowSince": rfc3339(self.below_since) if self.below_since is not None else None}
 
 
-def fit(want: Target, gpus: int) -> Target:
-    """The largest plan within `gpus` that keeps the prefill:decode ratio as close as it can
-    (the smaller of the two roles' fractions of the plan first, then the GPUs used)."""
-    if want.gpus <= gpus:
-        return want
-    p, d = want.replicas[names.ROLE_PREFILL], want.replicas[names.ROLE_DECODE]
-    gp, gd = want.gpus_per_instance[names.ROLE_PREFILL], want.gpus_per_instance[names.ROLE_DECODE]
-
-    def score(option: tuple[int, int]) -> tuple[float, int]:
-        i, j = option
-        return min(i / p if p else 1.0, j / d if d else 1.0), i * gp + j * gd
-
-    i, j = max(((i, min(d, (gpus - i * gp) // gd)) for i in range(p + 1) if i * gp <= gpus), key=score)
-    return Target({names.ROLE_PREFILL: i, names.ROLE_DECODE: j}, dict(want.gpus_per_instance), want.reason,
-                  want.predicted_goodput, want.slo_at_risk)
-
-
 class _StatusPatch:
     """One ServingDeployment's status patch as it is built: only what differs from status."""
 
@@ -174,8 +109,10 @@ class _StatusPatch:
 
 
 def plan_serving(body: Body, deployments: Mapping[str, Body], now: float,
-                 grant: ServingGrant | None = None, inference_pools: bool = False) -> list[Action]:
-    """Actions for one ServingDeployment; `deployments` maps role -> its Deployment (if any).
+                 grant: ServingGrant | None = None, inference_pools: bool = False,
+                 want: Target | ValueError | None = None) -> list[Action]:
+    """Actions for one ServingDeployment; `deployments` maps role -> its Deployment (if any); `want`: its
+    `target` as the pass made it (or the ValueError it raised), else made here.
     With a `grant` from the unified pool, the Deployments hold at most `grant.budget` GPUs, and are
     not shrunk while the grant keeps more than the plan (the pool's hold-down). The endpoint's objects
     (flotilla.operator.endpoint) are applied on every pass, an InferencePool too when `inference_pools`
@@ -185,10 +122,13 @@ def plan_serving(body: Body, deployments: Mapping[str, Body], now: float,
     out = _StatusPatch(body, now)
     if out.status.get("observedGeneration") != meta.get("generation"):
         out.patch["observedGeneration"] = meta.get("generation")
-    try:
-        want = target(body)
-    except ValueError as e:
-        return _refuse(out, names.Reason.NO_PLAN, f"the planner found no plan: {e}")
+    if want is None:
+        try:
+            want = target(spec)
+        except ValueError as e:
+            want = e
+    if isinstance(want, ValueError):
+        return _refuse(out, names.Reason.NO_PLAN, f"the planner found no plan: {want}")
     if want.gpus > int(spec["maxGPUs"]):
         return _refuse(out, names.Reason.OVER_BUDGET,
                        f"the plan needs {want.gpus} GPUs, more than spec.maxGPUs={spec['maxGPUs']}")

@@ -59,9 +59,9 @@ def placement_of(body: Body) -> dict[str, int]:
             if gpus}
 
 
-def placement_reader(state_of: Callable[[Body], JobState] | None) -> Callable[[Body], Mapping[str, int]]:
-    """`placement_of`, or the placement a cache of `job_state` already holds (`state_of`)."""
-    return placement_of if state_of is None else (lambda body: state_of(body).placement)
+def placement_reader(states: Mapping[str, JobState] | None) -> Callable[[Body], Mapping[str, int]]:
+    """`placement_of`, or the placement the jobs' `job_state`s already hold (`states`: job key -> its state)."""
+    return placement_of if states is None else (lambda body: states[key_of(body)].placement)
 
 
 def progress_of(body: Body) -> dict[str, Any] | None:
@@ -140,18 +140,19 @@ def live_by_uid(jobs: Iterable[Body]) -> dict[str, str]:
 
 
 def snapshot(now: float, jobs: Iterable[Body], nodes: Iterable[Body], pods: Iterable[Body] = (),
-             state_of: Callable[[Body], JobState] | None = None,
-             node_of: Callable[[Body], NodeState] | None = None) -> ClusterSnapshot:
+             states: Mapping[str, JobState] | None = None,
+             node_states: Mapping[str, NodeState] | None = None) -> ClusterSnapshot:
     """The allocator's view. A job in `displaced(...)` is shown holding nothing, so that it is placed afresh.
-    `state_of`: `job_state`, or a cache of it; `node_of`: `node_state`, or a cache of it."""
-    gpu_nodes = tuple((node_of or node_state)(n) for n in nodes
+    `states`: job key -> its `job_state`, when already made (a cache); `node_states`: node name -> its
+    `node_state`, likewise. Data, not callbacks: the snapshot is read here without going back to the caller."""
+    gpu_nodes = tuple(node_states[n["metadata"]["name"]] if node_states is not None else node_state(n) for n in nodes
                       if "kwok.x-k8s.io/node" in (n["metadata"].get("annotations") or {})
                       or names.GPU_RESOURCE in ((n.get("status") or {}).get("allocatable") or {}))
     live = [j for j in jobs if not is_final(j)]
     moved = displaced(live, {n.name: n.total_gpus for n in gpu_nodes}, pods)
-    states = ((state_of or job_state)(j) for j in live)
+    made = (states[key_of(j)] if states is not None else job_state(j) for j in live)
     return ClusterSnapshot(now=now, nodes=gpu_nodes,
-                           jobs=tuple(replace(s, placement={}) if s.key in moved else s for s in states))
+                           jobs=tuple(replace(s, placement={}) if s.key in moved else s for s in made))
 
 
 def held_beyond_placement(jobs: Iterable[Body], pods: Iterable[Body],
