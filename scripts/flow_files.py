@@ -20,7 +20,7 @@ operator as a watch event through `flotilla.operator.watch`.
 
 What is counted, per flow:
 * `files`: the distinct files, in the order the flow first called into them (set-up before the flow is not
-  traced);
+  traced; a module's import is not a call into it);
 * `twice`: the files the flow enters a second time on one call chain: it went from the file into others and
   one of those called back into it (a callback, or a helper of the caller's) before the first call returned,
   so that following the flow means reading that file twice, e.g. reconcile.py -> training.py -> reconcile.py.
@@ -65,6 +65,8 @@ class Trace:
             return
         if frame.f_code.co_flags & _RESUMABLE and frame.f_lasti > 0:
             return  # a coroutine or generator resumed, not called
+        if frame.f_code.co_name == "<module>":
+            return  # a module imported on first use: not a step of the flow
         file = _rel(name)
         with self.lock:
             if file not in self.first:

@@ -1,5 +1,5 @@
-"""The pure packages, the resources' typed parse, the operator, the controller, the agent, the commands and the test
-helpers type-check clean ([tool.mypy] in pyproject)."""
+"""All of src/flotilla type-checks clean ([tool.mypy] in pyproject): the pure packages, the glue, the worker library
+and the command line."""
 
 import subprocess
 import sys

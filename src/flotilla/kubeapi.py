@@ -120,7 +120,8 @@ def _at_most_every(seconds: float, hook: Callable[[client.Configuration], None],
         if now - last >= seconds:
             last = now
             hook(configuration)
-            configuration.refresh_api_key_hook = refresh  # the client's hook sets itself again each time
+            # The client's hook sets itself again each time (setattr: its untyped model declares the field None).
+            setattr(configuration, "refresh_api_key_hook", refresh)
     return refresh
 
 

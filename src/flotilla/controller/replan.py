@@ -37,8 +37,8 @@ from flotilla.controller.apply import Action, Applier, ApplyFields, Record, Reme
 from flotilla.controller.metrics import ControllerMetrics
 from flotilla.controller.mirror import DecisionRecord, parse_time
 from flotilla.controller.store import Store
-from flotilla.controller.views import iso
 from flotilla.resources.names import ANNOTATION_OBSERVED
+from flotilla.resources.parse import iso
 from flotilla.resources.names import ANNOTATION_REPLAN_REQUEST as REPLAN_REQUEST
 from flotilla.serving.planner import Plan
 from flotilla.serving.replan import ObservedWindow, ReplanMemory, ReplanPolicy, Replanner

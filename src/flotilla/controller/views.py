@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from datetime import datetime, timezone
 from typing import Any
 
 from flotilla.controller.db import (
@@ -16,12 +15,7 @@ from flotilla.controller.db import (
 )
 from flotilla.controller.queues import USAGE_FIELDS, Loan
 from flotilla.controller.store import OUTLOOKS, Page
-
-
-def iso(ts: float | None) -> str | None:
-    if ts is None:
-        return None
-    return datetime.fromtimestamp(ts, timezone.utc).isoformat().replace("+00:00", "Z")
+from flotilla.resources.parse import iso
 
 
 def page(p: Page, view: Any) -> dict[str, Any]:

@@ -20,7 +20,7 @@ from collections import OrderedDict
 from dataclasses import dataclass
 from typing import Any, Mapping
 
-from flotilla.operator.timeutil import rfc3339
+from flotilla.resources.parse import rfc3339
 from flotilla.resources.names import REASONS
 
 TYPES = ("Normal", "Warning")

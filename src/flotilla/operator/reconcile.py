@@ -242,8 +242,9 @@ class Planner:
     def _targets_of(self, servings: Mapping[str, Body]) -> dict[str, Target | ValueError]:
         """Each ServingDeployment's Target (`flotilla.serving.target`: its replica counts), made once per spec:
         the pool's arbiter and its Deployments read the same one."""
-        fresh = targets_of({k: body for k, body in servings.items()
-                            if k not in self._targets or self._targets[k][0] != body["spec"]})
+        changed = {k: body for k, body in servings.items()
+                   if k not in self._targets or self._targets[k][0] != body["spec"]}
+        fresh = targets_of(changed) if changed else {}
         self._targets = {k: (body["spec"], fresh[k] if k in fresh else self._targets[k][1])
                          for k, body in servings.items()}
         return {k: made for k, (_, made) in self._targets.items()}

@@ -16,7 +16,7 @@ from flotilla import API_VERSION
 from flotilla.operator import endpoint
 from flotilla.operator.actions import Action, ApplyDeployment, ApplyObject, PatchStatus, PostEvent, involved
 from flotilla.operator.training import ref, set_condition
-from flotilla.operator.timeutil import rfc3339
+from flotilla.resources.parse import rfc3339
 from flotilla.resources import names, phases
 from flotilla.serving.spec import observed_from_annotation
 from flotilla.serving.target import ROLES, Target, fit, initial_plan, target

@@ -1,17 +1,8 @@
-"""RFC 3339 times as Kubernetes writes them."""
+"""RFC 3339 times as Kubernetes writes them: `flotilla.resources.parse` is their home; these names stay for
+the modules that import them from here."""
 
 from __future__ import annotations
 
-from datetime import datetime, timezone
+from flotilla.resources.parse import rfc3339, to_datetime as parse, to_unix
 
-
-def parse(value: str) -> datetime:
-    return datetime.fromisoformat(value.replace("Z", "+00:00"))
-
-
-def to_unix(value: str) -> float:
-    return parse(value).timestamp()
-
-
-def rfc3339(ts: float) -> str:
-    return datetime.fromtimestamp(ts, tz=timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+__all__ = ["parse", "rfc3339", "to_unix"]

@@ -34,7 +34,7 @@ from flotilla.operator.actions import (
     involved,
 )
 from flotilla.operator.pods import holds_gpus, pod_gpus, worker_job_uid
-from flotilla.operator.timeutil import rfc3339, to_unix
+from flotilla.resources.parse import rfc3339, to_unix
 from flotilla.reshard import protocol, view
 from flotilla.reshard.view import JobView, WorkerPod
 from flotilla.resources import names, parse, phases, training_job

@@ -16,20 +16,16 @@ from __future__ import annotations
 
 import json
 import logging
-from datetime import datetime, timezone
 from typing import Any, Mapping
 
 from flotilla.resources import names
+from flotilla.resources.parse import rfc3339
 
 log = logging.getLogger(__name__)
 
 REQUEST = names.ANNOTATION_CHECKPOINT_REQUEST
 ACK = names.ANNOTATION_CHECKPOINT_ACK
 PROGRESS = names.ANNOTATION_PROGRESS
-
-
-def rfc3339(ts: float) -> str:
-    return datetime.fromtimestamp(ts, tz=timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
 def dump(value: Mapping[str, Any]) -> str:

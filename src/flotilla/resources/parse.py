@@ -1,13 +1,35 @@
 """Reading fields of an object as the API server returns it (a dict, camelCase): each helper raises
-ValueError naming the field when the value has the wrong type."""
+ValueError naming the field when the value has the wrong type. The one home of RFC 3339 times, read and written."""
 
 from __future__ import annotations
 
 import functools
 import json
 from collections.abc import Mapping
-from datetime import datetime
+from datetime import datetime, timezone
 from typing import Any
+
+
+def rfc3339(ts: float) -> str:
+    """Unix seconds -> RFC 3339 as Kubernetes writes it: UTC, whole seconds, 'Z'."""
+    return datetime.fromtimestamp(ts, tz=timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def iso(ts: float | None) -> str | None:
+    """Unix seconds -> RFC 3339 with the fraction kept (UTC, 'Z'), as the controller's API answers; None stays None."""
+    if ts is None:
+        return None
+    return datetime.fromtimestamp(ts, timezone.utc).isoformat().replace("+00:00", "Z")
+
+
+def to_datetime(value: str) -> datetime:
+    """RFC 3339 -> datetime ('Z' read as UTC); raises ValueError."""
+    return datetime.fromisoformat(value.replace("Z", "+00:00"))
+
+
+def to_unix(value: str) -> float:
+    """RFC 3339 -> Unix seconds; raises ValueError."""
+    return to_datetime(value).timestamp()
 
 
 def parse_time(value: Any, where: str) -> float | None:

@@ -6,7 +6,7 @@ from __future__ import annotations
 import os
 import time
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Callable
 
 from flotilla import GROUP, VERSION
 from flotilla.reshard import encoding as checkpoint
@@ -45,7 +45,7 @@ class CheckpointRequest:
 
 class JobClient:
     def __init__(self, identity: WorkerIdentity, api: Any = None, min_interval: float = 1.0,
-                 clock=time.time):
+                 clock: Callable[[], float] = time.time):
         if api is None:
             from kubernetes import client, config
 
@@ -61,7 +61,8 @@ class JobClient:
         self._last_report = float("-inf")
         self._last_poll = float("-inf")
         self._acked = 0
-        self._steps: StepReporter | None | bool = False   # False: not made yet; None: no agent in the env
+        self._steps: StepReporter | None = None   # None: not made yet (`_steps_made`), or no agent in the env
+        self._steps_made = False
         self._role: str | None = None   # the rank's role as the framework knows it (flotilla.worker.torch)
 
     @classmethod
@@ -80,8 +81,8 @@ class JobClient:
         """Every rank, every step: this rank's compute time (without collective waits) and, optionally, the wall
         time of the whole synchronous step, to the agent on this node (flotilla.worker.steps). Never raises or
         blocks; False when not sent (no agent named in the environment, or the datagram could not go)."""
-        if self._steps is False:
-            self._steps = StepReporter.from_env()
+        if not self._steps_made:
+            self._steps, self._steps_made = StepReporter.from_env(), True
             if isinstance(self._steps, StepReporter) and self._role and not self._steps.role:
                 self._steps.role = self._role
         return self._steps.report(step_time, sync_step_time) if self._steps else False

@@ -44,7 +44,10 @@ class FileJobAPI:
         os.replace(tmp, self.path)
 
     def read(self) -> dict[str, Any]:
-        return json.loads(self.path.read_text())
+        body = json.loads(self.path.read_text())
+        if not isinstance(body, dict):
+            raise ValueError(f"{self.path}: not a JSON object")
+        return body
 
     def get_namespaced_custom_object(self, group: str, version: str, namespace: str, plural: str,
                                      name: str) -> dict[str, Any]:

@@ -14,7 +14,7 @@ import json
 import os
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Mapping
+from typing import Any, Mapping
 
 import numpy as np
 
@@ -64,7 +64,9 @@ def save(directory: str | Path, shards: Mapping[str, np.ndarray], *, rank: int, 
                              f"expected {(stop - start, *shape[1:])}")
     target = _shard_file(directory, rank, world_size)
     tmp = target.with_suffix(".tmp.npz")
-    np.savez(tmp, **{name: shards[name] for name in global_shapes})
+    # Any: numpy's stub reads a ** mapping as possibly holding its `allow_pickle` flag.
+    arrays: dict[str, Any] = {name: shards[name] for name in global_shapes}
+    np.savez(tmp, **arrays)
     os.replace(tmp, target)
     if rank == 0:
         manifest = {"step": step, "world_size": world_size,

@@ -45,9 +45,9 @@ class SimulatedWorkers:
         self.clients: dict[str, JobClient] = {}
 
     def _jobs(self) -> list[dict]:
-        if self.namespace:
-            return self.custom.list_namespaced_custom_object(GROUP, VERSION, self.namespace, "trainingjobs")["items"]
-        return self.custom.list_cluster_custom_object(GROUP, VERSION, "trainingjobs")["items"]
+        listed: Any = (self.custom.list_namespaced_custom_object(GROUP, VERSION, self.namespace, "trainingjobs")
+                       if self.namespace else self.custom.list_cluster_custom_object(GROUP, VERSION, "trainingjobs"))
+        return list(listed["items"])
 
     def _pods(self) -> dict[tuple[str, int], list[Any]]:
         """(job UID, generation) -> the worker pods that job controls (an orphan is nobody's)."""
@@ -56,10 +56,13 @@ class SimulatedWorkers:
                 else self.core.list_pod_for_all_namespaces(label_selector=selector)).items
         out: dict[tuple[str, int], list[Any]] = {}
         for p in pods:
-            owner = next((r for r in p.metadata.owner_references or [] if r.controller), None)
+            meta = p.metadata
+            if meta is None:  # the API server always sends it; the client's model says it may not
+                continue
+            owner = next((r for r in meta.owner_references or [] if r.controller), None)
             if owner is None:
                 continue
-            labels = p.metadata.labels or {}
+            labels = meta.labels or {}
             out.setdefault((owner.uid, int(labels.get(names.LABEL_GENERATION, -1))), []).append(p)
         return out
 

@@ -26,7 +26,7 @@ import logging
 import math
 import os
 import socket
-from typing import Mapping
+from typing import Any, Mapping
 
 from flotilla.resources import names
 
@@ -61,6 +61,7 @@ class StepReporter:
         self.sent = 0
         self.failed = 0
         # Resolved once here: a name (status.hostIP is always an address) must not cost a DNS lookup per step.
+        self._target: tuple[Any, ...] | None
         try:
             family, _, _, _, self._target = socket.getaddrinfo(host, port, type=socket.SOCK_DGRAM)[0]
         except (OSError, UnicodeError) as e:

@@ -107,7 +107,8 @@ class SampleOrder(Stateful):
 
     def global_batch_ids(self) -> list[tuple[int, int]]:
         """(epoch, sample) of the next step's global batch, without consuming it."""
-        out, epoch, position = [], self.epoch, self.position
+        out: list[tuple[int, int]] = []
+        epoch, position = self.epoch, self.position
         while len(out) < self.global_batch:
             take = min(self.global_batch - len(out), self.num_samples - position)
             out.extend((epoch, int(i)) for i in self._permutation(epoch)[position:position + take])
@@ -192,7 +193,7 @@ class TorchJob:
         self.root = Path(checkpoint_dir)
         self.interval_steps, self.keep, self.wait_replaced = interval_steps, keep, wait_replaced
         self.last_checkpoint: int | None = None
-        self.stopped_for = None  # the checkpoint request this worker set stopped for
+        self.stopped_for: int | None = None  # the checkpoint request this worker set stopped for
         self.save_seconds: float | None = None  # the last save, wall time on this rank
         self.load_seconds: float | None = None  # the restore's DCP load
         self.restore_seconds: float | None = None  # acknowledged checkpoint -> first step of this set (rank 0)
@@ -306,7 +307,7 @@ class TorchJob:
         dist.broadcast(flag, src=0)  # one small collective a step: every rank stops at the same step
         if int(flag):
             self.save(step, model, optimizer, data, reason="request")
-            if self.rank == 0:
+            if request is not None:  # rank 0, which asked
                 self._report(step, force=True)
                 self.client.acknowledge(request, step)
                 log.info("checkpoint generation %d written at step %d: waiting to be replaced", int(flag), step)
