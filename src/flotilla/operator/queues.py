@@ -263,19 +263,25 @@ def queue_status(tenancy: Tenancy, usage: Mapping[str, Any], problems: Sequence[
         if generation is not None:
             want["observedGeneration"] = generation
         patch = {k: v for k, v in want.items() if status.get(k) != v}
-        conditions = _queue_conditions(views[name].problems, want)
-        base: Mapping[str, Any] = status
-        changed = False
-        for c in conditions:
-            have = next((x for x in base.get("conditions") or [] if x.get("type") == c["type"]), None)
-            if have is None or any(have.get(k) != v for k, v in c.items()):
-                base = {**base, "conditions": set_condition(base, c, now)}
-                changed = True
-        if changed:
-            patch["conditions"] = base["conditions"]
+        conditions = _changed_conditions(status, _queue_conditions(views[name].problems, want), now)
+        if conditions is not None:
+            patch["conditions"] = conditions
         if patch:
             out.append(("queues", name, [PatchStatus(queue.PLURAL, "", name, patch)]))
     return out
+
+
+def _changed_conditions(status: Mapping[str, Any], conditions: Sequence[dict[str, Any]], now: float
+                        ) -> list[dict[str, Any]] | None:
+    """status.conditions with `conditions` set in it; None when it already says all of them."""
+    base: Mapping[str, Any] = status
+    changed = False
+    for c in conditions:
+        have = next((x for x in base.get("conditions") or [] if x.get("type") == c["type"]), None)
+        if have is None or any(have.get(k) != v for k, v in c.items()):
+            base = {**base, "conditions": set_condition(base, c, now)}
+            changed = True
+    return list(base["conditions"]) if changed else None
 
 
 def _queue_conditions(problems: Sequence[str], usage: Mapping[str, Any]) -> list[dict[str, Any]]:

@@ -156,12 +156,7 @@ class Planner:
         # Time alone changes the allocator's decisions, and a job's plan only where its own timer says so.
         plan_all = full and self.full_reason != "time"
         self.passes += 1
-        self._states = {k: self._states[k] for k in jobs if k in self._states and self._states[k][0] is jobs[k]}
-        self._node_states = {k: self._node_states[k] if k in self._node_states and self._node_states[k][0] is n
-                             else (n, training.node_state(n)) for k, n in nodes.items()}
-        states = {key: self._state_of(body) for key, body in jobs.items()}
-        base = training.snapshot(now, jobs.values(), nodes.values(), pods.values(), states=states,
-                                 node_states={n["metadata"]["name"]: state for n, state in self._node_states.values()})
+        states, base = self._snapshot(now, jobs, nodes, pods)
         self._pod_prints = {k: self._pod_prints[k] if k in self._pod_prints and self._pod_prints[k][0] is p
                             else (p, _pod_print(p)) for k, p in pods.items()}
         # What the allocator reads: the snapshot's nodes and jobs, the jobs' loans, the pods (what they add to
@@ -191,6 +186,17 @@ class Planner:
         self._inference_pools = inference_pools
         self._last_decisions, self._last_lending = decisions, lending
         return out
+
+    def _snapshot(self, now: float, jobs: Mapping[str, Body], nodes: Mapping[str, Body], pods: Mapping[str, Body]
+                  ) -> tuple[dict[str, JobState], ClusterSnapshot]:
+        """The jobs' states (made again only for the objects that changed) and the allocator's snapshot of them."""
+        self._states = {k: self._states[k] for k in jobs if k in self._states and self._states[k][0] is jobs[k]}
+        self._node_states = {k: self._node_states[k] if k in self._node_states and self._node_states[k][0] is n
+                             else (n, training.node_state(n)) for k, n in nodes.items()}
+        states = {key: self._state_of(body) for key, body in jobs.items()}
+        return states, training.snapshot(now, jobs.values(), nodes.values(), pods.values(), states=states,
+                                         node_states={n["metadata"]["name"]: state
+                                                      for n, state in self._node_states.values()})
 
     def _decide(self, now: float, allocator: Allocator, pool: PoolPolicy | None, jobs: Mapping[str, Body],
                 nodes: Mapping[str, Body], pods: Mapping[str, Body], servings: Mapping[str, Body],
