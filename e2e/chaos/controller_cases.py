@@ -1,6 +1,7 @@
 """Chaos cases on the controller's side: the metrics pipeline failing, clocks skewed, forged input, fuzzing.
 
-Each case gets a world of its own (`Rig`): a namespace, a Redis, `flotilla controller` on a SQLite file,
+Each case gets a world of its own (`Rig`): a namespace, a Redis, `flotilla controller` on a SQLite file (or
+a PostgreSQL server of the case's own),
 and where it needs them the operator, simulated workers, a running TrainingJob and one simulated agent
 per KWOK node. A `Watch` samples the cluster every half second while the case runs: which nodes were
 marked unhealthy (taint `flotilla.dev/unhealthy` or condition `FlotillaGPUHealthy=False`), the job's
@@ -13,6 +14,10 @@ Faults on a healthy fleet (nothing may be tainted, the job gets no checkpoint or
   ingest-stalled              every agent paused (SIGSTOP) 5 s
   controller-restart-backlog  the controller killed (SIGKILL) for 20 s while the agents keep writing to Redis,
                               then restarted: it replays the backlog
+  database-down-20s           the controller's PostgreSQL stopped 20 s under load (agents on Redis, a client
+                              reading /v1/cluster and posting samples over HTTP): only 2xx or 503 with
+                              Retry-After, no dropped connection, DatabaseAvailable True after, no node marked
+                              unhealthy for the samples it could not store
   agent-clock-skew            half the agents stamp their samples 30 s ahead, half 30 s behind
 The control case, so that the ones above cannot pass by acting on nothing:
   real-fault-control          XID 79 (a GPU fell off the bus) on one node of the job: that node, and only
@@ -56,7 +61,7 @@ from e2e.kube import (
 )
 from flotilla import API_VERSION, GROUP, VERSION
 from flotilla.resources import names
-from flotilla.testing.services import RedisServer, free_port
+from flotilla.testing.services import PostgresServer, RedisServer, free_port
 
 QUICK = os.environ.get("FLOTILLA_CHAOS_QUICK") == "1"
 AGENT_INTERVAL = 1.0       # the agents' sampling interval (and the health monitor's evaluation interval)
@@ -200,8 +205,9 @@ class ControllerUnderTest:
 
     ROLES = ("admin", "read", "ingest")
 
-    def __init__(self, log_path: Path, state: Path, *args: str) -> None:
+    def __init__(self, log_path: Path, state: Path, *args: str, db_url: str | None = None) -> None:
         self.log_path, self.state, self.args = log_path, state, args
+        self.db_url = db_url or f"sqlite:///{state}/c.db"
         self.port = free_port()
         self.base_url = f"http://127.0.0.1:{self.port}"
         self.tokens = {role: secrets.token_hex(24) for role in self.ROLES}
@@ -213,7 +219,7 @@ class ControllerUnderTest:
         self._clients: dict[str | None, httpx.Client] = {}
 
     def start(self, timeout: float = 60) -> "ControllerUnderTest":
-        self.process = FlotillaProcess(self.log_path, "controller", "--db-url", f"sqlite:///{self.state}/c.db",
+        self.process = FlotillaProcess(self.log_path, "controller", "--db-url", self.db_url,
                                        "--tokens-file", str(self.state / "tokens"), "--port", str(self.port),
                                        *self.args).start()
         deadline = time.monotonic() + timeout
@@ -246,7 +252,8 @@ class ControllerUnderTest:
         return self.client("admin")
 
     def _count(self, response: httpx.Response) -> None:
-        if response.status_code >= 500:
+        # 503 with Retry-After is the API's "the database is away, try again then": a client can act on it.
+        if response.status_code >= 500 and not (response.status_code == 503 and "retry-after" in response.headers):
             self.http_5xx += 1
             self.answers_5xx.append(f"{response.request.method} {response.request.url.path} -> "
                                     f"{response.status_code}")
@@ -314,6 +321,7 @@ class Rig:
         self.namespace = f"chaos-{case[:40]}-{uuid.uuid4().hex[:6]}"
         self.started_at = time.time()
         self.redis: RedisServer | None = None
+        self.postgres: PostgresServer | None = None
         self.controller: ControllerUnderTest | None = None
         self.processes: list[FlotillaProcess] = []
         self.agents: dict[str, FlotillaProcess] = {}
@@ -328,10 +336,15 @@ class Rig:
         self.redis = RedisServer().start()
         return self.redis
 
+    def start_postgres(self) -> PostgresServer:
+        self.postgres = PostgresServer().start()
+        return self.postgres
+
     def start_controller(self, *args: str) -> ControllerUnderTest:
         extra = ("--redis-url", self.redis.url) if self.redis else ()
+        db_url = self.postgres.create_database() if self.postgres else None
         self.controller = ControllerUnderTest(self.logs / "controller.log", self.logs / "controller", *extra,
-                                              *args).start()
+                                              *args, db_url=db_url).start()
         return self.controller
 
     def _process(self, proc: FlotillaProcess) -> FlotillaProcess:
@@ -459,6 +472,8 @@ class Rig:
             self.controller.stop()
         if self.redis is not None:
             self.redis.stop()
+        if self.postgres is not None:
+            self.postgres.remove()
         for node in bad:  # whatever the controller could not undo
             restore_node(node)
         kubectl("delete", "namespace", self.namespace, "--wait=false", check=False)
@@ -502,13 +517,17 @@ def run_case(case: str, log_dir: Path, body: Callable[[Rig, Outcome], None],
 # --- faults on a healthy fleet ----------------------------------------------------------------------------
 
 def quiet_fault(case: str, fault: Callable[[Rig], None],
-                agent_args: Callable[[int, str], list[str]] = lambda i, node: []) -> Callable[[Path], Outcome]:
+                agent_args: Callable[[int, str], list[str]] = lambda i, node: [],
+                postgres: bool = False) -> Callable[[Path], Outcome]:
     """A case in which the fleet stays healthy through `fault`: no node may be marked unhealthy, the job
     gets no checkpoint or restart request from the controller and keeps going. `fault(rig)` injects the
-    fault, ends it, and notes what it saw (rig.notes, rig.fail)."""
+    fault, ends it, and notes what it saw (rig.notes, rig.fail). `postgres`: the controller's database is a
+    PostgreSQL server of the case's own (`rig.postgres`), else SQLite."""
 
     def body(rig: Rig, outcome: Outcome) -> None:
         rig.start_redis()
+        if postgres:
+            rig.start_postgres()
         rig.start_controller()
         first = rig.start_job()
         watch = rig.start_watch()
@@ -593,6 +612,54 @@ def restart_controller(seconds: float) -> Callable[[Rig], None]:
         backlog = redis.Redis.from_url(rig.redis.url).xinfo_groups("flotilla:metrics")[0].get("lag")
         rig.controller.start()
         rig.notes.append(f"controller killed for {seconds:g} s, restarted with a backlog of {backlog} stream entries")
+    return fault
+
+
+def stop_database(seconds: float) -> Callable[[Rig], None]:
+    """The controller's PostgreSQL stopped for `seconds` and started again, while a client reads the cluster and an
+    agent-like caller posts samples over HTTP: every answer a 2xx or a 503 with Retry-After (any other 5xx is
+    counted by the controller's clients), no connection dropped, and GET /v1/cluster's DatabaseAvailable False
+    while it lasts and True after."""
+
+    def fault(rig: Rig) -> None:
+        assert rig.postgres is not None and rig.controller is not None
+        ctl, node = rig.controller, rig.nodes[0]
+        answers: dict[int, int] = {}
+        dropped: list[str] = []
+        seen: set[str | None] = set()
+
+        def ask() -> None:
+            sample = {"ts": time.time(), "node": node, "metric": "gpu_util", "value": 50.0, "gpu": 0}
+            for what, call in (("GET /v1/cluster", lambda: ctl.client("read").get("/v1/cluster")),
+                               ("POST /v1/ingest", lambda: ctl.client("ingest").post(
+                                   "/v1/ingest", json={"node": node, "samples": [sample]}))):
+                try:
+                    r = call()
+                except httpx.TransportError as e:
+                    dropped.append(f"{what}: {type(e).__name__}")
+                    continue
+                answers[r.status_code] = answers.get(r.status_code, 0) + 1
+                if what.startswith("GET") and r.status_code == 200:
+                    seen.add(next((c.get("status") for c in r.json().get("conditions") or []
+                                   if c.get("type") == "DatabaseAvailable"), None))
+
+        rig.postgres.stop()
+        began = time.monotonic()
+        while time.monotonic() - began < seconds:
+            ask()
+            time.sleep(0.5)
+        rig.postgres.start()
+        wait_for("the API answers again", lambda: ctl.client("read").get("/v1/cluster").status_code == 200, timeout=60)
+        for _ in range(4):
+            ask()
+        if dropped:
+            rig.fail(f"{len(dropped)} requests lost their connection: {dropped[:3]}")
+        if not answers.get(503):
+            rig.fail(f"no 503 while the database was away (answers {answers})")
+        if "True" not in seen:
+            rig.fail(f"GET /v1/cluster never said DatabaseAvailable True after the outage (seen {sorted(map(str, seen))})")
+        rig.notes.append(f"PostgreSQL stopped {seconds:g} s: answers {dict(sorted(answers.items()))}, "
+                         f"DatabaseAvailable seen {sorted(map(str, seen))}")
     return fault
 
 
@@ -860,6 +927,7 @@ CASES: dict[str, Callable[[Path], Outcome]] = {
     "redis-down-60s": quiet_fault("redis-down-60s", kill_redis(60.0)),
     "ingest-stalled": quiet_fault("ingest-stalled", stall_agents(5.0)),
     "controller-restart-backlog": quiet_fault("controller-restart-backlog", restart_controller(20.0)),
+    "database-down-20s": quiet_fault("database-down-20s", stop_database(20.0), postgres=True),
     "agent-clock-skew": quiet_fault("agent-clock-skew", observe(10.0 if QUICK else 15.0), agent_args=skewed),
     "real-fault-control": real_fault_control,
     "forged-sample": forged_sample,

@@ -12,7 +12,7 @@ import tempfile
 import time
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Iterator
+from typing import Any, Iterator
 
 
 def free_port() -> int:
@@ -132,3 +132,78 @@ def controller_without_kubernetes(db_url: str, read_token: str) -> Iterator[str]
             yield f"http://127.0.0.1:{port}"
         finally:
             stop_process(server, timeout=30)
+
+
+PG_BIN = Path("/usr/lib/postgresql/15/bin")
+
+
+class PostgresServer:
+    """A throw-away PostgreSQL 15 cluster that can be stopped and started again on the same port and data (run as
+    the postgres user: initdb refuses root)."""
+
+    def __init__(self) -> None:
+        if not (PG_BIN / "postgres").exists():
+            raise FileNotFoundError(f"PostgreSQL binaries not found in {PG_BIN} (apt-get install postgresql-15)")
+        self.dir = Path(tempfile.mkdtemp(prefix="flotilla-pg-"))
+        self.as_postgres: dict[str, Any] = {}
+        if os.geteuid() == 0:  # initdb and postgres refuse to run as root
+            shutil.chown(self.dir, "postgres", "postgres")
+            self.as_postgres = {"user": "postgres", "group": "postgres", "extra_groups": []}
+        subprocess.run([str(PG_BIN / "initdb"), "-D", str(self.dir / "data"), "-A", "trust", "-U", "postgres",
+                        "--no-sync", "-E", "UTF8"], check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                       **self.as_postgres)
+        self.port = free_port()
+        self.proc: subprocess.Popen[bytes] | None = None
+        self.url = f"postgresql+psycopg://postgres@127.0.0.1:{self.port}"
+
+    def start(self) -> "PostgresServer":
+        self.proc = subprocess.Popen([str(PG_BIN / "postgres"), "-D", str(self.dir / "data"), "-p", str(self.port),
+                                      "-k", str(self.dir), "-c", "listen_addresses=127.0.0.1", "-c", "fsync=off",
+                                      "-c", "full_page_writes=off", "-c", "synchronous_commit=off"],
+                                     stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, **self.as_postgres)
+        wait_for_port(self.port, timeout=30, proc=self.proc)
+        self._wait_ready(30)
+        return self
+
+    def _wait_ready(self, timeout: float) -> None:
+        """The port opens before the server takes connections ("the database system is starting up")."""
+        import psycopg
+
+        deadline = time.monotonic() + timeout
+        while True:
+            try:
+                psycopg.connect(f"postgresql://postgres@127.0.0.1:{self.port}/postgres", connect_timeout=3).close()
+                return
+            except psycopg.OperationalError:
+                if time.monotonic() > deadline:
+                    raise
+                time.sleep(0.1)
+
+    def stop(self) -> None:
+        """Fast shutdown: open connections are closed, new ones refused."""
+        if self.proc is not None:
+            self.proc.send_signal(signal.SIGINT)  # do not wait for pooled connections to close
+            self.proc.wait(timeout=30)
+            self.proc = None
+
+    def create_database(self) -> str:
+        """A new, empty database on this server; -> its URL."""
+        return create_pg_database(self.url)
+
+    def remove(self) -> None:
+        self.stop()
+        shutil.rmtree(self.dir, ignore_errors=True)
+
+
+def create_pg_database(base: str, template: str | None = None) -> str:
+    """A new, empty database on the PostgreSQL server at `base` (a copy of `template` if given); -> its URL."""
+    import uuid
+
+    import sqlalchemy as sa
+
+    name = f"t_{uuid.uuid4().hex[:12]}"
+    admin = sa.create_engine(f"{base}/postgres", isolation_level="AUTOCOMMIT")
+    with admin.connect() as conn:
+        conn.execute(sa.text(f'CREATE DATABASE "{name}"' + (f' TEMPLATE "{template}" STRATEGY FILE_COPY' if template else "")))
+    admin.dispose()
+    return f"{base}/{name}"
