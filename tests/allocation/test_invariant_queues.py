@@ -127,7 +127,7 @@ def test_only_a_node_loss_or_a_cut_of_its_own_queue_breaks_a_guarantee(seed: int
         step(check=False)
         now = _advance(jobs, now, now + 600)
         done_jobs += [jobs.pop(k) for k in [k for k, r in jobs.items() if r.finish is not None]]
-    admitted = [r for r in done_jobs if r.admitted_at is not None]
+    admitted = [r for r in done_jobs + list(jobs.values()) if r.admitted_at is not None]  # (some never finish)
     assert admitted, "the random run admitted nothing: it tests nothing"
     assert borrowed_seen, "no queue ever borrowed: the run tests no borrowing"
     for r in admitted:
