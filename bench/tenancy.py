@@ -104,7 +104,8 @@ def run(config: dict, kinds: tuple[str, ...] = KINDS) -> dict:
             # changed, is no isolation failure.
             broken = sorted(set(diverged) & ours.deprived)
             violations += len(broken)
-            unattributed += len(diverged) - len(broken)
+            apart = sorted(set(diverged) - set(broken))
+            unattributed += len(apart)
             best = max(EVICTION, key=lambda p: results[p].deadline_ratio)
             vs_static.append(ours.deadline_ratio / max(static.deadline_ratio, 1e-9))
             vs_eviction.append(ours.deadline_ratio / max(results[best].deadline_ratio, 1e-9))
@@ -113,9 +114,9 @@ def run(config: dict, kinds: tuple[str, ...] = KINDS) -> dict:
                                  for t in trace.teams if static.judged.get(t.name))
             print(f"{kind:>14} seed {seed}: flotilla/static-partition {vs_static[-1]:.2f}x (per team: {per_team}); "
                   f"flotilla/{best} {vs_eviction[-1]:.2f}x; isolation violations {len(broken)}"
-                  f"{' ' + ', '.join(broken[:5]) if broken else ''} (missed within share where the team alone met them, "
-                  f"its team not deprived by others: {len(diverged) - len(broken)}"
-                  f"{' ' + ', '.join(sorted(set(diverged) - set(broken))[:5]) if len(diverged) > len(broken) else ''}); reclaim latency p50 "
+                  f"{' ' + ', '.join(broken[:5]) if broken else ''} (missed within share where the team alone met "
+                  f"them, its team not deprived by others: {len(apart)}{' ' + ', '.join(apart[:5]) if apart else ''}); "
+                  f"reclaim latency p50 "
                   f"{_pct(ours.reclaim_latency_s, 0.5):.0f} s p99 {_pct(ours.reclaim_latency_s, 0.99):.0f} s "
                   f"({len(ours.reclaim_latency_s)} jobs)", flush=True)
     best_lost = min(lost[p] for p in EVICTION)
