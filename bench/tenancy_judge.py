@@ -13,6 +13,11 @@ started job's GPUs it trains again only after `restore_s` (and, on GPUs that ano
 before that job's checkpoint is written, `checkpoint_s`, or its pods are gone, GRACE_S). A job checkpoints every
 `checkpoint_every` steps on its own; `restore_s` is the whole cost of a resize (stop, checkpoint, reshard,
 restart), of which the first `checkpoint_s` write the checkpoint.
+
+Isolation: `within_share` says which deadline jobs their team's nominal share could carry; `deprived` which of
+those that failed had their team kept below its share by another team's work (from the allocations replayed here:
+the team held less than its nominal, or than its work could use, while another held more than its own, or waited
+for GPUs another team was still giving back).
 """
 
 from __future__ import annotations
