@@ -9,11 +9,18 @@ Four teams share 64 GPUs, 16 GPUs nominal each. Each trace runs under every poli
 scores it and imports nothing of Flotilla.
 
 Figures:
-* isolation violations: deadline jobs submitted while their team asked for no more than its nominal share
-  (the judge's within_share: the job's needed GPUs plus what the team's other unfinished work asks for fit in
-  the share) that flotilla refused or finished late, although the team alone on its share (static-partition)
-  met them: other teams' work cost a team a deadline it was owed. Each policy's line also shows its
-  within-share jobs missed / judged, whatever the cause.
+* isolation violations, as the issue defines them: a deadline job of a team within its nominal share refused or
+  late because of another team's work. The judge tells each part: within share (tenancy_judge.within_share: at
+  submission the job's needed GPUs plus what the team's other unfinished work asks for fit in the share);
+  refused or late under flotilla, although the team alone on its share (static-partition) met it; and because
+  of another team's work (tenancy_judge.deprived: while the job's fate was being decided, from the submission
+  of the earliest of its team's deadline jobs still unfinished when it came, the team held fewer GPUs than its
+  share, or than its work could use if less, while another team held more than its own, or waited for GPUs
+  another team was still giving back). A within-share job the team alone met but flotilla did not, whose team
+  no one else deprived, is counted apart (within_share_missed_not_deprived): its own team's earlier work,
+  after a history that sharing changed (say, a job admitted thanks to borrowed speed that the team alone
+  refused), crowded it out. Each policy's line also shows its within-share jobs missed / judged, whatever the
+  cause.
 * deadline ratio (deadline jobs met / judged) overall and per team, and flotilla's over static-partition's and
   over the best eviction baseline's (of kueue, kai and their deadline-sized variants, the best per trace, and
   pooled: the best overall);
@@ -23,7 +30,8 @@ Figures:
 * reclaim latency: submit to training, for jobs that started on GPUs another team gave back.
 
 The last line is one JSON object: isolation_violations (sum over traces), deadline_ratio_vs_static_partition and
-deadline_ratio_vs_best_eviction (the worst trace's ratio), utilization (flotilla's mean) with
+deadline_ratio_vs_best_eviction (pooled over every trace: deadline jobs met / judged; the worst trace's ratio
+beside them as ..._worst_trace), utilization (flotilla's mean) with
 utilization_best_baseline, gpu_hours_lost_vs_eviction (flotilla's total over the lower eviction baseline's
 total), reclaim_p50_s and reclaim_p99_s (flotilla's, over every trace).
 
@@ -59,6 +67,7 @@ def _pct(values: list[float], q: float) -> float:
 
 def run(config: dict, kinds: tuple[str, ...] = KINDS) -> dict:
     violations = 0
+    unattributed = 0
     vs_static: list[float] = []
     vs_eviction: list[float] = []
     pooled: dict[str, list[int]] = {p: [0, 0] for p in POLICIES}  # policy -> [met, judged] over every trace
@@ -89,8 +98,14 @@ def run(config: dict, kinds: tuple[str, ...] = KINDS) -> dict:
             # Refused or late within its team's share, where the team alone on its share (static-partition) met
             # it: other teams' work is what differs. (A within-share job its own partition missed too, say one its
             # team's earlier deadlines crowd out over time, is no isolation failure.)
-            broken = sorted(ours.violations - static.violations)
+            diverged = sorted(ours.violations - static.violations)
+            # ... and only where another team's work kept its team below its share meanwhile (the judge's
+            # `deprived`): a job crowded out by its own team's earlier admissions, after a history that sharing
+            # changed, is no isolation failure.
+            broken = sorted(set(diverged) & ours.deprived)
             violations += len(broken)
+            apart = sorted(set(diverged) - set(broken))
+            unattributed += len(apart)
             best = max(EVICTION, key=lambda p: results[p].deadline_ratio)
             vs_static.append(ours.deadline_ratio / max(static.deadline_ratio, 1e-9))
             vs_eviction.append(ours.deadline_ratio / max(results[best].deadline_ratio, 1e-9))
@@ -99,7 +114,9 @@ def run(config: dict, kinds: tuple[str, ...] = KINDS) -> dict:
                                  for t in trace.teams if static.judged.get(t.name))
             print(f"{kind:>14} seed {seed}: flotilla/static-partition {vs_static[-1]:.2f}x (per team: {per_team}); "
                   f"flotilla/{best} {vs_eviction[-1]:.2f}x; isolation violations {len(broken)}"
-                  f"{' ' + ', '.join(broken[:5]) if broken else ''}; reclaim latency p50 "
+                  f"{' ' + ', '.join(broken[:5]) if broken else ''} (missed within share where the team alone met "
+                  f"them, its team not deprived by others: {len(apart)}{' ' + ', '.join(apart[:5]) if apart else ''}); "
+                  f"reclaim latency p50 "
                   f"{_pct(ours.reclaim_latency_s, 0.5):.0f} s p99 {_pct(ours.reclaim_latency_s, 0.99):.0f} s "
                   f"({len(ours.reclaim_latency_s)} jobs)", flush=True)
     best_lost = min(lost[p] for p in EVICTION)
@@ -111,6 +128,7 @@ def run(config: dict, kinds: tuple[str, ...] = KINDS) -> dict:
 
     return {
         "isolation_violations": violations,
+        "within_share_missed_not_deprived": unattributed,
         "deadline_ratio_vs_static_partition": round(overall("flotilla") / max(overall("static-partition"), 1e-9), 3),
         "deadline_ratio_vs_best_eviction": round(overall("flotilla") / max(overall(p) for p in EVICTION), 3),
         "deadline_ratio_vs_static_partition_worst_trace": round(min(vs_static), 3),

@@ -13,6 +13,11 @@ started job's GPUs it trains again only after `restore_s` (and, on GPUs that ano
 before that job's checkpoint is written, `checkpoint_s`, or its pods are gone, GRACE_S). A job checkpoints every
 `checkpoint_every` steps on its own; `restore_s` is the whole cost of a resize (stop, checkpoint, reshard,
 restart), of which the first `checkpoint_s` write the checkpoint.
+
+Isolation: `within_share` says which deadline jobs their team's nominal share could carry; `deprived` which of
+those that failed had their team kept below its share by another team's work (from the allocations replayed here:
+the team held less than its nominal, or than its work could use, while another held more than its own, or waited
+for GPUs another team was still giving back).
 """
 
 from __future__ import annotations
@@ -182,6 +187,11 @@ class Result:
     within_share: set[str] = field(default_factory=set)
     violations: set[str] = field(default_factory=set)
     first_train: dict[str, float | None] = field(default_factory=dict)
+    # Of `violations`, those whose team was deprived by another team's work (see `deprived`) while that job's
+    # fate was being decided: the isolation violations of the issue, once the team alone also met the job.
+    deprived: set[str] = field(default_factory=set)
+    # Per team, the intervals (start, end, GPUs short) in which another team's work kept it below its share.
+    short: dict[str, list[tuple[float, float, int]]] = field(default_factory=dict)
 
     @property
     def deadline_ratio(self) -> float:
@@ -199,6 +209,7 @@ def simulate(trace: Trace, policy: Policy) -> Result:
     now, useful, lost, work_lost, rescale, preemptions, reclaims = 0.0, 0.0, 0.0, 0.0, 0.0, 0, 0
     serving_in, serving_need = 0.0, 0.0
     latencies: list[float] = []
+    short: dict[str, list[tuple[float, float, int]]] = {}
     pending_waits: list[tuple[_Run, set[str]]] = []
     next_tick = 0.0
     while now < trace.duration_s - 1e-9:
@@ -270,9 +281,13 @@ def simulate(trace: Trace, policy: Policy) -> Result:
             if waits:
                 latencies.append(max(max(waits), r.resumes_at) - now)
                 r.resumes_at = max(r.resumes_at, max(waits))
+                # Until then the team is short of those GPUs because of another team's work.
+                short.setdefault(r.job.team, []).append((now, max(waits), len(grown)))
         pending_waits.clear()
         for s in trace.serving:
             serving_place[s.id] = new_serving[s.id]
+        held_now, want_now = _team_holdings(trace, now, live, new_of, new_serving)
+        decided_short = {t.name: min(t.nominal, want_now[t.name]) - held_now[t.name] for t in trace.teams}
         for r in live:
             if r.gpus and r.first_train is None:
                 r.first_train = max(now, r.resumes_at)
@@ -313,6 +328,10 @@ def simulate(trace: Trace, policy: Policy) -> Result:
             useful += min(held, need) * (end - now)
             serving_in += min(held, need) * (end - now)
             serving_need += need * (end - now)
+        for t in trace.teams:
+            lenders_used = any(held_now[o.name] > o.nominal for o in trace.teams if o.name != t.name)
+            if decided_short[t.name] > 0 and lenders_used and end > now:
+                short.setdefault(t.name, []).append((now, end, decided_short[t.name]))
         now = end
 
     met: dict[str, int] = {}
@@ -328,10 +347,50 @@ def simulate(trace: Trace, policy: Policy) -> Result:
             met[r.job.team] = met.get(r.job.team, 0) + 1
         else:
             missed.add(r.job.id)
+    ended = {k: r.finish if r.finish is not None else (r.job.submit if r.rejected else None) for k, r in runs.items()}
     return Result(trace.name, trace.seed, policy.name, met, judged, missed, useful / (trace.gpus * trace.duration_s),
                   lost, work_lost, preemptions, latencies, reclaims, rescale, serving_in / serving_need if serving_need else 1.0,
                   {k: r.finish for k, r in runs.items()}, owed, owed & missed,
-                  {k: r.first_train for k, r in runs.items()})
+                  {k: r.first_train for k, r in runs.items()},
+                  deprived(trace, owed & missed, ended, {k for k, r in runs.items() if r.rejected}, short), short)
+
+
+def _team_holdings(trace: Trace, now: float, live: list[_Run], placement: Mapping[str, Mapping[str, int]],
+                   serving: Mapping[str, Mapping[str, int]]) -> tuple[dict[str, int], dict[str, int]]:
+    """Per team, the GPUs it holds after a decision and the most its live work could use (its unfinished,
+    unrefused jobs' maxGPUs and its serving demand)."""
+    held = {t.name: 0 for t in trace.teams}
+    want = {t.name: 0 for t in trace.teams}
+    for r in live:
+        if r.rejected:
+            continue
+        held[r.job.team] += sum(placement.get(r.job.id, {}).values())
+        want[r.job.team] += r.job.max_gpus
+    for s in trace.serving:
+        held[s.team] += sum(serving.get(s.id, {}).values())
+        want[s.team] += s.demand_at(now)
+    return held, want
+
+
+def deprived(trace: Trace, failed: set[str], ended: Mapping[str, float | None], refused: set[str],
+             short: Mapping[str, list[tuple[float, float, int]]]) -> set[str]:
+    """Of the `failed` jobs (within their team's share, refused or late), those whose team another team's work
+    kept below its share while the job's fate was being decided: at some moment from the submission of the
+    earliest of its team's deadline jobs still unfinished when it was submitted (their progress is what its
+    admission was judged against) to its refusal, or to its deadline, the team held fewer GPUs than its nominal
+    share (or than its work could use, if less) while another team held more than its own, or its job waited
+    for GPUs another team was still giving back."""
+    out: set[str] = set()
+    by_id = {j.id: j for j in trace.jobs}
+    for key in failed:
+        job = by_id[key]
+        start = min([job.submit] + [o.submit for o in trace.jobs if o.team == job.team and o.deadline is not None
+                                    and o.submit <= job.submit and o.id not in refused
+                                    and (ended.get(o.id) or math.inf) > job.submit])
+        end = job.submit if key in refused else max(job.submit, job.deadline or job.submit)
+        if any(a < end and b > start and gpus > 0 for a, b, gpus in short.get(job.team, ())):
+            out.add(key)
+    return out
 
 
 def needed_gpus(job: Job) -> int | None:

@@ -54,6 +54,7 @@ def test_only_a_node_loss_or_a_cut_of_its_own_queue_breaks_a_guarantee(seed: int
     done_jobs: list[Running] = []
     lost_node_at = -math.inf
     now, arrived, borrowed_seen = 0.0, 0, 0
+    said_lost: set[str] = set()  # admitted jobs whose reason said at some decision that their guarantee broke
 
     def touched(r: Running) -> bool:
         assert r.admitted_at is not None
@@ -77,6 +78,8 @@ def test_only_a_node_loss_or_a_cut_of_its_own_queue_breaks_a_guarantee(seed: int
                 continue
             if jd.verdict is Verdict.ADMITTED and r.admitted_at is None:
                 r.admitted_at = now
+            if r.admitted_at is not None and any(s in jd.reason for s in LOST):
+                said_lost.add(key)
             if check and r.admitted_at is not None and not touched(r):
                 assert not any(s in jd.reason for s in LOST), \
                     f"seed {seed}, t={now:.0f}: {key} lost its guarantee: {jd.reason}"
@@ -124,11 +127,16 @@ def test_only_a_node_loss_or_a_cut_of_its_own_queue_breaks_a_guarantee(seed: int
         step(check=False)
         now = _advance(jobs, now, now + 600)
         done_jobs += [jobs.pop(k) for k in [k for k, r in jobs.items() if r.finish is not None]]
-    admitted = [r for r in done_jobs if r.admitted_at is not None]
+    admitted = [r for r in done_jobs + list(jobs.values()) if r.admitted_at is not None]  # (some never finish)
     assert admitted, "the random run admitted nothing: it tests nothing"
     assert borrowed_seen, "no queue ever borrowed: the run tests no borrowing"
     for r in admitted:
+        late = r.finish is None or r.finish > r.state.deadline + 1e-6
         if not touched(r):
-            assert r.finish is not None and r.finish <= r.state.deadline + 1e-6, (
+            assert not late, (
                 f"seed {seed}: {r.state.key} admitted at {r.admitted_at:.0f} finished at {r.finish}, "
                 f"deadline {r.state.deadline:.0f}")
+        elif late:
+            # A node loss (or a cut of its own queue) broke its guarantee: the job said so before it was late.
+            assert r.state.key in said_lost, (
+                f"seed {seed}: {r.state.key} missed its deadline after a node loss or a cut without saying so")

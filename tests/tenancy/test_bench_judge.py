@@ -74,3 +74,28 @@ def test_traces_are_seeded() -> None:
     one, two = make_trace("bursty", 5, duration_s=3600.0), make_trace("bursty", 5, duration_s=3600.0)
     assert one == two and one.jobs
     assert make_trace("serving", 5, duration_s=3600.0).serving
+
+
+class _Fixed:
+    """a holds `a_gpus` GPUs throughout; b's job never gets any (it is late)."""
+
+    name = "fixed"
+    preempts = "checkpoint"
+
+    def __init__(self, a_gpus: int) -> None:
+        self.a_gpus = a_gpus
+
+    def decide(self, view: View) -> Allocation:
+        alloc = Allocation({}, {})
+        if any(jv.job.id == "a/long" for jv in view.jobs):
+            alloc.jobs["a/long"] = {"n00": self.a_gpus}
+        return alloc
+
+
+def test_a_late_job_is_deprived_only_when_another_team_held_its_share() -> None:
+    borrowed = simulate(_trace(), _Fixed(8))  # a borrows b's 4 GPUs while b's job waits
+    assert borrowed.violations == {"b/new"} and borrowed.deprived == {"b/new"}
+    assert any(gpus == 4 for _, _, gpus in borrowed.short["b"])
+    own = simulate(_trace(), _Fixed(4))  # a within its own share: b's job is late for no other team's work
+    assert own.violations == {"b/new"} and own.deprived == set()
+    assert "b" not in own.short
