@@ -37,7 +37,7 @@ import dataclasses
 import logging
 import threading
 import time
-from typing import Callable, Literal, Sequence
+from typing import Any, Callable, Literal, Sequence
 
 from flotilla.controller import views
 from flotilla.controller.actions import ClusterActionError, ClusterActions
@@ -236,7 +236,7 @@ class HealthResponder:
             return None
 
     def _take_gpus_out(self, d: HealthDecision, scope: FaultScope, total: int,
-                       inputs: dict[str, object]) -> list[Action]:
+                       inputs: dict[str, Any]) -> list[Action]:
         """A device-local fault: only its GPUs leave service; only the jobs on them are asked for a checkpoint."""
         domain = self._domains.get(d.node, d.node)
         capacity = self.store.capacity()
