@@ -102,7 +102,7 @@ def test_cluster_after_every_job_finished_counts_no_training_gpus(client, store)
 
 def test_probes(client):
     assert client.get("/healthz").json() == {"status": "ok"}
-    assert client.get("/readyz").json() == {"status": "ready", "schema": "0007"}
+    assert client.get("/readyz").json() == {"status": "ready", "schema": "0008"}
     assert client.get("/openapi.json").json()["info"]["title"] == "Flotilla controller"
 
 
