@@ -11,6 +11,7 @@ back.
 from __future__ import annotations
 
 import json
+import time
 
 import pytest
 
@@ -92,8 +93,10 @@ def test_an_xid_79_on_one_gpu_costs_that_gpu_and_moves_only_the_job_on_it(operat
         agent = FlotillaProcess(log_dir / f"agent-{node}-gpu.log", "agent", "--node", node, "--source", "sim",
                                 "--job", f"{namespace}/victim", "--redis-url", redis_url, "--interval", "0.5",
                                 "--step-port", "0", "--inject", f"fell_off_bus@2#{sick}").start()
+        started = time.monotonic()
 
         wait_for(f"GPU {sick} of {node} out of service", lambda: str(sick) in gpus_out(node), timeout=45)
+        out_after = time.monotonic() - started - 2.0   # the XID strikes 2 s after the agent starts
         assert list(gpus_out(node)) == [str(sick)] and gpus_out(node)[str(sick)].startswith("xid-79")
         described = kubectl("describe", "node", node).stdout
         assert "FlotillaGPUsOutOfService" in described and f"GPU {sick} (xid-79)" in described, described
@@ -105,6 +108,7 @@ def test_an_xid_79_on_one_gpu_costs_that_gpu_and_moves_only_the_job_on_it(operat
 
         moved = wait_for("the victim moved off the sick GPU", lambda: (s := status("victim", namespace))
                          .get("phase") == "Running" and s.get("reshards", 0) > before["victim"][0] and s, timeout=60)
+        moved_after = time.monotonic() - started - 2.0
         assert moved["checkpoint"]["step"] >= before["victim"][1], "no step lost: the checkpoint is at or past the " \
                                                                     "progress seen before the fault"
         request = json.loads(get("trainingjob", "victim", namespace)["metadata"]["annotations"]
@@ -122,6 +126,9 @@ def test_an_xid_79_on_one_gpu_costs_that_gpu_and_moves_only_the_job_on_it(operat
             assert s.get("reshards", 0) == before[n][0] and s["phase"] == "Running", s
             notes = get("trainingjob", n, namespace)["metadata"].get("annotations") or {}
             assert "flotilla.dev/checkpoint-request" not in notes, f"{n} was asked for a checkpoint"
+        print(f"\ngpu-fault: GPU {sick} of {node} out within {out_after:.1f} s of the XID; victim moved within "
+              f"{moved_after:.1f} s to {moved['placement']}, checkpoint step {moved['checkpoint']['step']} >= "
+              f"{before['victim'][1]} seen before the fault; others' pods and reshards unchanged")
     finally:
         if agent is not None:
             agent.stop()
