@@ -96,6 +96,7 @@ def assign(plans: list[tuple[str, str, list[Action]]], pods: Mapping[str, Body],
     if not any(isinstance(a, CreatePod) for _, _, actions in plans for a in actions):
         return plans
     placed = by_node(pods)
+    parsed_nodes: dict[str, k8s_node.Node] = {}
     out = []
     for kind, key, actions in plans:
         if not any(isinstance(a, CreatePod) for a in actions):
@@ -112,7 +113,7 @@ def assign(plans: list[tuple[str, str, list[Action]]], pods: Mapping[str, Body],
             if pk in claims.given:
                 indices = claims.given[pk][1]
             else:
-                parsed = k8s_node.parse(nodes[node])
+                parsed = parsed_nodes.get(node) or parsed_nodes.setdefault(node, k8s_node.parse(nodes[node]))
                 size = parsed.allocatable_gpus or parsed.capacity_gpus
                 indices = choose(gpus, size, set(parsed.gpus_out), taken_on(node, placed.get(node, {}), claims, a.manifest))
                 claims.given[pk] = (node, indices, now)
