@@ -54,14 +54,14 @@ def test_the_demo_plays_its_scenario_then_serves_the_console_until_stopped(tmp_p
         _wait_line(lines, "console: http://127.0.0.1", proc, timeout=240)
         refused = _wait_line(lines, "too-late: Rejected", proc, timeout=120)
         assert "deadline" in refused or "needs" in refused, refused  # the reason, not just the verdict
-        tainted = _wait_line(lines, "tainted flotilla.dev/unhealthy", proc, timeout=180)
+        tainted = _wait_line(lines, "out of service (", proc, timeout=180)
         moved = _wait_line(lines, "through its checkpoint at step", proc, timeout=180)
         assert moved.endswith(": 0 steps lost"), moved
         _wait_line(lines, "returned to service", proc, timeout=60)
         _wait_line(lines, "Flotilla keeps running", proc, timeout=60)
         node = tainted.split()[1]
         assert f"pretrain runs on {node}" in _wait_line(lines, "pretrain runs on", proc, timeout=1)
-        assert node not in moved.split(" through ")[0], moved  # it left the tainted node
+        assert node not in moved.split(" through ")[0], moved  # it left the node with the GPU out of service
         started = [int(line.split()[1]) for line in (state / "demo.pids").read_text().splitlines()]
         assert len(started) >= 3 + 1  # operator, controller, simworkers and an agent per node
 

@@ -167,6 +167,8 @@ def unhealthy(node: dict[str, Any]) -> str:
     marks += [f"{names.NODE_CONDITION_HEALTHY}=False ({c.get('reason')})"
               for c in node.get("status", {}).get("conditions") or []
               if c.get("type") == names.NODE_CONDITION_HEALTHY and c.get("status") == "False"]
+    out = (node.get("metadata", {}).get("annotations") or {}).get(names.ANNOTATION_UNHEALTHY_GPUS)
+    marks += [f"GPUs out of service {out}"] if out else []
     return ", ".join(marks)
 
 
@@ -483,6 +485,8 @@ def restore_node(node: str) -> None:
     found = get("node", node, "default") or {}
     if any(t.get("key") == names.TAINT_UNHEALTHY for t in found.get("spec", {}).get("taints") or []):
         kubectl("taint", "nodes", node, f"{names.TAINT_UNHEALTHY}-", check=False)
+    if (found.get("metadata", {}).get("annotations") or {}).get(names.ANNOTATION_UNHEALTHY_GPUS):
+        kubectl("annotate", "node", node, f"{names.ANNOTATION_UNHEALTHY_GPUS}-", check=False)
     if "False" in unhealthy(found):
         now = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
         kubectl("patch", "node", node, "--subresource=status", "--type=strategic", "-p", json.dumps({"status": {
@@ -690,9 +694,13 @@ def real_fault_control(log_dir: Path) -> Outcome:
         strike = 8.0   # seconds after the agents start: ingest is steady by then
         rig.start_agents(lambda i, n: ["--inject", f"fell_off_bus@{strike:g}#3"] if n == node else [])
         rig.wait_every_agent_heard()
-        found = wait_for(f"{node} tainted NoExecute", lambda: (n := get("node", node, "default") or {})
-                         and any(t.get("key") == names.TAINT_UNHEALTHY and t.get("effect") == "NoExecute"
-                                 for t in n.get("spec", {}).get("taints") or []) and n, timeout=strike + 40)
+        # XID 79 is local to its GPU: GPU 3 leaves service, not the node; the job's 8-GPU worker held it and
+        # no longer fits on the node's 7, so the job moves.
+        found = wait_for(f"GPU 3 of {node} out of service", lambda: (n := get("node", node, "default") or {})
+                         and '"3"' in ((n.get("metadata", {}).get("annotations") or {})
+                                       .get(names.ANNOTATION_UNHEALTHY_GPUS) or "") and n, timeout=strike + 40)
+        if any(t.get("key") == names.TAINT_UNHEALTHY for t in found.get("spec", {}).get("taints") or []):
+            raise AssertionError(f"{node} was tainted for a fault of one GPU")
         moved = wait_for("the job moved off the faulty node", lambda: (s := rig.job_status()).get("phase") == "Running"
                          and node not in {p["node"] for p in s.get("placement") or []} and s, timeout=90)
         if not rig.wait_progress(moved.get("progress", {}).get("steps", 0)):

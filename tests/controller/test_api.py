@@ -102,7 +102,7 @@ def test_cluster_after_every_job_finished_counts_no_training_gpus(client, store)
 
 def test_probes(client):
     assert client.get("/healthz").json() == {"status": "ok"}
-    assert client.get("/readyz").json() == {"status": "ready", "schema": "0007"}
+    assert client.get("/readyz").json() == {"status": "ready", "schema": "0008"}
     assert client.get("/openapi.json").json()["info"]["title"] == "Flotilla controller"
 
 
@@ -245,7 +245,7 @@ def test_nodes_list_and_detail(client, cluster, store):
     assert [n["name"] for n in get(schedulable="true", domain="r1").json()["items"]] == ["a", "b"]
     assert get(healthy="maybe").status_code == 422
     a = get(limit=1).json()["items"][0]
-    assert a["gpus"] == {"total": 8, "allocated": 6, "free": 2}
+    assert a["gpus"] == {"total": 8, "allocated": 6, "free": 2, "inService": 8, "outOfService": []}
     from flotilla.health.samples import Sample
     store.add_samples([Sample(NOW, "c", "xid", 79.0, gpu=3)])
     c = client.get("/v1/nodes/c", headers=auth(READER)).json()
@@ -282,6 +282,22 @@ def test_return_to_service(client, cluster, controller):
     assert (c["healthy"], c["unschedulable"], c["taint"]) == (True, False, None)
     r = client.post("/v1/nodes/c/return-to-service", headers=auth(ADMIN))
     assert r.json()["changed"] is False and len(controller.actions.calls) == 2
+
+
+def test_a_gpu_out_of_service_shows_on_the_node_and_the_map_and_return_to_service_gives_it_back(
+        client, cluster, controller, store):
+    sick = node("b", labels={"flotilla.dev/rack": "r1"})
+    sick["metadata"]["annotations"] = {"flotilla.dev/unhealthy-gpus": json.dumps({"5": "xid-79"})}
+    store.upsert_node(parse_node(sick))
+    b = client.get("/v1/nodes/b", headers=auth(READER)).json()
+    assert b["healthy"] is True and b["gpus"]["inService"] == 7 and b["gpus"]["free"] == 7 - b["gpus"]["allocated"]
+    assert b["gpus"]["outOfService"] == [{"gpu": 5, "reason": "xid-79"}]
+    [on_map] = [n for n in client.get("/v1/gpumap", headers=auth(READER)).json()["nodes"] if n["name"] == "b"]
+    assert on_map["gpusOut"] == [{"gpu": 5, "reason": "xid-79"}] and on_map["state"] == "ok"
+    r = client.post("/v1/nodes/b/return-to-service", json={"reason": "GPU replaced"}, headers=auth(ADMIN))
+    assert r.status_code == 200 and r.json()["changed"] is True
+    assert ("set_gpus_out", "b", {}, "GPU replaced") in controller.actions.calls
+    assert client.get("/v1/nodes/b", headers=auth(READER)).json()["gpus"]["inService"] == 8
 
 
 @pytest.mark.parametrize("failure, status", [

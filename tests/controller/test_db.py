@@ -15,7 +15,7 @@ def test_upgrade_from_empty_matches_the_models(db_url):
     engine = db.create_engine(db_url)
     assert db.current_revision(engine) is None
     db.upgrade(engine)
-    assert db.current_revision(engine) == db.head_revision() == "0007"
+    assert db.current_revision(engine) == db.head_revision() == "0008"
     with engine.connect() as conn:
         assert compare_metadata(MigrationContext.configure(conn), db.Base.metadata) == []
     db.upgrade(engine)  # a second start is a no-op

@@ -27,8 +27,8 @@ def calls(responder, method):
 
 
 def test_an_xid_that_kills_the_job_taints_the_node_and_restarts_its_jobs(responder, store):
-    # Samples without a job get it from the allocation (j1 holds node a).
-    responder.accept([Sample(NOW, "a", "xid", 79.0, gpu=3)])
+    # Samples without a job get it from the allocation (j1 holds node a). The XID names no GPU: the node goes.
+    responder.accept([Sample(NOW, "a", "xid", 79.0)])
     [health] = calls(responder, "set_node_health")
     assert health[1:3] == ("a", False) and health[5] == "NoExecute" and "79" in health[4]
     [annotate] = calls(responder, "annotate")
@@ -38,7 +38,7 @@ def test_an_xid_that_kills_the_job_taints_the_node_and_restarts_its_jobs(respond
     recorded = {(r.kind, r.object) for r in store.decisions(limit=50).items}
     assert {("detection", "a"), ("checkpoint-request", "default/j1")} <= recorded
     # The same fault again asks for nothing new: the request is still unacknowledged.
-    responder.accept([Sample(NOW + 1, "a", "xid", 79.0, gpu=3)])
+    responder.accept([Sample(NOW + 1, "a", "xid", 79.0)])
     assert len(calls(responder, "annotate")) == 1
 
 
@@ -98,8 +98,9 @@ def test_a_cleared_finding_does_not_untaint_a_node_that_another_fault_holds(resp
     for _ in range(5):   # b falls silent: heartbeat-lost, NoSchedule
         clock.now += 1
         responder.accept([Sample(clock.now, "a", "heartbeat", 1.0)])
-    clock.now += 1       # b is back, with an XID 79: a hardware fault decided although the lost heartbeat is open
-    responder.accept([Sample(clock.now, "b", "xid", 79.0, gpu=0), Sample(clock.now, "a", "heartbeat", 1.0)])
+    clock.now += 1       # b is back, with an XID 74 (NVLink: node-wide): a hardware fault decided although the lost
+    # heartbeat is open
+    responder.accept([Sample(clock.now, "b", "xid", 74.0, gpu=0), Sample(clock.now, "a", "heartbeat", 1.0)])
     for _ in range(40):  # its heartbeat finding clears by rule; the XID keeps the node out
         clock.now += 1
         responder.accept([Sample(clock.now, n, "heartbeat", 1.0) for n in ("a", "b")])
@@ -134,7 +135,7 @@ def test_a_controller_restarted_with_a_backlog_taints_nothing(store, clock):
         store.upsert_node(parse_node(node(name)))
     responder = HealthResponder(store, RecordingActions(), ControllerMetrics(store), clock=clock)
     backlog = [Sample(clock.now - 20 + t, n, "heartbeat", 1.0) for t in range(20) for n in FLEET]
-    backlog.append(Sample(clock.now - 12, "g03", "xid", 79.0, gpu=1))
+    backlog.append(Sample(clock.now - 12, "g03", "xid", 74.0, gpu=1))
     for i in range(0, len(backlog), 100):
         responder.accept(backlog[i:i + 100])
     beat(responder, clock, 30)
@@ -150,7 +151,7 @@ def test_agent_clocks_30_s_off_taint_nothing(fleet, clock, skew):
 
 def test_the_taint_budget_holds_back_faults_beyond_it_and_frees_after_its_window(fleet, clock, store):
     beat(fleet, clock, 3)
-    fleet.accept([Sample(clock.now, n, "xid", 79.0, gpu=0) for n in FLEET[:6]])   # six nodes "fail" at once
+    fleet.accept([Sample(clock.now, n, "xid", 74.0, gpu=0) for n in FLEET[:6]])   # six nodes "fail" at once
     # 10 % of 20 nodes = 2 nodes in 10 minutes
     assert [c[1] for c in calls(fleet, "set_node_health")] == ["g00", "g01"]
     assert len(calls(fleet, "annotate")) == 1              # g00 and g01 hold one job: one request
@@ -159,7 +160,7 @@ def test_the_taint_budget_holds_back_faults_beyond_it_and_frees_after_its_window
     assert all("taint budget" in r.reason for r in held)
     assert metric(fleet, "flotilla_health_actions_suppressed_total", reason="taint-budget") == 4
     clock.now += 601
-    fleet.accept([Sample(clock.now, "g12", "xid", 79.0, gpu=0)])
+    fleet.accept([Sample(clock.now, "g12", "xid", 74.0, gpu=0)])
     assert [c[1] for c in calls(fleet, "set_node_health")] == ["g00", "g01", "g12"]
 
 
@@ -168,7 +169,7 @@ def test_the_domain_budget_holds_within_one_rack(store, clock):
         store.upsert_node(parse_node(node(name, labels={"flotilla.dev/rack": f"r{i // 4}"})))
     responder = HealthResponder(store, RecordingActions(), ControllerMetrics(store), clock=clock,
                                 budget=TaintBudget(TaintBudgetConfig(fraction=1.0, domain_fraction=0.5)))
-    responder.accept([Sample(clock.now, n, "xid", 79.0, gpu=0) for n in FLEET[:4]])   # all of rack r0
+    responder.accept([Sample(clock.now, n, "xid", 74.0, gpu=0) for n in FLEET[:4]])   # all of rack r0
     assert [c[1] for c in calls(responder, "set_node_health")] == ["g00", "g01"]
 
 
@@ -183,8 +184,8 @@ def test_a_held_back_transient_fault_clears_without_untainting(fleet, clock):
 
 def test_one_job_on_two_failing_nodes_gets_one_restart_request(fleet, clock):
     beat(fleet, clock, 3)
-    fleet.accept([Sample(clock.now, "g00", "xid", 79.0, gpu=0)])
-    fleet.accept([Sample(clock.now, "g01", "xid", 48.0, gpu=0)])
+    fleet.accept([Sample(clock.now, "g00", "xid", 79.0)])     # no GPU named: the node goes
+    fleet.accept([Sample(clock.now, "g01", "xid", 48.0)])
     assert len(calls(fleet, "set_node_health")) == 2
     assert len(calls(fleet, "annotate")) == 1
 
@@ -213,7 +214,7 @@ def test_the_responder_decides_by_returning_actions(responder, store, clock):
     from flotilla.controller.apply import CheckpointJobsOn, CountDetection, Record, SetNodeHealth
 
     with responder._lock:
-        [d] = responder.monitor.observe(responder._with_jobs([Sample(NOW, "a", "xid", 79.0, gpu=3)]), clock())
+        [d] = responder.monitor.observe(responder._with_jobs([Sample(NOW, "a", "xid", 79.0)]), clock())
     acts = responder._decide(d)
     assert [type(a) for a in acts] == [CountDetection, Record, SetNodeHealth, CheckpointJobsOn]
     taint, checkpoint = acts[2], acts[3]
@@ -223,3 +224,59 @@ def test_the_responder_decides_by_returning_actions(responder, store, clock):
     responder.applier.apply(acts)
     assert [c[0] for c in responder.actions.calls] == ["set_node_health", "annotate"]
     assert {r.kind for r in store.decisions(limit=10).items} == {"detection", "checkpoint-request"}
+
+
+# -- one sick GPU costs one GPU -----------------------------------------------------------------------------------
+
+def on_a(responder):
+    from flotilla.controller.actions import GpuHolder
+
+    responder.store.upsert_job(parse_training_job(training_job("j3", placement={"a": 4})))
+    responder.actions.holders["a"] = [GpuHolder("default/j1", "j1-w0", 0, (0, 1)),
+                                      GpuHolder("default/j1", "j1-w1", 1, (2, 3)),
+                                      GpuHolder("default/j3", "j3-w0", 0, (4, 5, 6, 7))]
+    return responder
+
+
+def test_an_xid_79_on_one_gpu_takes_that_gpu_out_and_moves_only_the_job_on_it(responder, store):
+    on_a(responder)
+    responder.accept([Sample(NOW, "a", "xid", 79.0, gpu=3)])
+    assert calls(responder, "set_node_health") == []                     # the node keeps its other seven GPUs
+    [out] = calls(responder, "set_gpus_out")
+    assert out[1:3] == ("a", {3: "xid-79"}) and "GPU 3" in out[3]
+    # j1's rank 1 sits on GPU 3; its rank 0 (GPUs 0-1) writes the checkpoint; j3 (GPUs 4-7) is not asked
+    [annotate] = calls(responder, "annotate")
+    assert annotate[1:4] == ("trainingjobs", "default", "j1")
+    request = json.loads(annotate[5])
+    assert request["restart"] is False and "GPU 3 of node a" in request["reason"]
+    recorded = {(r.kind, r.object) for r in store.decisions(limit=50).items}
+    assert {("detection", "a"), ("gpu-out-of-service", "a"), ("checkpoint-request", "default/j1")} <= recorded
+    assert not any(o == "default/j3" for _, o in recorded)
+    assert store.node("a")[0].gpus_out == {"3": "xid-79"}
+
+
+def test_a_job_whose_rank_0_sat_on_the_lost_gpu_restarts_from_its_last_checkpoint(responder):
+    on_a(responder)
+    responder.accept([Sample(NOW, "a", "xid", 79.0, gpu=1)])
+    [annotate] = calls(responder, "annotate")
+    assert annotate[3] == "j1" and json.loads(annotate[5])["restart"] is True
+
+
+def test_a_second_fault_kind_on_the_same_gpu_costs_nothing_more_and_return_to_service_forgets_it(responder, clock):
+    on_a(responder)
+    responder.accept([Sample(NOW, "a", "xid", 79.0, gpu=3)])
+    clock.now = NOW + 1
+    responder.accept([Sample(clock.now, "a", "ecc_uncorrected", 2.0, gpu=3)])
+    assert [c[2] for c in calls(responder, "set_gpus_out")] == [{3: "xid-79"}, {3: "xid-79"}]
+    assert calls(responder, "set_node_health") == []
+    responder.release("a")
+    assert responder._gpus_out == {} and responder.monitor.active_on("a") == []
+
+
+def test_the_taint_budget_counts_gpus_for_device_faults(responder, store):
+    on_a(responder)
+    responder.budget = TaintBudget(TaintBudgetConfig(window=600.0, gpu_fraction=0.1))  # 16 GPUs: 1 may go out
+    responder.accept([Sample(NOW, "a", "xid", 79.0, gpu=3), Sample(NOW, "b", "xid", 79.0, gpu=5)])
+    assert [c[1] for c in calls(responder, "set_gpus_out")] == ["a"]
+    [held] = [r for r in store.decisions(limit=50).items if r.kind == "action-suppressed"]
+    assert held.object == "b" and "GPUs" in held.reason

@@ -286,3 +286,21 @@ def test_a_dead_node_at_spread_phases_is_confirmed_within_three_and_a_half_secon
     [d] = out
     # last beat at 20.4: past the 2 s timeout at one liveness evaluation (every half second) and the next
     assert (d.node, d.reason) == ("d4", "heartbeat-lost") and 20.4 + 2.0 < d.ts <= 20.4 + 3.0
+
+
+def test_a_finding_is_not_cleared_by_evaluations_that_could_not_judge_it():
+    """A machine judged against its own history is not judged during a job-wide excursion (a checkpoint, an
+    evaluation phase): those evaluations are no evidence that it recovered. Counting them as calm cleared a
+    lasting NVLink fault after 30 s of excursion, then found it again: flag, clear, flag."""
+    m = HealthMonitor(MonitorConfig(history_warmup=10))
+    assert [d for t in range(40) for d in m.observe(small_pipeline_tick(float(t)), float(t))] == []
+    solo = {"s2": 0.3}
+    found = [d for t in range(40, 60) for d in m.observe(small_pipeline_tick(float(t), nvlink=solo), float(t))]
+    assert [(d.node, d.reason, d.state) for d in found] == [("s2", "outlier:nvlink_tx", "confirmed")]
+    phase = {n: 0.4 * solo.get(n, 1.0) for n in ("s0", "s1", "s2", "s3")}   # everyone's traffic falls for 60 s
+    during = [d for t in range(60, 120) for d in m.observe(small_pipeline_tick(float(t), nvlink=phase), float(t))]
+    after = [d for t in range(120, 150) for d in m.observe(small_pipeline_tick(float(t), nvlink=solo), float(t))]
+    assert during == [] and after == [], [(d.node, d.reason, d.state) for d in during + after]
+    # it recovers: judged normal again for clear_after evaluations, it clears
+    healed = [d for t in range(150, 200) for d in m.observe(small_pipeline_tick(float(t)), float(t))]
+    assert [(d.node, d.state) for d in healed] == [("s2", "cleared")]

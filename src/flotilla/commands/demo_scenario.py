@@ -12,7 +12,7 @@ import httpx
 if TYPE_CHECKING:
     from flotilla.commands.demo import Demo
 
-UNHEALTHY = "flotilla.dev/unhealthy"
+UNHEALTHY_GPUS = "flotilla.dev/unhealthy-gpus"
 
 
 def _job(name: str, deadline_s: int, steps: int, min_gpus: int, max_gpus: int) -> str:
@@ -38,7 +38,8 @@ def play(demo: "Demo", agent_token: Path, admin_token: str, start_agent: Callabl
                        timeout=60, demo=demo)
     say(f"  too-late: Rejected — {refused.get('message', '').removeprefix('rejected: ')}")
 
-    say("step 2/2: a GPU fault on a node that runs a job: the node is tainted, the job moves through a checkpoint")
+    say("step 2/2: a GPU fault on a node that runs a job: that GPU leaves service, not the node; the job on it "
+        "moves through a checkpoint")
     demo.k("apply", "-f", "-", input=_job("pretrain", 30 * 86400, 4_000_000, 8, 16), capture_output=True)
     running = wait_for("pretrain running", lambda: (s := status("pretrain")).get("phase") == "Running"
                        and s.get("placement") and s.get("progress", {}).get("steps", 0) > 0 and s,
@@ -49,10 +50,11 @@ def play(demo: "Demo", agent_token: Path, admin_token: str, start_agent: Callabl
         f"{node}'s agent now reports an uncorrectable ECC error on GPU 0")
     demo.stop_one(f"agent-{node}")
     start_agent(demo, node, agent_token, "--inject", "ecc_error@1")
-    wait_for(f"{node} tainted", lambda: any(t.get("key") == UNHEALTHY for t in
-                                            demo.get("node", node).get("spec", {}).get("taints") or []),
-             timeout=90, demo=demo)
-    say(f"  {node} tainted {UNHEALTHY}: the controller found the fault")
+    out = wait_for(f"GPU 0 of {node} out of service", lambda: json.loads(
+        (demo.get("node", node).get("metadata", {}).get("annotations") or {}).get(UNHEALTHY_GPUS) or "{}"),
+                   timeout=90, demo=demo)
+    say(f"  {node} GPU {', '.join(out)} out of service ({', '.join(out.values())}): the controller found the fault; "
+        f"the node keeps its other GPUs (annotation {UNHEALTHY_GPUS}, not tainted)")
     moved = wait_for("pretrain moved off the node", lambda: (s := status("pretrain")).get("phase") == "Running"
                      and node not in {p["node"] for p in s.get("placement", [])} and s, timeout=120, demo=demo)
     at = moved.get("checkpoint", {}).get("step", 0)

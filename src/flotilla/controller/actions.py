@@ -13,7 +13,7 @@ API server, `RecordingActions` records the calls (unit tests),
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, NoReturn, Protocol
+from typing import Any, NoReturn, Protocol, Sequence
 
 
 class ClusterActionError(Exception):
@@ -26,6 +26,16 @@ class ObjectNotFound(ClusterActionError):
 
 class ClusterUnavailable(ClusterActionError):
     """The controller runs without a cluster connection."""
+
+
+@dataclass(frozen=True)
+class GpuHolder:
+    """A worker pod on a GPU: its TrainingJob (namespace/name), its rank and the GPUs it holds."""
+
+    job: str
+    pod: str
+    rank: int
+    gpus: tuple[int, ...]
 
 
 class ClusterActions(Protocol):
@@ -57,6 +67,13 @@ class ClusterActions(Protocol):
     def post_event(self, involved: dict[str, Any], type_: str, reason: str, message: str) -> None:
         """Post an Event about `involved` ({"kind", "name", "namespace", ...}), e.g. the controller's own Pod."""
 
+    def set_gpus_out(self, node: str, gpus_out: dict[int, str], message: str) -> None:
+        """Write the node's out-of-service GPUs ({index: why}; {} returns them all): its
+        flotilla.dev/unhealthy-gpus annotation, the FlotillaGPUsOutOfService condition and an Event."""
+
+    def workers_on_gpus(self, node: str, gpus: Sequence[int]) -> list[GpuHolder]:
+        """The worker pods on `node` that hold any of `gpus` (their flotilla.dev/gpu-indices)."""
+
 
 @dataclass
 class RecordingActions:
@@ -67,6 +84,7 @@ class RecordingActions:
     fail: ClusterActionError | None = None
     objects: dict[str, list[dict[str, Any]]] = field(default_factory=dict)
     pods: dict[str, list[tuple[str, str]]] = field(default_factory=dict)  # "ns/role" -> (pod, IP) for ready_pods
+    holders: dict[str, list[GpuHolder]] = field(default_factory=dict)  # node -> worker pods, for workers_on_gpus
 
     def _call(self, *call: Any) -> None:
         if self.fail is not None:
@@ -102,6 +120,14 @@ class RecordingActions:
     def post_event(self, involved: dict[str, Any], type_: str, reason: str, message: str) -> None:
         self._call("post_event", involved, type_, reason, message)
 
+    def set_gpus_out(self, node: str, gpus_out: dict[int, str], message: str) -> None:
+        self._call("set_gpus_out", node, dict(gpus_out), message)
+
+    def workers_on_gpus(self, node: str, gpus: Sequence[int]) -> list[GpuHolder]:
+        if self.fail is not None:
+            raise self.fail
+        return [h for h in self.holders.get(node, []) if set(h.gpus) & set(gpus)]
+
 
 class OfflineActions:
     """For `--no-kubernetes`: every action fails with a message saying why."""
@@ -110,3 +136,4 @@ class OfflineActions:
         raise ClusterUnavailable("the controller runs with --no-kubernetes; cluster actions are unavailable")
 
     annotate = patch_spec = apply = list_objects = ready_pods = set_unschedulable = set_node_health = post_event = _refuse
+    set_gpus_out = workers_on_gpus = _refuse

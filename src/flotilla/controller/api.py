@@ -640,24 +640,27 @@ def create_app(ctl: Controller) -> FastAPI:
         return act("drain", idempotency_key, request, body, do)
 
     @app.post("/v1/nodes/{name}/return-to-service", tags=["nodes"],
-              summary="Uncordon the node, clear the unhealthy taint and mark its GPUs healthy")
+              summary="Uncordon the node, clear the unhealthy taint and mark its GPUs healthy (those out of service "
+                      "on their own too)")
     def return_to_service(who: Admin, request: Request, name: str, body: ReasonBody | None = None,
                           idempotency_key: IdemKey = None) -> JSONResponse:
         body = body or ReasonBody()
 
         def do() -> tuple[int, dict[str, Any]]:
             row, _ = node_or_404(name)
-            if not row.unschedulable and row.healthy and row.taint is None:
+            if not row.unschedulable and row.healthy and row.taint is None and not row.gpus_out:
                 return 200, {"node": name, "changed": False}
             actions.set_node_health(name, True, "ReturnedToService", body.reason)
             actions.set_unschedulable(name, False)
+            if row.gpus_out:
+                actions.set_gpus_out(name, {}, body.reason)
             store.set_node_fields(name, unschedulable=False, healthy=True, taint=None, health_reason=None,
-                                  health_message=None)
+                                  health_message=None, gpus_out=None)
             if ctl.on_return_to_service is not None:
                 ctl.on_return_to_service(name)
             record(DecisionRecord("return-to-service", "Node", name, body.reason,
                                   {"wasUnschedulable": row.unschedulable, "wasHealthy": row.healthy,
-                                   "taint": row.taint}, actor=who.name))
+                                   "taint": row.taint, "gpusOut": row.gpus_out}, actor=who.name))
             return 200, {"node": name, "changed": True}
         return act("return-to-service", idempotency_key, request, body, do)
 

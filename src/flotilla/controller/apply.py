@@ -57,6 +57,27 @@ class CheckpointJobsOn:
 
 
 @dataclass(frozen=True)
+class SetGpusOut:
+    """The node's GPUs out of service on their own ({index: why}; {} returns them), in the cluster and the mirror."""
+
+    node: str
+    gpus_out: dict[int, str]
+    message: str
+
+
+@dataclass(frozen=True)
+class CheckpointJobsOnGpus:
+    """A checkpoint request to every unfinished job with a worker pod on one of `gpus` of `node`, and to no other.
+    `restart`: the fault leaves the GPU unable to write one; a job whose rank 0 is elsewhere still writes it (its
+    ranks on healthy GPUs hold the state), one whose rank 0 sat on the GPU restarts from its last checkpoint."""
+
+    node: str
+    gpus: tuple[int, ...]
+    reason: str
+    restart: bool
+
+
+@dataclass(frozen=True)
 class Remember:
     """What decider `kind` must remember about `key` across a restart (None: forget it)."""
 
@@ -76,7 +97,8 @@ class CountSuppressed:
     reason: str
 
 
-Action = Union[Record, ApplyFields, SetNodeHealth, CheckpointJobsOn, Remember, CountDetection, CountSuppressed]
+Action = Union[Record, ApplyFields, SetNodeHealth, CheckpointJobsOn, SetGpusOut, CheckpointJobsOnGpus, Remember,
+               CountDetection, CountSuppressed]
 
 
 class Applier:
@@ -105,6 +127,18 @@ class Applier:
                 if job.phase not in TERMINAL:
                     checkpoints.request(self.store, self.actions, self.metrics, job.key, a.reason, a.restart,
                                         actor="controller", requested_by="controller")
+        elif isinstance(a, SetGpusOut):
+            self.actions.set_gpus_out(a.node, a.gpus_out, a.message)
+            self.store.set_node_fields(a.node, gpus_out={str(g): why for g, why in sorted(a.gpus_out.items())} or None)
+        elif isinstance(a, CheckpointJobsOnGpus):
+            holders = self.actions.workers_on_gpus(a.node, a.gpus)
+            for key in sorted({h.job for h in holders}):
+                found = self.store.job(key)
+                if found is None or found[0].phase in TERMINAL:
+                    continue
+                rank0_lost = any(h.rank == 0 for h in holders if h.job == key)
+                checkpoints.request(self.store, self.actions, self.metrics, key, a.reason, a.restart and rank0_lost,
+                                    actor="controller", requested_by="controller")
         elif isinstance(a, Remember):
             self.store.remember(a.kind, a.key, a.value)
         elif isinstance(a, CountDetection):

@@ -102,6 +102,8 @@ class NodeRow(Base):
     health_message: Mapped[str | None] = mapped_column(sa.Text)
     taint: Mapped[dict[str, str] | None] = mapped_column(sa.JSON)  # the flotilla.dev/unhealthy taint
     updated: Mapped[float] = mapped_column(Seconds)
+    # GPU index (as a string) -> why, for GPUs out of service on their own (flotilla.dev/unhealthy-gpus)
+    gpus_out: Mapped[dict[str, str] | None] = mapped_column(sa.JSON)
 
 
 class QueueRow(Base):

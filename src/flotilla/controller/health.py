@@ -37,7 +37,7 @@ import dataclasses
 import logging
 import threading
 import time
-from typing import Callable, Literal, Sequence
+from typing import Any, Callable, Literal, Sequence
 
 from flotilla.controller import views
 from flotilla.controller.actions import ClusterActionError, ClusterActions
@@ -45,9 +45,11 @@ from flotilla.controller.apply import (
     Action,
     Applier,
     CheckpointJobsOn,
+    CheckpointJobsOnGpus,
     CountDetection,
     CountSuppressed,
     Record,
+    SetGpusOut,
     SetNodeHealth,
 )
 from flotilla.controller.db import is_outage
@@ -59,6 +61,7 @@ from flotilla.health.decision import HealthDecision
 from flotilla.health.liveness import PipelineFinding
 from flotilla.health.monitor import HealthMonitor
 from flotilla.health.samples import Sample
+from flotilla.health.scope import FaultScope, fault_scope
 from flotilla.resources.names import Reason
 
 log = logging.getLogger(__name__)
@@ -84,6 +87,8 @@ class HealthResponder:
         self._maps_at = float("-inf")
         self._job_map_ttl = job_map_ttl
         self._held: set[tuple[str, str]] = set()  # (node, fault kind) the budget held back (never tainted by us)
+        self._device: set[tuple[str, str]] = set()  # (node, fault kind) acted on by taking GPUs out, not the node
+        self._gpus_out: dict[str, dict[int, str]] = {}  # node -> GPUs this responder took out (and why)
         self._open: dict[str, PipelineFinding] = {}
         self.ingest_condition = _condition(True, "Delivering", "metric samples arrive", clock())
         self._stop = threading.Event()
@@ -110,6 +115,8 @@ class HealthResponder:
         with self._lock:
             self.monitor.release(node)
         self._held = {h for h in self._held if h[0] != node}
+        self._device = {h for h in self._device if h[0] != node}
+        self._gpus_out.pop(node, None)
 
     def conditions(self) -> list[dict[str, str | None]]:
         """The controller's own conditions, for `GET /v1/cluster`."""
@@ -166,7 +173,7 @@ class HealthResponder:
                   "detectedAt": d.ts}
         if d.state == "cleared":
             out: list[Action] = []
-            if acts and (d.node, d.key) not in self._held:
+            if acts and (d.node, d.key) not in self._held and (d.node, d.key) not in self._device:
                 remaining = self._acted_on(d.node)
                 # another fault still holds the node: keep its taint, un-do only this finding
                 out.append(self._taint(remaining[0], self._effect(remaining)) if remaining
@@ -181,6 +188,10 @@ class HealthResponder:
         log.warning("node %s: %s confirmed: %s (evidence %s)", d.node, d.kind, d.reason, d.evidence)
         if not acts:
             return out
+        total = self._node_gpus(d.node)
+        scope = self._scope(d, total) if d.kind == "fault" else None
+        if scope is not None and scope.scope == "device":
+            return [*out, *self._take_gpus_out(d, scope, total, inputs)]
         domain = self._domains.get(d.node, d.node)
         held = self.budget.check(self.clock(), d.node, domain, len(self._domains.keys() | {d.node}),
                                  sum(1 for x in self._domains.values() if x == domain) or 1)
@@ -191,19 +202,74 @@ class HealthResponder:
             return [*out, CountSuppressed("taint-budget"),
                     Record(DecisionRecord("action-suppressed", "Node", d.node, held, inputs | {"detection": d.reason},
                                           actor="controller"))]
-        self.budget.spend(self.clock(), d.node, domain)
+        self.budget.spend(self.clock(), d.node, domain, node_gpus=total)
         self._held.discard((d.node, d.key))
+        if scope is not None and d.key in ("xid", "ecc", "gpu-lost"):
+            inputs["scope"] = {"scope": scope.scope, "why": scope.why}
         # the taint is the strongest any acted-on finding of the node asks for: a transient one never weakens it
         acted = self._acted_on(d.node) or [d]
         return [*out, self._taint(acted[0], self._effect([d, *acted])),
                 CheckpointJobsOn(d.node, f"{d.kind} on node {d.node}: {d.reason}", not d.checkpointable)]
+
+    def _node_gpus(self, node: str) -> int:
+        found = self.store.node(node)
+        return int(found[0].total_gpus) if found is not None else 0
+
+    def _out_on(self, node: str) -> dict[int, str]:
+        """The node's GPUs out of service on their own: what this responder took out, else what the node's
+        annotation says (mirrored; e.g. taken out before a restart)."""
+        if node in self._gpus_out:
+            return self._gpus_out[node]
+        found = self.store.node(node)
+        raw = (found[0].gpus_out if found is not None else None) or {}
+        return {int(g): str(why) for g, why in raw.items() if str(g).isdigit()}
+
+    def _scope(self, d: HealthDecision, total: int) -> FaultScope | None:
+        """What `d` takes out of service (flotilla.health.scope); None when the node's GPUs are not known (then
+        the node, as before)."""
+        if total < 1:
+            return None
+        try:
+            return fault_scope(d, total, self._out_on(d.node))
+        except ValueError as e:  # a GPU index beyond the node's count: the node's count is stale, act on the node
+            log.warning("node %s: %s; acting on the whole node", d.node, e)
+            return None
+
+    def _take_gpus_out(self, d: HealthDecision, scope: FaultScope, total: int,
+                       inputs: dict[str, Any]) -> list[Action]:
+        """A device-local fault: only its GPUs leave service; only the jobs on them are asked for a checkpoint."""
+        domain = self._domains.get(d.node, d.node)
+        capacity = self.store.capacity()
+        held = self.budget.check(self.clock(), d.node, domain, len(self._domains.keys() | {d.node}),
+                                 sum(1 for x in self._domains.values() if x == domain) or 1,
+                                 gpus=scope.gpus, node_gpus=total, cluster_gpus=int(capacity["gpus"]))
+        inputs = inputs | {"scope": {"scope": "device", "gpus": list(scope.gpus), "why": scope.why}}
+        gpus_text = ", ".join(map(str, scope.gpus))
+        if held is not None:
+            self._held.add((d.node, d.key))
+            log.warning("node %s: %s on GPU %s NOT acted on: %s", d.node, d.reason, gpus_text, held)
+            return [CountSuppressed("taint-budget"),
+                    Record(DecisionRecord("action-suppressed", "Node", d.node, held, inputs | {"detection": d.reason},
+                                          actor="controller"))]
+        self.budget.spend(self.clock(), d.node, domain, gpus=scope.gpus, node_gpus=total)
+        self._held.discard((d.node, d.key))
+        self._device.add((d.node, d.key))
+        now_out = dict(self._out_on(d.node))
+        for g in scope.gpus:
+            now_out.setdefault(g, d.reason)
+        self._gpus_out[d.node] = now_out
+        log.warning("node %s: GPU %s out of service (%s); the node keeps its other GPUs", d.node, gpus_text, scope.why)
+        reason = f"{d.reason} on GPU {gpus_text} of node {d.node}"
+        return [Record(DecisionRecord("gpu-out-of-service", "Node", d.node, reason, inputs, actor="controller")),
+                SetGpusOut(d.node, now_out, f"{d.reason} ({scope.why})"),
+                CheckpointJobsOnGpus(d.node, scope.gpus, reason, not d.checkpointable)]
 
     def _acted_on(self, node: str) -> list[HealthDecision]:
         """The node's active decisions the responder acted on (tainted for), the governing one first."""
         with self._lock:
             active = self.monitor.active_on(node)
         acted = [d for d in active if (d.kind == "fault" or self.straggler_action == "evict")
-                 and (node, d.key) not in self._held]
+                 and (node, d.key) not in self._held and (node, d.key) not in self._device]
         return sorted(acted, key=lambda d: (not d.transient and d.kind == "fault", d.ts), reverse=True)
 
     @staticmethod

@@ -7,19 +7,20 @@ Thin by design (parsing is `flotilla.controller.mirror`, storage is
 from __future__ import annotations
 
 import hashlib
+import json
 import logging
 import re
 import threading
 import time
 from dataclasses import dataclass
 from datetime import datetime, timezone
-from typing import Any, Callable, Mapping, cast
+from typing import Any, Callable, Mapping, Sequence, cast
 
 from kubernetes import client, watch
 from kubernetes.client.rest import ApiException
 
 from flotilla import GROUP, VERSION, kubeapi
-from flotilla.controller.actions import ClusterActionError, ObjectNotFound
+from flotilla.controller.actions import ClusterActionError, GpuHolder, ObjectNotFound
 from flotilla.controller.auth import NO_ROLE, Identity, ReviewUnavailable
 from flotilla.controller.db import is_outage
 from flotilla.controller.ingest_auth import NODE_NAME_EXTRA, StatsAccess
@@ -29,9 +30,16 @@ from flotilla.controller.queues import parse_queue
 from flotilla.controller.store import Store, SyncResult
 from flotilla.operator.recorder import EventRecorder
 from flotilla.resources.names import (
+    ANNOTATION_GPU_INDICES,
+    ANNOTATION_UNHEALTHY_GPUS,
     GPU_RESOURCE,
+    LABEL_JOB,
+    LABEL_RANK,
+    LABEL_ROLE,
     LABEL_SERVING,
+    NODE_CONDITION_GPUS_OUT,
     NODE_CONDITION_HEALTHY,
+    ROLE_WORKER,
     TAINT_UNHEALTHY,
     Reason,
 )
@@ -136,6 +144,48 @@ class KubeActions:
                                Reason.GPU_HEALTHY if healthy else Reason.GPU_UNHEALTHY, f"{reason}: {message}")
         except ApiException as e:
             raise _wrap(e, f"node/{node}") from None
+
+    def set_gpus_out(self, node: str, gpus_out: dict[int, str], message: str) -> None:
+        now = datetime.now(timezone.utc).isoformat().replace("+00:00", "Z")
+        value = json.dumps({str(g): why for g, why in sorted(gpus_out.items())}) if gpus_out else None
+        out = ", ".join(f"GPU {g} ({why})" for g, why in sorted(gpus_out.items()))
+        try:
+            current = self.core.read_node(node)
+            meta = current.metadata
+            assert meta is not None
+            self.core.patch_node(node, {"metadata": {"annotations": {ANNOTATION_UNHEALTHY_GPUS: value}}})
+            self.core.patch_node_status(node, {"status": {"conditions": [{
+                "type": NODE_CONDITION_GPUS_OUT, "status": "True" if gpus_out else "False",
+                "reason": "GPUOutOfService" if gpus_out else "AllGPUsInService",
+                "message": f"out of service: {out}; {message}" if gpus_out else message,
+                "lastTransitionTime": now, "lastHeartbeatTime": now}]}})
+            self.events.record({"apiVersion": "v1", "kind": "Node", "name": node, "uid": meta.uid},
+                               "Warning" if gpus_out else "Normal",
+                               Reason.GPU_OUT_OF_SERVICE if gpus_out else Reason.GPU_IN_SERVICE,
+                               f"{out}: {message}" if gpus_out else f"all GPUs in service: {message}")
+        except ApiException as e:
+            raise _wrap(e, f"node/{node}") from None
+
+    def workers_on_gpus(self, node: str, gpus: Sequence[int]) -> list[GpuHolder]:
+        try:
+            pods = self.core.list_pod_for_all_namespaces(
+                field_selector=f"spec.nodeName={node}", label_selector=f"{LABEL_ROLE}={ROLE_WORKER}").items
+        except ApiException as e:
+            raise _wrap(e, f"pods on node/{node}") from None
+        out = []
+        for p in pods:
+            meta = p.metadata
+            if meta is None or meta.deletion_timestamp is not None or (p.status and p.status.phase in
+                                                                       ("Succeeded", "Failed")):
+                continue
+            raw = (meta.annotations or {}).get(ANNOTATION_GPU_INDICES) or ""
+            held = tuple(int(x) for x in raw.split(",") if x.strip().isdigit())
+            job = (meta.labels or {}).get(LABEL_JOB)
+            if job and set(held) & set(gpus):
+                rank = (meta.labels or {}).get(LABEL_RANK, "")
+                out.append(GpuHolder(f"{meta.namespace}/{job}", str(meta.name), int(rank) if rank.isdigit() else -1,
+                                     held))
+        return sorted(out, key=lambda h: (h.job, h.rank))
 
     def post_event(self, involved: dict[str, Any], type_: str, reason: str, message: str) -> None:
         try:

@@ -100,6 +100,7 @@ class NodeRecord:
     health_reason: str | None
     health_message: str | None
     taint: Mapping[str, str] | None
+    gpus_out: Mapping[str, str] | None = None  # GPU index -> why, for GPUs out of service on their own
 
 
 def parse_training_job(obj: Mapping[str, Any]) -> JobRecord:
@@ -181,6 +182,7 @@ def parse_node(obj: Mapping[str, Any]) -> NodeRecord:
         health_reason=None if node.healthy else health.get("reason"),
         health_message=None if node.healthy else health.get("message"),
         taint={"value": str(taint.get("value") or ""), "effect": str(taint.get("effect") or "")} if taint else None,
+        gpus_out={str(g): why for g, why in sorted(node.gpus_out.items())} or None,
     )
 
 

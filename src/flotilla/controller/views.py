@@ -60,15 +60,22 @@ def serving(row: ServingDeploymentRow) -> dict[str, Any]:
 
 def node(row_allocated: tuple[NodeRow, int]) -> dict[str, Any]:
     row, allocated = row_allocated
-    usable = row.total_gpus if row.healthy and not row.unschedulable else 0
+    out = gpus_out(row.gpus_out)
+    usable = max(0, row.total_gpus - len(out)) if row.healthy and not row.unschedulable else 0
     return {
         "name": row.name, "domain": row.domain, "ready": row.ready, "unschedulable": row.unschedulable,
         "healthy": row.healthy,
         "health": None if row.healthy else {"reason": row.health_reason, "message": row.health_message},
         "taint": row.taint, "labels": row.labels,
-        "gpus": {"total": row.total_gpus, "allocated": allocated, "free": max(0, usable - allocated)},
+        "gpus": {"total": row.total_gpus, "allocated": allocated, "free": max(0, usable - allocated),
+                 "inService": max(0, row.total_gpus - len(out)), "outOfService": out},
         "updated": iso(row.updated),
     }
+
+
+def gpus_out(raw: dict[str, str] | None) -> list[dict[str, Any]]:
+    """The node's GPUs out of service on their own, by index: [{"gpu", "reason"}]."""
+    return [{"gpu": int(g), "reason": why} for g, why in sorted((raw or {}).items(), key=lambda kv: int(kv[0]))]
 
 
 def domain(row: tuple[str, int, int, int, int]) -> dict[str, Any]:
@@ -110,10 +117,10 @@ def gpu_map(nodes: list[tuple[Any, ...]], allocations: list[tuple[str, str, int]
         for key, gpus in sorted(by_serving.items()):
             held.setdefault(node, []).append(["s", servings.setdefault(key, len(servings)), gpus])
     out = []
-    for name, domain, rack, total, ready, unschedulable, healthy, taint in nodes:
+    for name, domain, rack, total, ready, unschedulable, healthy, taint, out_of_service in nodes:
         out.append({"name": name, "domain": domain, "rack": rack or domain,
                     "gpus": total, "state": node_state(ready, unschedulable, healthy), "tainted": taint is not None,
-                    "holders": held.get(name, [])})
+                    "holders": held.get(name, []), "gpusOut": gpus_out(out_of_service)})
     return {"training": list(training), "serving": list(servings), "nodes": out}
 
 

@@ -335,8 +335,11 @@ class HealthMonitor:
         self._calm[key] = 0
         return decision
 
-    def _settle(self, ts: float, key: tuple[str, str], calm: bool) -> HealthDecision | None:
-        """Count one evaluation of an active clearable decision; clear it when calm long enough."""
+    def _settle(self, ts: float, key: tuple[str, str], calm: bool | None) -> HealthDecision | None:
+        """Count one evaluation of an active clearable decision; clear it when calm long enough. `calm` None: the
+        machine was not judged this evaluation; it neither counts towards clearing nor restarts the count."""
+        if calm is None:
+            return None
         self._calm[key] = self._calm[key] + 1 if calm else 0
         if self._calm[key] < self.config.clear_after:
             return None
@@ -525,6 +528,7 @@ class HealthMonitor:
         rows = {n: i for i, n in enumerate(frame.nodes)}
         for key in [k for k in self.decisions if k[0] in rows and k[1] in ("outlier", "straggler")]:
             node = key[0]
+            calm: bool | None
             if key[1] == "straggler":
                 if owned is not None and not frame.ranks:
                     continue   # the pass that judges step times settles it

@@ -59,6 +59,7 @@ class PeerOutlierDetector:
         self._alpha = 0.05
         self._streak = Streak(size)
         self.last_scores = np.zeros((size, len(COMPARED)))
+        self.last_known = np.zeros((size, len(COMPARED)), dtype=bool)   # the newest z was a score, not NaN
 
     def update(self, values: np.ndarray, peers: np.ndarray) -> list[Finding]:
         """`values`: (machines, compared metrics), NaN = missing; `peers`: mask of the machines that
@@ -88,6 +89,7 @@ class PeerOutlierDetector:
     def judge(self, z: np.ndarray, values: np.ndarray, reference: np.ndarray) -> list[Finding]:
         """Window and continuity over signed scores `z` (bad direction positive, NaN = no score) against
         `reference` (the peers' median, or each machine's own baseline), both shaped like `values`."""
+        self.last_known = np.isfinite(z)
         z = np.clip(np.nan_to_num(z), -self.clip, self.clip)
         self.last_scores = scores = self._scores.push(z)
         best = scores.argmax(axis=1)
@@ -113,7 +115,11 @@ class PeerOutlierDetector:
                                    float(reference[i, columns[k]]), int(self.flaps[i, k])))
         return out
 
-    def calm(self, member: int, metric_index: int) -> bool:
+    def calm(self, member: int, metric_index: int) -> bool | None:
+        """The machine looks normal on the metric now; None when it was not scored this evaluation (its own
+        history does not judge during a job-wide excursion): not judged is not evidence that it recovered."""
+        if not self.last_known[member, metric_index]:
+            return None
         return bool(self.last_scores[member, metric_index] <= self.threshold) and not self.flaps[member].any()
 
 

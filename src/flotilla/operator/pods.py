@@ -45,3 +45,11 @@ def serving_key(pod: Body) -> str | None:
     if labels.get(names.LABEL_ROLE) in (names.ROLE_PREFILL, names.ROLE_DECODE) and names.LABEL_SERVING in labels:
         return f"{pod['metadata']['namespace']}/{labels[names.LABEL_SERVING]}"
     return None
+
+
+def gpu_indices(pod: Body) -> tuple[int, ...]:
+    """The node's GPU indices the operator gave the pod (names.ANNOTATION_GPU_INDICES); () when it gave none or
+    the annotation is not a comma-separated list of indices."""
+    raw = str((pod["metadata"].get("annotations") or {}).get(names.ANNOTATION_GPU_INDICES) or "")
+    parts = [p.strip() for p in raw.split(",") if p.strip()]
+    return tuple(int(p) for p in parts) if parts and all(p.isdigit() for p in parts) else ()

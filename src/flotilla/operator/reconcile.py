@@ -8,7 +8,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any, Callable, Collection, Mapping
 
 from flotilla.allocation import Allocator, ClusterSnapshot, JobDecision, JobState, NodeState
-from flotilla.operator import queues, serving, training
+from flotilla.operator import devices, queues, serving, training
 from flotilla.operator.actions import Action, Done
 from flotilla.operator.pods import holds_gpus, pod_gpus, serving_key, worker_job_uid
 from flotilla.operator.pool import arbitrate, targets_of
@@ -136,6 +136,7 @@ class Planner:
     _timers: dict[str, float] = field(default_factory=dict)  # job key -> when time alone changes its plan
     _queues: queues.Glue = field(default_factory=queues.Glue)
     _targets: dict[str, tuple[Body, Target | ValueError]] = field(default_factory=dict)  # key -> (spec, its Target)
+    _gpu_claims: devices.Claims = field(default_factory=devices.Claims)
 
     def plan(self, now: float, allocator: Allocator, jobs: Mapping[str, Body], nodes: Mapping[str, Body],
              pods: Mapping[str, Body], servings: Mapping[str, Body], deployments: Mapping[str, Body],
@@ -178,6 +179,7 @@ class Planner:
         out = self._queues.finish(out, tenancy, jobs, servings, busy, now, training.PLURAL, serving.PLURAL)
         if done is not None:  # after `acted`: a job whose actions are all done is planned again next pass
             out = [(kind, key, done.outstanding(kind, actions)) for kind, key, actions in out]
+        out = devices.assign(out, pods, nodes, self._gpu_claims, now)
         if full:
             self.full_passes += 1
             took = self.clock() - started

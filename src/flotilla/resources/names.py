@@ -68,6 +68,14 @@ def service_name(serving: str, role: str) -> str:
 # Node health.
 NODE_CONDITION_HEALTHY = "FlotillaGPUHealthy"
 TAINT_UNHEALTHY = f"{GROUP}/unhealthy"
+# Single GPUs out of service for a device-local fault (the node keeps serving on its others): on the Node, a JSON
+# object {"<gpu index>": "<why>"} written by the controller; the condition True while any GPU is out.
+ANNOTATION_UNHEALTHY_GPUS = f"{GROUP}/unhealthy-gpus"
+NODE_CONDITION_GPUS_OUT = "FlotillaGPUsOutOfService"
+# On a worker pod: the node's GPU indices the operator gave it (comma-separated), so that a fault of one GPU
+# finds the pods on it; also in the pod's env as FLOTILLA_GPU_INDICES.
+ANNOTATION_GPU_INDICES = f"{GROUP}/gpu-indices"
+ENV_GPU_INDICES = "FLOTILLA_GPU_INDICES"
 
 GPU_RESOURCE = "nvidia.com/gpu"
 
@@ -115,6 +123,8 @@ class Reason:
     OVER_BUDGET = "OverBudget"  # the plan needs more than spec.maxGPUs
     GPU_HEALTHY = "GPUHealthy"  # on a Node: the controller's health verdict
     GPU_UNHEALTHY = "GPUUnhealthy"
+    GPU_OUT_OF_SERVICE = "GPUOutOfService"  # on a Node: one GPU out for a device-local fault, the node kept
+    GPU_IN_SERVICE = "GPUInService"
     INGEST_STALLED = "IngestStalled"  # on the controller's Pod: the metric pipeline delivers nothing
     INGEST_RESUMED = "IngestResumed"
     CONTROLLER_STALLED = "ControllerStalled"

@@ -194,19 +194,23 @@ function setStatus(text) { document.getElementById("status").textContent = text;
 // ----- GPU map -----
 
 function cellsOf(node, map) {
-  const cells = [];
+  // GPUs out of service on their own sit at their index; holders and spares fill the other places in order.
+  const out = new Map((node.gpusOut || []).filter((o) => o.gpu < node.gpus).map((o) => [o.gpu, o.reason]));
+  const rest = [];
   for (const [kind, index, gpus] of node.holders) {
     const key = kind === "t" ? map.training[index] : map.serving[index];
-    for (let i = 0; i < gpus && cells.length < node.gpus; i++) cells.push({ kind, index, key, gpus });
+    for (let i = 0; i < gpus && rest.length < node.gpus - out.size; i++) rest.push({ kind, index, key, gpus });
   }
   const spare = node.state === "ok" ? "free" : node.state === "unhealthy" ? "unhealthy" : "cordoned";
-  while (cells.length < node.gpus) cells.push({ kind: spare });
+  while (rest.length < node.gpus - out.size) rest.push({ kind: spare });
+  const cells = [];
+  for (let i = 0; i < node.gpus; i++) cells.push(out.has(i) ? { kind: "gpuout", reason: out.get(i) } : rest.shift());
   return cells;
 }
 
 const CELL = {
   free: { letter: "·", label: "free" }, cordoned: { letter: "–", label: "unschedulable" },
-  unhealthy: { letter: "✕", label: "unhealthy" },
+  unhealthy: { letter: "✕", label: "unhealthy" }, gpuout: { letter: "✕", label: "out of service" },
 };
 
 function cellElement(c, node, gi) {
@@ -218,8 +222,8 @@ function cellElement(c, node, gi) {
                     dataset: { holder: c.key, kind: training ? "training" : "serving" }, tabindex: "-1" },
              training ? "T" : "S");
   }
-  const label = `${node.name} GPU ${gi}: ${CELL[c.kind].label}`;
-  return h("span", { class: `cell ${c.kind}`, title: label, "aria-label": label, role: "img" }, CELL[c.kind].letter);
+  const label = `${node.name} GPU ${gi}: ${CELL[c.kind].label}${c.reason ? ` (${c.reason})` : ""}`;
+  return h("span", { class: `cell ${c.kind === "gpuout" ? "unhealthy gpuout" : c.kind}`, dataset: { gpu: String(gi) }, title: label, "aria-label": label, role: "img" }, CELL[c.kind].letter);
 }
 
 function nodeRow(node, map) {
@@ -236,7 +240,7 @@ function nodeRow(node, map) {
 function aggregate(nodes, map) {
   const counts = { training: 0, serving: 0, free: 0, cordoned: 0, unhealthy: 0 };
   for (const n of nodes) for (const c of cellsOf(n, map)) {
-    counts[c.kind === "t" ? "training" : c.kind === "s" ? "serving" : c.kind]++;
+    counts[c.kind === "t" ? "training" : c.kind === "s" ? "serving" : c.kind === "gpuout" ? "unhealthy" : c.kind]++;
   }
   return counts;
 }
@@ -711,6 +715,8 @@ function renderNode([n, history]) {
       h("dt", {}, "Taint"), h("dd", {}, n.taint ? `flotilla.dev/unhealthy=${n.taint.value}:${n.taint.effect}` : "none"),
       h("dt", {}, "Domain"), h("dd", {}, n.domain),
       h("dt", {}, "GPUs"), h("dd", {}, `${n.gpus.allocated} allocated to training of ${n.gpus.total}, ${n.gpus.free} free`),
+      h("dt", {}, "GPUs out of service"), h("dd", { "data-field": "gpus-out" }, (n.gpus.outOfService || []).length
+        ? n.gpus.outOfService.map((o) => `GPU ${o.gpu}: ${o.reason}`).join("; ") : "none"),
       h("dt", {}, "Jobs"), h("dd", {}, n.jobs.length ? n.jobs.map((k, i) => [i ? ", " : "", jobLink(k)]) : "none"))),
     isAdmin() ? h("section", { class: "card", "aria-label": "actions" }, h("h3", {}, "Actions"), h("div", { class: "actions" },
       h("button", { type: "button", id: "act-drain", class: "danger", onclick: () => act(
