@@ -289,7 +289,8 @@ def pod_status_writers(state: Path, namespace: str) -> dict[str, float]:
     for event in audit_pod_events(state, namespace):
         ref = event.get("objectRef") or {}
         if event.get("verb") == "create" and not ref.get("subresource"):
-            pods.add(ref.get("name", ""))
+            # A pod created with generateName (a Job's) has no name in its create's event: one pod per create.
+            pods.add(ref.get("name") or event.get("auditID", str(len(pods))))
         elif ref.get("subresource") == "status" and event.get("verb") in ("patch", "update"):
             writer = writer_of(event.get("userAgent", "?"))
             writes[writer] = writes.get(writer, 0) + 1
@@ -838,7 +839,7 @@ def start_kueue(api: Any, cluster: Cluster, kueue_dir: Path, namespace: str, out
         if e.status != 409:
             raise
     kueue = scale_kueue.KueueProcess(kueue_dir / "kueue", out / "kueue", cluster.kubeconfig, args.port_base,
-                                     args.kueue_qps, 2 * int(args.kueue_qps))
+                                     args.kueue_qps, 2 * int(args.kueue_qps), args.kueue_concurrency)
     kueue.wait_ready(120)
     custom = client.CustomObjectsApi(api)
     for obj in scale_kueue.queue_objects(namespace, cluster.nodes, GPUS_PER_NODE, names.GPU_RESOURCE):
@@ -1196,8 +1197,10 @@ def main() -> int:
                              f"{scale_kueue.KUEUE_VERSION} admitting batch/v1 Jobs (built by e2e/build-kueue.sh), then "
                              "Flotilla, and the last line compares the three")
     parser.add_argument("--kueue-qps", type=float, default=200.0,
-                        help="Kueue's client QPS (burst twice that): the cluster's kube-controller-manager's; Kueue "
-                             "ships 50 (burst 100)")
+                        help="Kueue's client QPS (burst twice that): the operator's --qps; Kueue ships 50 (burst 100)")
+    parser.add_argument("--kueue-concurrency", type=int, default=16,
+                        help="Kueue's workers for Jobs and Workloads (groupKindConcurrency): the operator's "
+                             "--concurrency; Kueue ships 5")
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--profile-operator", action="store_true",
                         help="run the operator under cProfile (its event-loop thread) into OUT/operator.prof")
@@ -1257,7 +1260,8 @@ def main() -> int:
         clear_pods(core, spaces["direct"], args.timeout)
         if kueue_dir:
             report["kueue"] = run_kueue(api, spaces["kueue"], jobs, cluster, kueue_dir, args.out, args)
-            report["kueue"]["version"] = scale_kueue.KUEUE_VERSION
+            report["kueue"].update(version=scale_kueue.KUEUE_VERSION, qps=args.kueue_qps,
+                                   workers=args.kueue_concurrency)
             log(f"kueue: done in {report['kueue']['wall_s']} s")
         report["flotilla"] = run_flotilla(api, spaces["flotilla"], jobs, cluster, args.out, args)
         log(f"flotilla: done in {report['flotilla']['wall_s']} s")

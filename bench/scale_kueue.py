@@ -4,8 +4,9 @@ Kueue (sigs.k8s.io/kueue, pinned to KUEUE_VERSION, built by e2e/build-kueue.sh) 
 bench's control plane, with the configuration it ships (config/components/manager/controller_manager_config.yaml)
 changed only where a process outside a cluster needs it: no leader election, no internal cert management (so no
 webhooks are registered: Jobs are created suspended, with the queue label, as Kueue documents for integrations
-without its webhook), loopback ports of the bench's own, only the batch/job integration, and the client's
-QPS raised to the cluster's kube-controller-manager's (--kueue-qps; it ships 50, burst 100).
+without its webhook), loopback ports of the bench's own, only the batch/job integration; and sized as the
+operator is: the client's QPS the operator's (--kueue-qps 200, burst 400; it ships 50, burst 100), 16 workers for
+Jobs and for Workloads (--kueue-concurrency, the operator's --concurrency; it ships 5).
 
 The pure builders (manifests, configuration, summary) are unit-tested in tests/bench_scale; KueueProcess needs the
 binary and a cluster.
@@ -34,8 +35,9 @@ METRICS_CERTS = Path("/etc/kueue/metrics/certs")
 HEALTH_PORT, METRICS_PORT, WEBHOOK_PORT = 20, 21, 22
 
 
-def configuration(port_base: int, cert_dir: Path, qps: float, burst: int) -> dict[str, Any]:
-    """Kueue's Configuration (config.kueue.x-k8s.io/v1beta2): the shipped one, changed as the module doc says."""
+def configuration(port_base: int, cert_dir: Path, qps: float, burst: int, workers: int = 5) -> dict[str, Any]:
+    """Kueue's Configuration (config.kueue.x-k8s.io/v1beta2): the shipped one, changed as the module doc says;
+    `workers`: its reconcilers' for Jobs and Workloads (it ships 5)."""
     return {
         "apiVersion": "config.kueue.x-k8s.io/v1beta2", "kind": "Configuration",
         "namespace": NAMESPACE,
@@ -45,8 +47,8 @@ def configuration(port_base: int, cert_dir: Path, qps: float, burst: int) -> dic
         "webhook": {"port": port_base + WEBHOOK_PORT, "host": "127.0.0.1", "certDir": str(cert_dir)},
         "leaderElection": {"leaderElect": False},
         "internalCertManagement": {"enable": False},
-        "controller": {"groupKindConcurrency": {  # as shipped
-            "Job.batch": 5, "Pod": 5, "Workload.kueue.x-k8s.io": 5, "LocalQueue.kueue.x-k8s.io": 1,
+        "controller": {"groupKindConcurrency": {  # as shipped, but for `workers`
+            "Job.batch": workers, "Pod": 5, "Workload.kueue.x-k8s.io": workers, "LocalQueue.kueue.x-k8s.io": 1,
             "Cohort.kueue.x-k8s.io": 1, "ClusterQueue.kueue.x-k8s.io": 1, "ResourceFlavor.kueue.x-k8s.io": 1}},
         "clientConnection": {"qps": qps, "burst": burst},
         "featureGates": {"VisibilityOnDemand": False},  # else it binds :8082
@@ -232,7 +234,8 @@ class KueueProcess:
     """Kueue started by the bench, its configuration, certificates and log under `workdir`; CPU seconds and peak
     RSS from /proc, as for the operator."""
 
-    def __init__(self, binary: Path, workdir: Path, kubeconfig: Path, port_base: int, qps: float, burst: int):
+    def __init__(self, binary: Path, workdir: Path, kubeconfig: Path, port_base: int, qps: float, burst: int,
+                 workers: int):
         from flotilla.testing.services import stop_process
 
         self._stop_process = stop_process
@@ -240,7 +243,7 @@ class KueueProcess:
         cert_dir = workdir / "certs"
         self_signed(cert_dir)
         config = workdir / "config.yaml"
-        config.write_text(json.dumps(configuration(port_base, cert_dir, qps, burst), indent=1))  # JSON is YAML
+        config.write_text(json.dumps(configuration(port_base, cert_dir, qps, burst, workers), indent=1))  # YAML
         self.health = f"http://127.0.0.1:{port_base + HEALTH_PORT}/readyz"
         unshare = can_unshare()
         self.how = "mount namespace (unshare)" if unshare else f"files created in {METRICS_CERTS}"

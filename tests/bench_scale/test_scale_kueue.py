@@ -19,7 +19,7 @@ import scale_kueue  # noqa: E402
 
 
 def test_kueue_runs_off_cluster_on_the_benchs_ports_without_webhooks_or_leader_election(tmp_path):
-    config = scale_kueue.configuration(18600, tmp_path / "certs", 200.0, 400)
+    config = scale_kueue.configuration(18600, tmp_path / "certs", 200.0, 400, workers=16)
     assert config["health"]["healthProbeBindAddress"] == "127.0.0.1:18620"
     assert config["metrics"]["bindAddress"] == "127.0.0.1:18621"
     assert config["webhook"] == {"port": 18622, "host": "127.0.0.1", "certDir": str(tmp_path / "certs")}
@@ -27,7 +27,10 @@ def test_kueue_runs_off_cluster_on_the_benchs_ports_without_webhooks_or_leader_e
     assert config["internalCertManagement"] == {"enable": False}
     assert config["integrations"] == {"frameworks": ["batch/job"]}
     assert config["clientConnection"] == {"qps": 200.0, "burst": 400}
-    assert config["controller"]["groupKindConcurrency"]["Workload.kueue.x-k8s.io"] == 5  # as shipped
+    workers = config["controller"]["groupKindConcurrency"]
+    assert workers["Workload.kueue.x-k8s.io"] == workers["Job.batch"] == 16 and workers["Pod"] == 5  # shipped: 5
+    assert scale_kueue.configuration(18600, tmp_path, 50.0, 100)["controller"]["groupKindConcurrency"][
+        "Job.batch"] == 5
 
 
 def test_the_cluster_queue_covers_every_gpu_cpu_and_byte_of_the_nodes():
