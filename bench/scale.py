@@ -1,6 +1,6 @@
 """Benchmark: Flotilla at cluster scale on the local control plane, against the stock path in the same run.
 
-  python bench/scale.py [--quick] [--nodes N] [--jobs M] [--rate R] [--keep-cluster]
+  python bench/scale.py [--quick] [--nodes N] [--jobs M] [--rate R] [--keep-cluster] [--against kueue]
 
 Brings up (or reuses) the local control plane of e2e/cluster.sh with N KWOK nodes x 8 GPUs, its KWOK playing pod
 stages with --kwok-pod-workers workers (32; KWOK's default of 4, each waiting for its patch's answer, fell behind
@@ -27,6 +27,12 @@ prints, as its last line:
  "writes_per_job", "apiserver_s_per_job_vs_direct", "apiserver_latency_s_per_job_vs_direct",
  "operator_cpu_s_per_1000_jobs"}
 (docs/scale.md says what each is).
+
+With --against kueue a third phase runs between the two: Kueue (bench/scale_kueue.py, built by e2e/build-kueue.sh)
+admits the same jobs as batch/v1 Jobs against one ClusterQueue of every GPU, kube-controller-manager's Job
+controller creates their pods; the last line is then bench/scale_kueue.summary's: per path (bare_pods, kueue,
+flotilla) admit_per_s, p99_submit_to_running_s, apiserver_cpu_s_per_job, requests_per_job,
+admission_cpu_s_per_1000_jobs, rss_mb; flotilla_vs_kueue for each; and issue 35's targets.
 """
 
 from __future__ import annotations
