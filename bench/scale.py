@@ -853,6 +853,20 @@ def start_kueue(api: Any, cluster: Cluster, kueue_dir: Path, namespace: str, out
             raise
     kueue = scale_kueue.KueueProcess(kueue_dir / "kueue", out / "kueue", cluster.kubeconfig, args.port_base,
                                      args.kueue_qps, 2 * int(args.kueue_qps), args.kueue_concurrency)
+    try:
+        queues_ready(api, kueue, cluster, namespace)
+    except BaseException:
+        kueue.stop()  # nothing else would
+        raise
+    log(f"kueue: {scale_kueue.KUEUE_VERSION} running (pid {kueue.proc.pid}, metrics certificate by {kueue.how})")
+    return kueue
+
+
+def queues_ready(api: Any, kueue: scale_kueue.KueueProcess, cluster: Cluster, namespace: str) -> None:
+    """Kueue ready, the bench's ResourceFlavor, ClusterQueue and LocalQueue made, the ClusterQueue Active."""
+    from kubernetes import client
+    from kubernetes.client.exceptions import ApiException
+
     kueue.wait_ready(120)
     custom = client.CustomObjectsApi(api)
     for obj in scale_kueue.queue_objects(namespace, cluster.nodes, GPUS_PER_NODE, names.GPU_RESOURCE):
@@ -868,13 +882,11 @@ def start_kueue(api: Any, cluster: Cluster, kueue_dir: Path, namespace: str, out
                     raise
 
     def active() -> tuple[bool, str]:
-        cq = custom.get_cluster_custom_object(scale_kueue.KUEUE_GROUP, scale_kueue.KUEUE_API, "clusterqueues",
-                                              scale_kueue.CLUSTER_QUEUE)
+        cq: dict[str, Any] = custom.get_cluster_custom_object(  # type: ignore[assignment]
+            scale_kueue.KUEUE_GROUP, scale_kueue.KUEUE_API, "clusterqueues", scale_kueue.CLUSTER_QUEUE)
         return condition_time(cq.get("status") or {}, "Active") is not None, str((cq.get("status") or {}))
 
     wait_until("Kueue's ClusterQueue to be Active", active, 60, 0.5)
-    log(f"kueue: {scale_kueue.KUEUE_VERSION} running (pid {kueue.proc.pid}, metrics certificate by {kueue.how})")
-    return kueue
 
 
 def run_kueue(api: Any, namespace: str, jobs: list[Job], cluster: Cluster, kueue_dir: Path, out: Path,
@@ -907,8 +919,8 @@ def run_kueue(api: Any, namespace: str, jobs: list[Job], cluster: Cluster, kueue
         cpu, until = cpu_during(args.state, cpu), time.time()
         api_requests = requests_during(api, api_requests)
         items = batch.list_namespaced_job(namespace).items
-        workloads = custom.list_namespaced_custom_object(scale_kueue.KUEUE_GROUP, scale_kueue.KUEUE_API, namespace,
-                                                         "workloads")["items"]
+        workloads: list[dict[str, Any]] = custom.list_namespaced_custom_object(  # type: ignore[index]
+            scale_kueue.KUEUE_GROUP, scale_kueue.KUEUE_API, namespace, "workloads")["items"]
         pods = pod_times(core, namespace)
         batch.delete_collection_namespaced_job(namespace, propagation_policy="Background")
         clear_pods(core, namespace, args.timeout)
@@ -918,7 +930,10 @@ def run_kueue(api: Any, namespace: str, jobs: list[Job], cluster: Cluster, kueue
         throttled = kueue.throttled()
         kueue.stop()
     admission["client_throttled_lines"] = throttled
-    created = {j.metadata.name: ts(j.metadata.creation_timestamp) for j in items}
+    created: dict[str, float] = {}
+    for j in items:
+        if j.metadata is not None and (t := ts(j.metadata.creation_timestamp)) is not None:
+            created[str(j.metadata.name)] = t
     owner = {w["metadata"]["name"]: ((w["metadata"].get("ownerReferences") or [{}])[0].get("name")) for w in workloads}
     admitted = sorted(t for w in workloads if (t := condition_time(w.get("status") or {}, "Admitted")))
     first, end = min(created.values()), max((p.finished or time.time()) for p in pods)
