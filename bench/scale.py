@@ -1,6 +1,6 @@
 """Benchmark: Flotilla at cluster scale on the local control plane, against the stock path in the same run.
 
-  python bench/scale.py [--quick] [--nodes N] [--jobs M] [--rate R] [--keep-cluster]
+  python bench/scale.py [--quick] [--nodes N] [--jobs M] [--rate R] [--keep-cluster] [--against kueue]
 
 Brings up (or reuses) the local control plane of e2e/cluster.sh with N KWOK nodes x 8 GPUs, its KWOK playing pod
 stages with --kwok-pod-workers workers (32; KWOK's default of 4, each waiting for its patch's answer, fell behind
@@ -27,6 +27,12 @@ prints, as its last line:
  "writes_per_job", "apiserver_s_per_job_vs_direct", "apiserver_latency_s_per_job_vs_direct",
  "operator_cpu_s_per_1000_jobs"}
 (docs/scale.md says what each is).
+
+With --against kueue a third phase runs between the two: Kueue (bench/scale_kueue.py, built by e2e/build-kueue.sh)
+admits the same jobs as batch/v1 Jobs against one ClusterQueue of every GPU, kube-controller-manager's Job
+controller creates their pods; the last line is then bench/scale_kueue.summary's: per path (bare_pods, kueue,
+flotilla) admit_per_s, p99_submit_to_running_s, apiserver_cpu_s_per_job, requests_per_job,
+admission_cpu_s_per_1000_jobs, rss_mb; flotilla_vs_kueue for each; and issue 35's targets.
 """
 
 from __future__ import annotations
@@ -42,7 +48,7 @@ import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, replace
-from datetime import datetime
+from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, Callable, Iterable, Iterator, Protocol, TypeVar
 from urllib.parse import urlencode
@@ -54,6 +60,8 @@ from flotilla import GROUP, VERSION  # noqa: E402
 from flotilla.allocation import policies  # noqa: E402
 from flotilla.resources import names  # noqa: E402
 from flotilla.testing.services import stop_process  # noqa: E402
+
+import scale_kueue  # noqa: E402
 
 GPUS_PER_NODE = 8
 BENCH_LABEL = "flotilla.dev/bench"
@@ -287,12 +295,47 @@ def pod_status_writers(state: Path, namespace: str) -> dict[str, float]:
     for event in audit_pod_events(state, namespace):
         ref = event.get("objectRef") or {}
         if event.get("verb") == "create" and not ref.get("subresource"):
-            pods.add(ref.get("name", ""))
+            # A pod created with generateName (a Job's) has no name in its create's event: one pod per create.
+            pods.add(ref.get("name") or event.get("auditID", str(len(pods))))
         elif ref.get("subresource") == "status" and event.get("verb") in ("patch", "update"):
-            agent = event.get("userAgent", "?")
-            writer = agent.split("/")[0] + ("/" + agent.rsplit("/", 1)[1] if agent.count("/") > 2 else "")
+            writer = writer_of(event.get("userAgent", "?"))
             writes[writer] = writes.get(writer, 0) + 1
     return {w: round(n / max(1, len(pods)), 2) for w, n in sorted(writes.items())}
+
+
+def writer_of(agent: str) -> str:
+    """A client by its User-Agent: the program, and for kube-controller-manager and kube-scheduler the controller
+    ("kube-controller-manager/job-controller")."""
+    return agent.split("/")[0] + ("/" + agent.rsplit("/", 1)[1] if agent.count("/") > 2 else "")
+
+
+AUDIT_RECEIVED = re.compile(r'"requestReceivedTimestamp":\s*"([^"]+)"')
+
+
+def audit_writes(state: Path, since: float, until: float, jobs: int, top: int = 4) -> dict[str, dict[str, Any]]:
+    """Every write the API server logged between `since` and `until` (the audit log keeps writes, not reads, nor
+    node heartbeats and leases), per job, by writer: {writer: {"per_job": n, "top": {"verb resource": n}}},
+    busiest writer first. The API server's own counters give how many requests of each kind, not who sent them."""
+    counts: dict[str, dict[str, int]] = {}
+    # The log holds every phase: lines outside the window are skipped by their timestamp's text (ISO 8601 in UTC
+    # sorts as it reads), unparsed.
+    first, last = (datetime.fromtimestamp(t, timezone.utc).strftime("%Y-%m-%dT%H:%M:%S.%f") for t in (since, until))
+    for path in sorted((state / "logs").glob("audit*.log")):
+        with open(path, errors="replace") as f:
+            for line in f:
+                stamp = AUDIT_RECEIVED.search(line)
+                if stamp is None or not first <= stamp.group(1) <= last + "Z":
+                    continue
+                event = json.loads(line)
+                ref = event.get("objectRef") or {}
+                kind = f"{event.get('verb')} {ref.get('resource', '?')}" + (
+                    f"/{ref['subresource']}" if ref.get("subresource") else "")
+                mine = counts.setdefault(writer_of(event.get("userAgent", "?")), {})
+                mine[kind] = mine.get(kind, 0) + 1
+    ranked = sorted(counts.items(), key=lambda kv: -sum(kv[1].values()))
+    return {writer: {"per_job": round(sum(kinds.values()) / max(1, jobs), 2),
+                     "top": {k: round(n / max(1, jobs), 2) for k, n in sorted(kinds.items(), key=lambda kv: -kv[1])[:top]}}
+            for writer, kinds in ranked}
 
 
 def audit_time(value: str) -> float:
@@ -391,8 +434,11 @@ def apiserver_per_job(cpu: dict[str, float], requests: dict[str, list[float]], j
       watches and the nodes' heartbeats left out. A request's duration includes the time it waited for a
       CPU: on a saturated machine this sum grows with the load, not only with the work."""
     latency = sum(t for k, (_, t) in requests.items() if not BACKGROUND.match(k))
+    count = sum(n for k, (n, _) in requests.items() if not BACKGROUND.match(k))
     return {"apiserver_s_per_job": round(cpu.get("kube-apiserver", 0.0) / jobs, 4),
-            "apiserver_latency_s_per_job": round(latency / jobs, 4)}
+            "apiserver_latency_s_per_job": round(latency / jobs, 4),
+            # Every request but watches and the nodes' heartbeats, reads included, whoever sent it.
+            "requests_per_job": round(count / jobs, 2)}
 
 
 # --- the bench's own watches: receive times with millisecond resolution ---------------------------------
@@ -406,7 +452,7 @@ class Seen:
     running: float | None = None  # a pod: the first event showing its container started (or already ended)
     phase: str = ""
     bound: float | None = None  # a pod: the first event showing it on a node (spec.nodeName)
-    admitted: float | None = None  # a TrainingJob: the first event showing it admitted (phase past Pending)
+    admitted: float | None = None  # a TrainingJob (phase past Pending) or a Kueue Job (unsuspended): admitted
 
 
 class WatchLog(threading.Thread):
@@ -460,8 +506,8 @@ class WatchLog(threading.Thread):
             labels = meta.get("labels") or {}
             seen = self.seen[meta["name"]] = Seen(now, labels.get(names.LABEL_JOB, meta["name"]),
                                                   int(labels.get(names.LABEL_GENERATION, 0)))
-        seen.phase = status.get("phase", seen.phase)
-        if seen.admitted is None and obj.get("kind") == "TrainingJob" and seen.phase not in ("", "Pending"):
+        seen.phase = scale_kueue.job_phase(obj) if obj.get("kind") == "Job" else status.get("phase", seen.phase)
+        if seen.admitted is None and obj.get("kind") in ("TrainingJob", "Job") and seen.phase not in ("", "Pending"):
             seen.admitted = now
         if seen.bound is None and (obj.get("spec") or {}).get("nodeName"):
             seen.bound = now
@@ -714,7 +760,7 @@ def run_direct(api: Any, namespace: str, jobs: list[Job], args: argparse.Namespa
         return counts.get("Succeeded", 0) + counts.get("Failed", 0) >= total, str(counts)
 
     wait_until("the direct pods to finish", finished, args.timeout, 1.0)
-    cpu, requests = cpu_during(args.state, cpu), requests_during(api, requests)
+    cpu, requests, until = cpu_during(args.state, cpu), requests_during(api, requests), time.time()
     watch.stop()
     pods = pod_times(core, namespace)
     # The operator sees only its own pods: the stand-ins must not hold GPUs into the Flotilla phase.
@@ -739,9 +785,11 @@ def run_direct(api: Any, namespace: str, jobs: list[Job], args: argparse.Namespa
         "control_plane_cpu_s": cpu,
         "api_server_requests": busiest(requests),
         **apiserver_per_job(cpu, requests, len(jobs)),
+        "writes_per_job_by_writer": audit_writes(args.state, started, until, len(jobs)),
         "pod_status_writes_per_pod": pod_status_writers(args.state, namespace),
         "kwok": kwok_lag(args.state, namespace),
         "gpus_in_use": gpus_in_use(pods, started, end),
+        "load_avg_1m": round(os.getloadavg()[0], 2),
     }
 
 
@@ -769,6 +817,159 @@ def clear_pods(core: Any, namespace: str, timeout: float) -> None:
     wait_until(f"the pods in {namespace} to go", gone, timeout, 1.0)
 
 
+def kueue_job(job: Job) -> dict[str, Any]:
+    """`job` as a Kueue user submits it: a batch/v1 Job of the direct path's worker pods (same labels, GPUs,
+    tolerations, KWOK exit annotation), suspended, in the bench's LocalQueue."""
+    service = direct_service(job)
+    return scale_kueue.batch_job(
+        job.name, job.workers, job.gpus_per_worker, {BENCH_LABEL: "scale"},
+        {BENCH_LABEL: "scale", names.LABEL_JOB: job.name, names.LABEL_ROLE: names.ROLE_WORKER}, exit_after(job),
+        [{"key": names.GPU_RESOURCE, "operator": "Exists", "effect": "NoSchedule"}], names.GPU_RESOURCE,
+        service["metadata"]["name"] if service else None)
+
+
+def submit_kueue(core: Any, batch: Any, namespace: str, job: Job) -> None:
+    """As submit_direct, with the pods in a Job: the rendezvous Service first, if the job needs one."""
+    if (service := direct_service(job)) is not None:
+        core.create_namespaced_service(namespace, service)
+    batch.create_namespaced_job(namespace, kueue_job(job))
+
+
+def start_kueue(api: Any, cluster: Cluster, kueue_dir: Path, namespace: str, out: Path,
+                args: argparse.Namespace) -> scale_kueue.KueueProcess:
+    """Kueue's CRDs, its namespace, the process, and the bench's queues once it runs (the ClusterQueue Active)."""
+    from kubernetes import client
+    from kubernetes.client.exceptions import ApiException
+
+    crds = kueue_dir / "crds"
+    subprocess.run([*cluster.kubectl, "apply", "--server-side", "--force-conflicts", "-f", str(crds)],
+                   check=True, capture_output=True)
+    subprocess.run([*cluster.kubectl, "wait", "--for", "condition=established", "--timeout=60s", "-f", str(crds)],
+                   check=True, capture_output=True)
+    try:
+        client.CoreV1Api(api).create_namespace({"metadata": {"name": scale_kueue.NAMESPACE}})
+    except ApiException as e:
+        if e.status != 409:
+            raise
+    kueue = scale_kueue.KueueProcess(kueue_dir / "kueue", out / "kueue", cluster.kubeconfig, args.port_base,
+                                     args.kueue_qps, 2 * int(args.kueue_qps), args.kueue_concurrency)
+    try:
+        queues_ready(api, kueue, cluster, namespace)
+    except BaseException:
+        kueue.stop()  # nothing else would
+        raise
+    log(f"kueue: {scale_kueue.KUEUE_VERSION} running (pid {kueue.proc.pid}, metrics certificate by {kueue.how})")
+    return kueue
+
+
+def queues_ready(api: Any, kueue: scale_kueue.KueueProcess, cluster: Cluster, namespace: str) -> None:
+    """Kueue ready, the bench's ResourceFlavor, ClusterQueue and LocalQueue made, the ClusterQueue Active."""
+    from kubernetes import client
+    from kubernetes.client.exceptions import ApiException
+
+    kueue.wait_ready(120)
+    custom = client.CustomObjectsApi(api)
+    for obj in scale_kueue.queue_objects(namespace, cluster.nodes, GPUS_PER_NODE, names.GPU_RESOURCE):
+        plural = obj["kind"].lower() + "s"
+        if obj["kind"] == "LocalQueue":
+            custom.create_namespaced_custom_object(scale_kueue.KUEUE_GROUP, scale_kueue.KUEUE_API, namespace,
+                                                   plural, obj)
+        else:
+            try:
+                custom.create_cluster_custom_object(scale_kueue.KUEUE_GROUP, scale_kueue.KUEUE_API, plural, obj)
+            except ApiException as e:  # a kept cluster has them from an earlier run
+                if e.status != 409:
+                    raise
+
+    def active() -> tuple[bool, str]:
+        cq: dict[str, Any] = custom.get_cluster_custom_object(  # type: ignore[assignment]
+            scale_kueue.KUEUE_GROUP, scale_kueue.KUEUE_API, "clusterqueues", scale_kueue.CLUSTER_QUEUE)
+        return condition_time(cq.get("status") or {}, "Active") is not None, str((cq.get("status") or {}))
+
+    wait_until("Kueue's ClusterQueue to be Active", active, 60, 0.5)
+
+
+def run_kueue(api: Any, namespace: str, jobs: list[Job], cluster: Cluster, kueue_dir: Path, out: Path,
+              args: argparse.Namespace) -> dict[str, Any]:
+    """The same jobs as batch/v1 Jobs that Kueue admits against a ClusterQueue of every GPU; kube-controller-
+    manager's Job controller creates their pods, kube-scheduler places them, KWOK ends them as on the other paths.
+    Kueue stops at the end, once the Jobs and their pods are deleted (the next phase starts from an empty
+    cluster)."""
+    from kubernetes import client
+
+    core, batch, custom = client.CoreV1Api(api), client.BatchV1Api(api), client.CustomObjectsApi(api)
+    kueue = start_kueue(api, cluster, kueue_dir, namespace, out, args)
+    watches: tuple[WatchLog, ...] = ()
+    throttled: int | None = None
+    try:
+        log(f"kueue: {len(jobs)} batch/v1 Jobs at {args.rate} jobs/s")
+        watches = (start_watch(api, f"/api/v1/namespaces/{namespace}/pods", WORKERS),
+                   start_watch(api, f"/apis/batch/v1/namespaces/{namespace}/jobs"))
+        cpu, api_requests, started_cpu = component_cpu(args.state), api_server_requests(api), kueue.cpu_s()
+        since = time.time()
+        submit_in_waves(jobs, args.waves, args.wave_gap, lambda j: submit_kueue(core, batch, namespace, j),
+                        args.client_concurrency)
+
+        def finished() -> tuple[bool, str]:
+            counts = phase_counts(watches[1])
+            return sum(counts.get(p, 0) for p in FINAL) >= len(jobs), str(counts)
+
+        wait_until("the Kueue Jobs to finish", finished, args.timeout, 1.0)
+        admission = admission_usage(kueue.cpu_s() - started_cpu, kueue.peak_rss_mb(), len(jobs))
+        cpu, until = cpu_during(args.state, cpu), time.time()
+        api_requests = requests_during(api, api_requests)
+        items = batch.list_namespaced_job(namespace).items
+        workloads: list[dict[str, Any]] = custom.list_namespaced_custom_object(  # type: ignore[index]
+            scale_kueue.KUEUE_GROUP, scale_kueue.KUEUE_API, namespace, "workloads")["items"]
+        pods = pod_times(core, namespace)
+        batch.delete_collection_namespaced_job(namespace, propagation_policy="Background")
+        clear_pods(core, namespace, args.timeout)
+    finally:
+        for w in watches:
+            w.stop()
+        throttled = kueue.throttled()
+        kueue.stop()
+    admission["client_throttled_lines"] = throttled
+    created: dict[str, float] = {}
+    for j in items:
+        if j.metadata is not None and (t := ts(j.metadata.creation_timestamp)) is not None:
+            created[str(j.metadata.name)] = t
+    owner = {w["metadata"]["name"]: ((w["metadata"].get("ownerReferences") or [{}])[0].get("name")) for w in workloads}
+    admitted = sorted(t for w in workloads if (t := condition_time(w.get("status") or {}, "Admitted")))
+    first, end = min(created.values()), max((p.finished or time.time()) for p in pods)
+    phases: dict[str, int] = {}
+    for seen in watches[1].seen.values():
+        phases[seen.phase] = phases.get(seen.phase, 0) + 1
+    submitted = {name: seen.first for name, seen in watches[1].seen.items()}
+    return {
+        "jobs": len(items),
+        "phases": phases,
+        "workloads": len(workloads),
+        "pods": len(pods),
+        "admission_wall_s": round(admitted[-1] - first, 1) if admitted else None,
+        "admit_per_s": round(len(admitted) / max(1.0, admitted[-1] - first), 2) if admitted else 0.0,
+        "wall_s": round(end - first, 1),
+        "pod_create_to_running_s": percentiles(pod_latency(pods)),
+        "job_create_to_running_s": percentiles(watch_latency(watches[0].seen, submitted), 3),
+        "stages_s": stages(watches[0].seen, watches[1].seen),
+        # The Job's creation to its Workload's Admitted condition (both 1 s timestamps, as Flotilla's figure).
+        "job_create_to_admitted_s": percentiles([
+            t - created[job] for w in workloads
+            if (t := condition_time(w.get("status") or {}, "Admitted")) and (job := owner[w["metadata"]["name"]])
+            in created]),
+        "admission": admission,
+        "control_plane_cpu_s": cpu,
+        "api_server_requests": busiest(api_requests),
+        **apiserver_per_job(cpu, api_requests, len(jobs)),
+        "writes_per_job_by_writer": audit_writes(args.state, since, until, len(jobs)),
+        "pod_status_writes_per_pod": pod_status_writers(args.state, namespace),
+        "kwok": kwok_lag(args.state, namespace),
+        "admitted_over_time": [round(t - first, 1) for t in admitted],
+        "gpus_in_use": gpus_in_use(pods, first, end),
+        "load_avg_1m": round(os.getloadavg()[0], 2),
+    }
+
+
 def run_flotilla(api: Any, namespace: str, jobs: list[Job], cluster: Cluster, out: Path,
                  args: argparse.Namespace) -> dict[str, Any]:
     from kubernetes import client
@@ -793,6 +994,7 @@ def run_flotilla(api: Any, namespace: str, jobs: list[Job], cluster: Cluster, ou
                    start_watch(api, f"/apis/{GROUP}/{VERSION}/namespaces/{namespace}/trainingjobs"))
         cpu, api_requests = component_cpu(args.state), api_server_requests(api)
         started_cpu = cpu_seconds(operator.proc.pid)  # its start and first lists, before any job
+        since = time.time()
         submit_in_waves(jobs, args.waves, args.wave_gap,
                         lambda j: custom.create_namespaced_custom_object(GROUP, VERSION, namespace, "trainingjobs",
                                                                          trainingjob(j, args.speed, kwok_exit)),
@@ -804,7 +1006,7 @@ def run_flotilla(api: Any, namespace: str, jobs: list[Job], cluster: Cluster, ou
 
         wait_until("the TrainingJobs to finish", finished, args.timeout, 1.0)
         usage = operator.usage()
-        cpu = cpu_during(args.state, cpu)
+        cpu, until = cpu_during(args.state, cpu), time.time()
         if workers:
             cpu["simworkers"] = round(cpu_seconds(workers.proc.pid), 1)
         api_requests = requests_during(api, api_requests)
@@ -862,9 +1064,18 @@ def run_flotilla(api: Any, namespace: str, jobs: list[Job], cluster: Cluster, ou
         "kwok": kwok_lag(args.state, namespace),
         "status_patches_per_job": {kind: round(n / len(jobs), 3) for kind, n in
                                    last_logged(out / "operator.log", "TrainingJob status patches").items()},
+        # The admission layer's own cost, the same way as Kueue's: CPU from the first submission on, peak RSS.
+        "admission": admission_usage(usage["cpu_s"] - started_cpu, usage["peak_rss_mb"], len(jobs)),
+        "writes_per_job_by_writer": audit_writes(args.state, since, until, len(jobs)),
         "admitted_over_time": [round(t - first, 1) for t in admitted],
         "gpus_in_use": gpus_in_use(pods, first, end),
+        "load_avg_1m": round(os.getloadavg()[0], 2),
     }
+
+
+def admission_usage(cpu_s: float, peak_rss_mb: float, jobs: int) -> dict[str, float]:
+    return {"cpu_s": round(cpu_s, 2), "cpu_s_per_1000_jobs": round(cpu_s * 1000 / jobs, 1),
+            "peak_rss_mb": peak_rss_mb}
 
 
 # KWOK's pod stage workers on the bench's cluster (docs/scale.md: measured against 4, KWOK's default).
@@ -953,11 +1164,15 @@ def plot(report: dict[str, Any], path: Path) -> None:
     import matplotlib.pyplot as plt
 
     fig, (top, bottom) = plt.subplots(2, 1, figsize=(9, 6), sharex=True)
-    admitted = report["flotilla"]["admitted_over_time"]
-    top.step(admitted, range(1, len(admitted) + 1), where="post", label="TrainingJobs admitted (Flotilla)")
+    for phase, label in (("flotilla", "TrainingJobs admitted (Flotilla)"), ("kueue", "Jobs admitted (Kueue)")):
+        if phase in report:
+            admitted = report[phase]["admitted_over_time"]
+            top.step(admitted, range(1, len(admitted) + 1), where="post", label=label)
     top.set_ylabel("jobs")
     top.legend(loc="lower right")
-    for phase, style in (("flotilla", "-"), ("direct", "--")):
+    for phase, style in (("flotilla", "-"), ("kueue", ":"), ("direct", "--")):
+        if phase not in report:
+            continue
         series = report[phase]["gpus_in_use"]
         bottom.step([t for t, _ in series], [g for _, g in series], style, where="post", label=phase)
     bottom.axhline(report["nodes"] * GPUS_PER_NODE, color="grey", linewidth=0.8, label="cluster GPUs")
@@ -1005,6 +1220,15 @@ def main() -> int:
                         help="KWOK's pod stage workers (podPlayStageParallelism) for a cluster this run starts: each "
                              "waits for its status patch's answer, so KWOK's own default, 4, falls behind on a busy API "
                              "server and pods start late, unlike a cluster with a kubelet per node (default: %(default)s)")
+    parser.add_argument("--against", choices=("direct", "kueue"), default="direct",
+                        help="direct: bare pods, then Flotilla; kueue: bare pods, then Kueue "
+                             f"{scale_kueue.KUEUE_VERSION} admitting batch/v1 Jobs (built by e2e/build-kueue.sh), then "
+                             "Flotilla, and the last line compares the three")
+    parser.add_argument("--kueue-qps", type=float, default=200.0,
+                        help="Kueue's client QPS (burst twice that): the operator's --qps; Kueue ships 50 (burst 100)")
+    parser.add_argument("--kueue-concurrency", type=int, default=16,
+                        help="Kueue's workers for Jobs and Workloads (groupKindConcurrency): the operator's "
+                             "--concurrency; Kueue ships 5")
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--profile-operator", action="store_true",
                         help="run the operator under cProfile (its event-loop thread) into OUT/operator.prof")
@@ -1029,15 +1253,18 @@ def main() -> int:
     args.out.mkdir(parents=True, exist_ok=True)
     args.state = args.state.resolve()
     jobs = workload(args.jobs, args.seed)
+    kueue_dir = scale_kueue.build(ROOT) if args.against == "kueue" else None  # before the cluster: it may fail
     cluster = Cluster(args.state, args.port_base, args.nodes, args.node_lease_seconds, args.kwok_pod_workers)
     run_id = time.strftime("%H%M%S")
-    spaces = {phase: f"scale-{phase}-{run_id}" for phase in ("direct", "flotilla")}
+    phases = ("direct", "kueue", "flotilla") if kueue_dir else ("direct", "flotilla")
+    spaces = {phase: f"scale-{phase}-{run_id}" for phase in phases}
     try:
         cluster.up()
         from kubernetes import client, config
 
         api = config.new_client_from_config(str(cluster.kubeconfig))
         api.configuration.connection_pool_maxsize = max(args.client_concurrency, 4)
+        api.user_agent = "flotilla-bench/scale"  # its writes apart from the operator's in the audit log
         core = client.CoreV1Api(api)
         for ns in spaces.values():
             core.create_namespace({"metadata": {"name": ns}})
@@ -1054,10 +1281,16 @@ def main() -> int:
                                   "workers": args.workers, "speed": args.speed,
                                   "policy": args.policy, "node_lease_s": args.node_lease_seconds,
                                   "gpus_requested": sum(j.gpus for j in jobs),
-                                  "worker_pods": sum(j.workers for j in jobs)}
+                                  "worker_pods": sum(j.workers for j in jobs), "against": args.against,
+                                  "load_avg_1m": round(os.getloadavg()[0], 2)}
         report["direct"] = run_direct(api, spaces["direct"], jobs, args)
         log(f"direct: done in {report['direct']['wall_s']} s")
         clear_pods(core, spaces["direct"], args.timeout)
+        if kueue_dir:
+            report["kueue"] = run_kueue(api, spaces["kueue"], jobs, cluster, kueue_dir, args.out, args)
+            report["kueue"].update(version=scale_kueue.KUEUE_VERSION, qps=args.kueue_qps,
+                                   workers=args.kueue_concurrency)
+            log(f"kueue: done in {report['kueue']['wall_s']} s")
         report["flotilla"] = run_flotilla(api, spaces["flotilla"], jobs, cluster, args.out, args)
         log(f"flotilla: done in {report['flotilla']['wall_s']} s")
     finally:
@@ -1078,9 +1311,11 @@ def main() -> int:
         report[f"{figure}_vs_direct"] = round(flo[figure] / max(direct[figure], 1e-6), 2)
     if report["ramp"]:  # the direct phase confirms the ramp's rate: that rate sustained over the whole run
         report["ramp_rate_held"] = p99_direct is not None and p99_direct <= args.target_p99
+    if "kueue" in report:
+        report["side_by_side"] = scale_kueue.summary(report)
     (args.out / "scale.json").write_text(json.dumps(report, indent=1))
     plot(report, args.out / "scale.png")
-    for phase in ("direct", "flotilla"):
+    for phase in phases:
         r = report[phase]
         print(f"{phase:9s} wall {r['wall_s']:7.1f} s  pod create->Running {r['pod_create_to_running_s']}  "
               f"job submit->Running {r['job_create_to_running_s']}")
@@ -1095,17 +1330,25 @@ def main() -> int:
         print(f"ramp (direct path, p99 target {args.target_p99} s): {report['ramp']} -> {args.rate:g} jobs/s; "
               f"over the run the direct p99 was {p99_direct} s: "
               + ("held" if report["ramp_rate_held"] else "NOT held"))
-    for phase in ("direct", "flotilla"):
+    if "kueue" in report:
+        k = report["kueue"]
+        print(f"kueue: {k['phases']}, submit->Admitted {k['job_create_to_admitted_s']}, admitted {k['admit_per_s']} "
+              f"jobs/s (all in {k['admission_wall_s']} s), kueue {k['admission']}")
+    for phase in phases:
         r = report[phase]
         print(f"CPU seconds during {phase}: {r['control_plane_cpu_s']}")
         print(f"API server during {phase}: {r['apiserver_s_per_job']} CPU-s per job, "
               f"{r['apiserver_latency_s_per_job']} s of request durations per job; busiest: {r['api_server_requests']}")
         print(f"pod status writes per pod during {phase}, by writer: {r['pod_status_writes_per_pod']}")
+        print(f"writes per job during {phase}, by writer (audit log): {r['writes_per_job_by_writer']}")
         print(f"KWOK during {phase} ({report['kwok_pod_workers']} pod stage workers): binding -> its Running patch "
               f"{r['kwok']['running_patch_wait_s']} s, each status patch {r['kwok']['patch_s']} s, "
               f"at most {r['kwok']['backlog_max']} pods waiting")
     print(f"the operator's TrainingJob status patches per job, by what they set: {flo['status_patches_per_job']}")
     print(f"report: {args.out / 'scale.json'}, plot: {args.out / 'scale.png'}")
+    if "kueue" in report:
+        print(json.dumps(report["side_by_side"]))
+        return 0
     print(json.dumps({"nodes": nodes, "jobs": len(jobs), "rate": args.rate, "admit_per_s": flo["admit_per_s"],
                       "p99_create_to_running_s": p99, "p99_vs_direct": report["p99_vs_direct"],
                       "operator_rss_mb": flo["operator"]["peak_rss_mb"],

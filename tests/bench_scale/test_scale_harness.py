@@ -51,6 +51,19 @@ def test_pod_status_writes_are_counted_per_pod_by_writer(tmp_path):
     assert scale.pod_status_writers(tmp_path, "ns1") == {"kube-scheduler/scheduler": 0.5, "kwok": 2.0}
 
 
+def test_pods_created_with_generate_name_count_one_each(tmp_path):
+    (tmp_path / "logs").mkdir()
+    # A Job's pods: the create's audit event names no pod (generateName), the status writes do.
+    lines = [json.dumps({"verb": "create", "auditID": f"a{i}", "userAgent": "kube-controller-manager/v1.35.4",
+                         "objectRef": {"resource": "pods", "namespace": "ns1"}}, separators=(",", ":"))
+             for i in range(2)]
+    lines += [json.dumps({"verb": "patch", "userAgent": "kwok/v0.7.0 (linux/amd64)",
+                          "objectRef": {"resource": "pods", "namespace": "ns1", "name": f"j-{i}",
+                                        "subresource": "status"}}, separators=(",", ":")) for i in range(4)]
+    (tmp_path / "logs" / "audit.log").write_text("\n".join(lines) + "\n")
+    assert scale.pod_status_writers(tmp_path, "ns1") == {"kwok": 2.0}
+
+
 def test_a_ramp_trial_lasts_until_its_jobs_would_fill_the_cluster():
     # 8,000 GPUs, 2.5 GPUs a job: 40 jobs/s ask for 100 GPUs a second, 80 s to ask for all of them.
     assert scale.trial_seconds(40.0, 2.5, 8000, 12.0) == 80.0
