@@ -8,7 +8,10 @@ with time running --speed times faster), and applies examples/.
 
 Then it plays a short scenario (unless --no-scenario), each step announced in one line and visible in the
 console as it happens: a job whose deadline cannot be met is refused with the reason; a GPU fault on a node
-that runs a job, the node tainted and the job moved off it through a checkpoint, no step lost. After that
+that runs a job, the node tainted and the job moved off it through a checkpoint, no step lost; a serving
+deployment on engine doubles whose load triples, so that its P:D ratio changes and it borrows GPUs from a
+training job through a checkpoint, and gives them back when the load falls (flotilla.commands.demo_serving).
+After that
 Flotilla keeps running, with a live view of jobs, nodes and events, until Ctrl-C (or --timeout seconds).
 `flotilla demo --stop` (`make down`) stops everything the demo started, the cluster included.
 Run from a checkout of the repository.
@@ -23,9 +26,13 @@ import secrets
 import signal
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
-from typing import Any, Callable, Mapping
+from typing import TYPE_CHECKING, Any, Callable, Mapping
+
+if TYPE_CHECKING:
+    from flotilla.testing.serving_pods import ServingKubelet
 
 HELP = "Bring up a local cluster with fake GPU nodes, run Flotilla on examples/ and play its scenario"
 FINISHED = ("Succeeded", "Failed", "Rejected")
@@ -96,6 +103,8 @@ class Demo:
         self.port = args.port
         self.url = f"http://127.0.0.1:{args.port}"
         self.procs: dict[str, subprocess.Popen] = {}
+        self.kubelet: ServingKubelet | None = None  # the serving step's engine doubles, once it has started them
+        self._pids_lock = threading.Lock()
         self.kubectl = ""
 
     def up(self) -> None:
@@ -128,6 +137,8 @@ class Demo:
 
     def stop_all(self) -> None:
         """All at once: each may take seconds to shut down cleanly (the operator gives up its writes)."""
+        if self.kubelet is not None:
+            self.kubelet.stop()
         _stop_groups([p.pid for p in self.procs.values()], {p.pid: p for p in self.procs.values()})
         for proc in self.procs.values():
             proc.wait()
@@ -135,7 +146,13 @@ class Demo:
         self.pids.unlink(missing_ok=True)
 
     def _write_pids(self) -> None:
-        self.pids.write_text("".join(f"{name} {p.pid}\n" for name, p in self.procs.items()))
+        """Every process it started, so that `--stop` finds them if this process was killed."""
+        with self._pids_lock:
+            engines = {f"engine-{e.pod}": e.proc for e in (self.kubelet.engines.values() if self.kubelet else [])}
+            self.pids.write_text("".join(f"{name} {p.pid}\n" for name, p in {**self.procs, **engines}.items()))
+
+    def record_engines(self) -> None:
+        self._write_pids()
 
     def dead(self) -> str | None:
         return next((name for name, p in self.procs.items() if p.poll() is not None), None)
@@ -183,7 +200,8 @@ def stop_left_running(demo: Demo) -> int:
 def _ours(pid: int) -> bool:
     """Still a process of ours (a recycled pid would run something else)."""
     try:
-        return b"flotilla.cli" in Path(f"/proc/{pid}/cmdline").read_bytes()
+        cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
+        return b"flotilla.cli" in cmdline or b"flotilla.testing.engine" in cmdline
     except OSError:
         return False
 
@@ -222,10 +240,14 @@ def run(args: argparse.Namespace) -> int:
     agent_token = demo.state / "agent-token"
     agent_token.write_text(ingest_token(tokens))
     agent_token.chmod(0o600)
+    from flotilla.commands.demo_serving import CONTROLLER_ARGS, POOL_POLICY
+
+    pool_policy = demo.state / "pool-policy.yaml"
+    pool_policy.write_text(POOL_POLICY)
     try:
-        demo.start("operator", "operator", "--liveness", "")
+        demo.start("operator", "operator", "--liveness", "", "--pool-policy", str(pool_policy))
         demo.start("controller", "controller", "--db-url", f"sqlite:///{demo.state / 'controller.db'}",
-                   "--tokens-file", str(tokens), "--port", str(args.port))
+                   "--tokens-file", str(tokens), "--port", str(args.port), *CONTROLLER_ARGS)
         demo.start("simworkers", "simworkers", "--speed", str(args.speed))
         nodes = sorted(n["metadata"]["name"] for n in demo.get("nodes").get("items", []))
         for node in nodes:

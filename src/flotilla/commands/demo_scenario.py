@@ -32,13 +32,13 @@ def play(demo: "Demo", agent_token: Path, admin_token: str, start_agent: Callabl
         found: dict = demo.get("trainingjob", name).get("status", {})
         return found
 
-    say("step 1/2: a job whose deadline cannot be met is refused, with the reason")
+    say("step 1/3: a job whose deadline cannot be met is refused, with the reason")
     demo.k("apply", "-f", "-", input=_job("too-late", 600, 500_000, 8, 16), capture_output=True)
     refused = wait_for("too-late refused", lambda: (s := status("too-late")).get("phase") == "Rejected" and s,
                        timeout=60, demo=demo)
     say(f"  too-late: Rejected — {refused.get('message', '').removeprefix('rejected: ')}")
 
-    say("step 2/2: a GPU fault on a node that runs a job: the node is tainted, the job moves through a checkpoint")
+    say("step 2/3: a GPU fault on a node that runs a job: the node is tainted, the job moves through a checkpoint")
     demo.k("apply", "-f", "-", input=_job("pretrain", 30 * 86400, 4_000_000, 8, 16), capture_output=True)
     running = wait_for("pretrain running", lambda: (s := status("pretrain")).get("phase") == "Running"
                        and s.get("placement") and s.get("progress", {}).get("steps", 0) > 0 and s,
@@ -64,3 +64,7 @@ def play(demo: "Demo", agent_token: Path, admin_token: str, start_agent: Callabl
                    headers={"Authorization": f"Bearer {admin_token}"}, timeout=10)
     r.raise_for_status()
     say(f"  {node}'s GPU replaced (a healthy agent again) and returned to service through the API")
+
+    from flotilla.commands import demo_serving
+
+    demo_serving.play(demo, "step 3/3")
