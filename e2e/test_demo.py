@@ -1,14 +1,18 @@
-"""`flotilla demo` as a new user runs it: on a throw-away cluster of its own, the scenario reaches each step,
-then Flotilla keeps serving the console (a browser sees the jobs) until the demo's --timeout, and nothing the
-demo started outlives it."""
+"""`flotilla demo` as a new user runs it: on a throw-away cluster of its own, the scenario reaches each step
+(a refusal with its reason; a fault, the node tainted, its job moved with 0 steps lost; serving's load
+tripled, its P:D ratio changed, GPUs lent by training through a checkpoint and given back), then Flotilla
+keeps serving the console (a browser sees the jobs, the serving deployment and the fault) until the demo's
+--timeout, and nothing the demo started outlives it."""
 
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 import threading
 import time
+from fractions import Fraction
 from pathlib import Path
 
 import pytest
@@ -18,6 +22,11 @@ from flotilla.testing import browser
 from flotilla.testing.services import free_port, stop_process
 
 PORT_BASE = int(os.environ.get("FLOTILLA_DEMO_TEST_PORT_BASE", "17540"))  # the test cluster is at 17440
+
+
+def _ratios(line: str) -> list[Fraction]:
+    """The P:D ratios a line names, reduced (2:2 is 1:1's proportion)."""
+    return [Fraction(int(p), int(d)) for p, d in re.findall(r"P:D (\d+):(\d+)", line)]
 
 
 def _lines(proc: subprocess.Popen, into: list[str]) -> None:
@@ -58,6 +67,17 @@ def test_the_demo_plays_its_scenario_then_serves_the_console_until_stopped(tmp_p
         moved = _wait_line(lines, "through its checkpoint at step", proc, timeout=180)
         assert moved.endswith(": 0 steps lost"), moved
         _wait_line(lines, "returned to service", proc, timeout=60)
+
+        replan = _wait_line(lines, "the planner re-plans: P:D", proc, timeout=300)
+        before, after = _ratios(replan)
+        assert before != after, replan  # the ratio moved, not only the scale
+        lends = _wait_line(lines, " GPU(s) to assistant: it checkpointed at step", proc, timeout=180)
+        assert lends.endswith("(0 steps lost)"), lends
+        lender = lends.split()[1]
+        borrowed = _wait_line(lines, "assistant serves at P:D", proc, timeout=180)
+        assert borrowed.endswith(f"borrowed from {lender}") and _ratios(borrowed) == [after], borrowed
+        back = _wait_line(lines, "got its GPUs back through a checkpoint", proc, timeout=240)
+        assert f"; {lender} got its GPUs back" in back and _ratios(back) == [before], back
         _wait_line(lines, "Flotilla keeps running", proc, timeout=60)
         node = tainted.split()[1]
         assert f"pretrain runs on {node}" in _wait_line(lines, "pretrain runs on", proc, timeout=1)
@@ -75,7 +95,15 @@ def test_the_demo_plays_its_scenario_then_serves_the_console_until_stopped(tmp_p
                                                d.find_elements("css selector", "tr[data-job]")}
                                  if len(d.find_elements("css selector", "tr[data-job]")) >= 4 else None,
                                  "the demo's jobs in the console", timeout=30)
+            d.get(f"{base}/ui/#/serving")
+            browser.wait(d, lambda d: d.find_elements("css selector", 'tr[data-serving="default/assistant"]'),
+                         "the serving deployment in the console", timeout=30)
+            d.get(f"{base}/ui/#/nodes/{node}")
+            evidence = browser.wait(d, lambda d: d.find_elements("css selector", ".card.evidence"),
+                                    f"the detector's evidence on {node}", timeout=30)
+            fault = evidence[0].text
         assert shown.get("default/too-late") == "Rejected" and "default/pretrain" in shown, shown
+        assert "ecc" in fault.lower() or "xid" in fault.lower(), fault
 
         assert proc.wait(timeout=300) == 0, "\n".join(lines[-40:])
         assert not (state / "demo.pids").exists()

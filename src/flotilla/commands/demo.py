@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import logging
 import os
 import secrets
 import signal
@@ -149,7 +150,8 @@ class Demo:
         """Every process it started, so that `--stop` finds them if this process was killed."""
         with self._pids_lock:
             engines = {f"engine-{e.pod}": e.proc for e in (self.kubelet.engines.values() if self.kubelet else [])}
-            self.pids.write_text("".join(f"{name} {p.pid}\n" for name, p in {**self.procs, **engines}.items()))
+            self.pids.write_text(f"demo {os.getpid()}\n" + "".join(
+                f"{name} {p.pid}\n" for name, p in {**self.procs, **engines}.items()))
 
     def record_engines(self) -> None:
         self._write_pids()
@@ -185,14 +187,25 @@ def _stop_groups(pgids: list[int], children: Mapping[int, subprocess.Popen] | No
 
 
 def stop_left_running(demo: Demo) -> int:
-    """`flotilla demo --stop`: the process groups an earlier demo recorded, then the cluster."""
+    """`flotilla demo --stop` (`make down`): the demo itself if it still runs (it stops what it started, as on
+    Ctrl-C), then whatever process group it recorded is left (a demo that was killed), then the cluster."""
     if demo.pids.exists():
-        for line in demo.pids.read_text().splitlines():
-            name, _, pid = line.partition(" ")
-            if pid.isdigit() and _ours(int(pid)):
-                print(f"stopping {name} (pid {pid})")
-                _stop_groups([int(pid)])
-        demo.pids.unlink()
+        recorded = [(name, int(pid)) for name, _, pid in
+                    (line.partition(" ") for line in demo.pids.read_text().splitlines()) if pid.isdigit()]
+        leader = next((pid for name, pid in recorded if name == "demo"), None)
+        if leader is not None and _ours(leader):
+            print(f"stopping the demo (pid {leader}) and what it started", flush=True)
+            os.kill(leader, signal.SIGTERM)
+            deadline = time.monotonic() + 60
+            while _ours(leader) and time.monotonic() < deadline:
+                time.sleep(0.2)
+        for name, pid in recorded:
+            if name != "demo" and _ours(pid):
+                print(f"stopping {name} (pid {pid})", flush=True)
+                _stop_groups([pid])
+        if leader is not None and _ours(leader):
+            os.kill(leader, signal.SIGKILL)
+        demo.pids.unlink(missing_ok=True)
     subprocess.run([str(demo.cluster), "down"], env=demo.env, check=False)
     return 0
 
@@ -230,6 +243,7 @@ def run(args: argparse.Namespace) -> int:
     if demo.pids.exists() and any(_ours(int(p)) for _, _, p in
                                   (line.partition(" ") for line in demo.pids.read_text().splitlines()) if p.isdigit()):
         raise SystemExit("a demo is already running (see .flotilla/demo.pids); `make down` stops it")
+    logging.getLogger("httpx").setLevel(logging.WARNING)  # one line per request would bury the story
     signal.signal(signal.SIGTERM, _interrupt)  # `kill` stops it as Ctrl-C does: what it started is stopped too
     demo.up()
     demo.k("apply", "--server-side", "-f", str(demo.repo / "crds"))

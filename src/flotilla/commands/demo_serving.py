@@ -41,7 +41,7 @@ def training_manifest() -> str:
     """A long fine-tuning job that takes every GPU nothing else uses (one GPU per worker)."""
     return json.dumps({
         "apiVersion": "flotilla.dev/v1alpha1", "kind": "TrainingJob", "metadata": {"name": TRAINING},
-        "spec": {"deadlineSeconds": 30 * 86400, "totalSteps": 100_000_000,
+        "spec": {"deadlineSeconds": 30 * 86400, "totalSteps": 5_000_000,
                  "elasticity": {"minGPUs": 2, "maxGPUs": 32, "gpusPerWorker": 1},
                  "throughput": [{"gpus": 1, "stepsPerSecond": 1.0}, {"gpus": 32, "stepsPerSecond": 24.0}],
                  "checkpoint": {"intervalSteps": 1000, "restoreSeconds": 5},

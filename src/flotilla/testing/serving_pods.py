@@ -184,7 +184,9 @@ class ServingKubelet:
             args += ["--prefill-url", self.url(names.service_name(serving, names.ROLE_PREFILL))]
         out = open(self.log_dir / f"engine-{pod.metadata.name}.log", "a")
         path = os.pathsep.join(p for p in (str(SRC), os.environ.get("PYTHONPATH", "")) if p)
-        proc = subprocess.Popen(args, stdout=out, stderr=subprocess.STDOUT, env={**os.environ, "PYTHONPATH": path})
+        # Its own process group, as everything `flotilla demo` starts, so that `demo --stop` can stop it.
+        proc = subprocess.Popen(args, stdout=out, stderr=subprocess.STDOUT, env={**os.environ, "PYTHONPATH": path},
+                                start_new_session=True)
         out.close()
         return Engine(pod.metadata.name, role, f"{ip}:{port}", proc)
 
