@@ -13,15 +13,18 @@ if TYPE_CHECKING:
     from flotilla.commands.demo import Demo
 
 UNHEALTHY = "flotilla.dev/unhealthy"
+EXAMPLE_JOBS = ("llama-ft", "resnet50")  # examples/' TrainingJobs
+FINISHED = ("Succeeded", "Failed", "Rejected")
 
 
-def _job(name: str, deadline_s: int, steps: int, min_gpus: int, max_gpus: int) -> str:
+def _job(name: str, deadline_s: int, steps: int, min_gpus: int, max_gpus: int, per_worker: int = 8,
+         curve: tuple[tuple[int, float], ...] = ((8, 2.0), (16, 3.6)), interval_steps: int = 2000) -> str:
     return json.dumps({
         "apiVersion": "flotilla.dev/v1alpha1", "kind": "TrainingJob", "metadata": {"name": name},
         "spec": {"deadlineSeconds": deadline_s, "totalSteps": steps,
-                 "elasticity": {"minGPUs": min_gpus, "maxGPUs": max_gpus, "gpusPerWorker": 8},
-                 "throughput": [{"gpus": 8, "stepsPerSecond": 2.0}, {"gpus": 16, "stepsPerSecond": 3.6}],
-                 "checkpoint": {"intervalSteps": 2000, "restoreSeconds": 30},
+                 "elasticity": {"minGPUs": min_gpus, "maxGPUs": max_gpus, "gpusPerWorker": per_worker},
+                 "throughput": [{"gpus": g, "stepsPerSecond": r} for g, r in curve],
+                 "checkpoint": {"intervalSteps": interval_steps, "restoreSeconds": 30},
                  "template": {"spec": {"containers": [{"name": "worker", "image": "example-worker"}]}}}})
 
 
@@ -39,7 +42,13 @@ def play(demo: "Demo", agent_token: Path, admin_token: str, start_agent: Callabl
     say(f"  too-late: Rejected — {refused.get('message', '').removeprefix('rejected: ')}")
 
     say("step 2/3: a GPU fault on a node that runs a job: the node is tainted, the job moves through a checkpoint")
-    demo.k("apply", "-f", "-", input=_job("pretrain", 30 * 86400, 4_000_000, 8, 16), capture_output=True)
+    # One 4-GPU worker: it leaves the faulty node whole, for another node's free GPUs.
+    demo.k("apply", "-f", "-", input=_job("pretrain", 30 * 86400, 1_000_000, 4, 4, per_worker=4, curve=((4, 1.2),),
+                                          interval_steps=500), capture_output=True)
+    # Once the examples' jobs are done (simulated time runs --speed times faster): their GPUs are where a job
+    # leaving a faulty node can go, and nothing ending mid-step changes what the next step shows.
+    wait_for("the examples' jobs to finish", lambda: all(
+        status(name).get("phase") in FINISHED for name in EXAMPLE_JOBS), timeout=240, demo=demo)
     running = wait_for("pretrain running", lambda: (s := status("pretrain")).get("phase") == "Running"
                        and s.get("placement") and s.get("progress", {}).get("steps", 0) > 0 and s,
                        timeout=120, demo=demo)

@@ -85,10 +85,6 @@ def play(demo: "Demo", step: str) -> None:
 
     say(f"{step}: a serving deployment on simulated engines, its load triples: the planner changes its P:D ratio "
         "and borrows GPUs from training through a checkpoint, then gives them back")
-    # Examples' jobs still running would free GPUs mid-step: serving would take those instead of borrowing.
-    wait_for("the examples' jobs to finish", lambda: all(
-        s.get("phase") in ("Succeeded", "Failed", "Rejected") for n, s in jobs().items()
-        if n in ("llama-ft", "resnet50")), timeout=240, demo=demo)
     kubelet = demo.kubelet = ServingKubelet("default", demo.state, kubeconfig=demo.kubeconfig, serving=SERVING,
                                             on_change=demo.record_engines).start()
     demo.k("apply", "-f", "-", input=serving_manifest(free_port()), capture_output=True)
