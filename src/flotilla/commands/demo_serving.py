@@ -37,12 +37,13 @@ def serving_manifest(port: int) -> str:
                  "prefill": pool("prefill"), "decode": pool("decode")}})
 
 
-def training_manifest() -> str:
-    """A long fine-tuning job that takes every GPU nothing else uses (one GPU per worker)."""
+def training_manifest(max_gpus: int) -> str:
+    """A long fine-tuning job, one GPU per worker. Given every GPU nothing else uses as its maxGPUs, it takes them
+    all (the allocator offers a job its maxGPUs even where that count does not tile a node)."""
     return json.dumps({
         "apiVersion": "flotilla.dev/v1alpha1", "kind": "TrainingJob", "metadata": {"name": TRAINING},
         "spec": {"deadlineSeconds": 30 * 86400, "totalSteps": 5_000_000,
-                 "elasticity": {"minGPUs": 2, "maxGPUs": 32, "gpusPerWorker": 1},
+                 "elasticity": {"minGPUs": 2, "maxGPUs": max_gpus, "gpusPerWorker": 1},
                  "throughput": [{"gpus": 1, "stepsPerSecond": 1.0}, {"gpus": 32, "stepsPerSecond": 24.0}],
                  "checkpoint": {"intervalSteps": 1000, "restoreSeconds": 5},
                  "template": {"spec": {"containers": [{"name": "worker", "image": "example-worker"}]}}}})
@@ -89,7 +90,10 @@ def play(demo: "Demo", step: str) -> None:
                                             on_change=demo.record_engines).start()
     demo.k("apply", "-f", "-", input=serving_manifest(free_port()), capture_output=True)
     first = wait_for(f"{SERVING} Ready", lambda: (s := sd()).get("phase") == "Ready" and s, timeout=90, demo=demo)
-    demo.k("apply", "-f", "-", input=training_manifest(), capture_output=True)
+    free = wait_for(f"{SERVING}'s pods bound", lambda: not any(
+        not p["spec"].get("nodeName") for p in demo.get("pods", "-l", f"flotilla.dev/serving={SERVING}").get(
+            "items", [])) and free_gpus(demo), timeout=60, demo=demo)
+    demo.k("apply", "-f", "-", input=training_manifest(max(free, 4)), capture_output=True)
     wait_for(f"{TRAINING} running on every free GPU", lambda: jobs().get(TRAINING, {}).get("phase") == "Running"
              and free_gpus(demo) == 0, timeout=120, demo=demo)
     wait_for(f"{SERVING}'s engines", lambda: len(kubelet.ready("prefill")) >= first["prefillReplicas"]
@@ -108,7 +112,7 @@ def play(demo: "Demo", step: str) -> None:
         up = wait_for("a re-plan for the tripled load", lambda: (s := sd()).get("gpus", 0) > first["gpus"] and s,
                       timeout=90, demo=demo)
         say(f"  the planner re-plans: P:D {ratio(first)} -> {ratio(up)} on {up['gpus']} GPUs "
-            f"({(up.get('lastPlan') or {}).get('reason', '')[:120]})")
+            f"({'; '.join((up.get('lastPlan') or {}).get('reason', '').split('; ')[:2])})")
         lent = wait_for("a training job lending GPUs", lenders, timeout=120, demo=demo)
         name, gpus = next(iter(lent.items()))
         shrunk = wait_for(f"{name} running smaller", lambda: (s := jobs()[name]).get("phase") == "Running"
@@ -117,7 +121,8 @@ def play(demo: "Demo", step: str) -> None:
         say(f"  {name} lends {gpus} GPU(s) to {SERVING}: it checkpointed at step {at} and resharded to "
             f"{shrunk['gpus']} GPUs ({max(0, steps_before.get(name, 0) - at)} steps lost)")
         ready = wait_for(f"{SERVING} Ready on borrowed GPUs", lambda: (s := sd()).get("phase") == "Ready"
-                         and s.get("borrowedFrom") and s.get("readyDecode") == s.get("decodeReplicas") and s,
+                         and s.get("borrowedFrom") and s.get("readyDecode") == s.get("decodeReplicas")
+                         and s.get("readyPrefill") == s.get("prefillReplicas") and s,
                          timeout=120, demo=demo)
         say(f"  {SERVING} serves at P:D {ratio(ready)} on {ready['gpus']} GPUs, "
             f"{sum(b['gpus'] for b in ready['borrowedFrom'])} borrowed from {name}")
