@@ -34,7 +34,10 @@ PORT_BASE = int(os.environ.get("FLOTILLA_DEMO_TEST_PORT_BASE", "17540"))  # the 
 
 def _ratios(line: str) -> list[Fraction]:
     """The P:D ratios a line names, reduced (2:2 is 1:1's proportion)."""
-    return [Fraction(int(p), int(d)) for p, d in re.findall(r"P:D (\d+):(\d+)", line)]
+    found = re.search(r"P:D (\d+):(\d+)(?: -> (\d+):(\d+))?", line)
+    assert found, line
+    n = [int(g) for g in found.groups() if g is not None]
+    return [Fraction(p, d) for p, d in zip(n[::2], n[1::2])]
 
 
 def _lines(proc: subprocess.Popen, into: list[str]) -> None:
