@@ -20,8 +20,11 @@ SERVING, TRAINING = "assistant", "finetune"
 RATE = 4.0  # requests/s, then three times as many
 PROMPT, OUTPUT = 512, 64
 INTERVAL = 5  # the planner's interval (s)
-# The demo's controller and operator run with these (`flotilla demo` passes them): serving reacts in seconds.
-CONTROLLER_ARGS = ("--scrape-interval", "2", "--scale-down-after", "10", "--peak-memory", "10")
+# The demo's controller and operator run with these (`flotilla demo` passes them): serving reacts in seconds; and
+# half of the 4 nodes may be taken out in 10 minutes (the default 10% is one node: an agent slow to start on a
+# loaded machine, taken out for a lost heartbeat, would use what the fault step needs).
+CONTROLLER_ARGS = ("--scrape-interval", "2", "--scale-down-after", "10", "--peak-memory", "10",
+                   "--taint-budget-fraction", "0.5")
 POOL_POLICY = "forecastHeadroom: 0.0\nholdDownSeconds: 10\nborrowGuaranteed: false\n"
 
 
