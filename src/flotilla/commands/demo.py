@@ -213,8 +213,9 @@ def stop_left_running(demo: Demo) -> int:
 def _ours(pid: int) -> bool:
     """Still a process of ours (a recycled pid would run something else)."""
     try:
-        cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
-        return b"flotilla.cli" in cmdline or b"flotilla.testing.engine" in cmdline
+        args = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+        # `-m flotilla.cli ...`, the `flotilla` console script (`make demo`), an engine double
+        return any(a in (b"flotilla.cli", b"flotilla.testing.engine.server") or a.endswith(b"/flotilla") for a in args)
     except OSError:
         return False
 
