@@ -1,17 +1,17 @@
 """A kubelet and kube-proxy for serving pods on fake (KWOK) nodes, which run no containers: for the e2e
 tests and `flotilla demo`.
 
-For each Running serving pod of a namespace (of one ServingDeployment's, with `serving`) (a pod of a ServingDeployment's
-Deployments, on a KWOK node) `ServingKubelet` starts an engine double (flotilla.testing.engine.server, which stands in for vLLM)
-listening at the pod's IP and the engines' port, with the pod's role and GPU count, and stops it when the
-pod goes. Pod IPs are in 127.0.0.0/8 (e2e/cluster.sh gives KWOK a loopback pod CIDR), and every 127.x.y.z
-address is loopback on Linux, so a local process can bind each pod's own address.
+For each Running serving pod of a namespace (a pod of a ServingDeployment's Deployments, on a KWOK node; of
+one ServingDeployment with `serving`), `ServingKubelet` starts an engine double (flotilla.testing.engine.server,
+which stands in for vLLM) listening at the pod's IP and the engines' port, with the pod's role and GPU count,
+and stops it when the pod goes. Pod IPs are in 127.0.0.0/8 (e2e/cluster.sh gives KWOK a loopback pod CIDR),
+and every 127.x.y.z address is loopback on Linux, so a local process can bind each pod's own address.
 
 Service ClusterIPs do not route here (no kube-proxy), so it also plays kube-proxy: for each Service of
 the namespace's ServingDeployments, a TCP listener on 127.0.0.1 that forwards each connection to one of
 the Service's ready endpoints (the Ready pods its selector matches: loopback addresses are refused in
-EndpointSlices), round robin, once that engine answers /health (a readiness probe's part). `url(service)` is where a client of that Service connects; decode engines reach
-the prefill Service through it.
+EndpointSlices), round robin, once that engine answers /health (a readiness probe's part). `url(service)` is
+where a client of that Service connects; decode engines reach the prefill Service through it.
 """
 
 from __future__ import annotations
