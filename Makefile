@@ -1,6 +1,8 @@
 # Flotilla: the two commands a new machine needs are `make demo` and `make test`.
 PYTHON ?= python3
 VENV   := .venv
+# e.g. DEMO_ARGS="--timeout 300" (flotilla demo --help); `make down` takes the same --state and --repo
+DEMO_ARGS ?=
 BIN    := $(VENV)/bin
 
 .PHONY: demo down test unit e2e venv venv-demo deps cluster-up cluster-down crds bench clean
@@ -9,11 +11,11 @@ BIN    := $(VENV)/bin
 ## a short scenario), then keep it running until Ctrl-C. It installs only what the demo needs (no PyTorch).
 demo: venv-demo
 	scripts/install-system-deps.sh --demo
-	$(BIN)/flotilla demo
+	$(BIN)/flotilla demo $(DEMO_ARGS)
 
 ## down: stop everything `make demo` started, the local cluster included
 down:
-	$(BIN)/flotilla demo --stop
+	$(BIN)/flotilla demo --stop $(DEMO_ARGS)
 
 ## test: the whole test suite from nothing (unit, integration, e2e on a throw-away local cluster)
 test:

@@ -44,7 +44,7 @@ KCM_PORT=$((BASE + 6)) SCHED_PORT=$((BASE + 7)) KWOK_PORT=$((BASE + 8))
 LEASE=${FLOTILLA_NODE_LEASE_SECONDS:-40}
 KWOK_POD_WORKERS=${FLOTILLA_KWOK_POD_WORKERS:-4}
 # Pod IPs in 127.0.0.0/8: every 127.x.y.z is loopback on Linux, so the e2e tests' kubelet double
-# (e2e/serving_pods.py) can start a serving engine at each pod's own address. One /16 per port base, so
+# (src/flotilla/testing/serving_pods.py) can start a serving engine at each pod's own address. One /16 per port base, so
 # that clusters of different port bases on one machine do not hand out the same addresses.
 POD_CIDR=${FLOTILLA_POD_CIDR:-127.$(( (BASE / 1000) % 200 + 20 )).0.1/16}
 # A node is not declared unreachable (and its pods evicted) while its lease can still be renewed in time.

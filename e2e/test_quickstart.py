@@ -1,6 +1,8 @@
-"""The README's quick start, run as written: its `make demo`/`make down` steps are what e2e/test_demo.py runs
-(`flotilla demo`, `flotilla demo --stop` via the Makefile), and the commands of its step 3 ("a job of your own")
-are run here, in order, against the test cluster with the operator running."""
+"""The README's quick start, run as written. e2e/test_demo.py runs it in order on a cluster of its own:
+`make demo`, the console, step 3's commands ("a job of your own") against the demo's cluster, `make down`.
+Here: the make targets it names exist, and step 3's commands against the shared test cluster, where the
+job is new and is admitted (on the demo's cluster the examples' resnet50 has already run). `make test` is
+the suite that runs these."""
 
 from __future__ import annotations
 

@@ -2,7 +2,7 @@
 
 `kubectl apply` of a ServingDeployment gives Services, an InferencePool (validated by the API server
 against the Gateway API Inference Extension's own CRD) and `status.endpoint`; engine doubles (they stand in
-for vLLM; e2e/serving_pods.py plays the kubelet and kube-proxy) answer OpenAI completions through the decode
+for vLLM; flotilla.testing.serving_pods plays the kubelet and kube-proxy) answer OpenAI completions through the decode
 Service, each decode instance calling a prefill instance first. guidellm sends load through the endpoint;
 the controller scrapes the engines' vLLM metrics; when the load triples, a re-plan follows within two
 intervals, and the unified pool borrows GPUs from a TrainingJob through a checkpoint.
@@ -33,7 +33,7 @@ from e2e.kube import (
     wait_for,
     wait_for_gpus_free_outside,
 )
-from e2e.serving_pods import ServingKubelet, wait_healthy
+from flotilla.testing.serving_pods import ServingKubelet, wait_healthy
 from flotilla.testing.services import free_port, stop_process
 
 OPERATOR_ARGS = ("--pool-policy", str(Path(__file__).with_name("pool-policy.yaml")))

@@ -274,6 +274,27 @@ def test_a_peak_seen_within_the_forecast_window_is_counted_by_admission():
     assert old.serving["ns/chat"].peak == (2, NOW)  # the window has passed: the peak is the demand now
 
 
+def test_serving_grows_only_once_the_shrunk_jobs_new_workers_are_bound():
+    # The job shrank from 16 to 10 GPUs for chat: its old workers are gone, its new ones are created, pinned, not yet
+    # bound. 6 GPUs are free by the records, but 16 are free to kube-scheduler, which could give a GPU recorded for a
+    # worker to a chat pod and leave the worker Pending: chat waits for the next pass.
+    placed = {"n0": 8, "n1": 2}
+    body = job(running(placed, 1, lentTo=[{"serving": "ns/chat", "gpus": 6}]))
+    pinned = {}
+    rank = 0
+    for n, g in sorted(placed.items()):
+        for _ in range(g):
+            w = pod(wname("a", 1, rank), "a", 1, node_name=None, phase="Pending")
+            w["spec"]["nodeSelector"] = {"kubernetes.io/hostname": n}
+            pinned[f"ns/{w['metadata']['name']}"] = w
+            rank += 1
+    plan = arbitrate(NOW, POLICY, {"ns/a": body}, NODES, pinned, {"ns/chat": chat(1, 2)})
+    assert plan.serving["ns/chat"].gpus == 6 and plan.serving["ns/chat"].budget == 0
+    # Bound: the 6 GPUs left are the only free ones, chat grows into them.
+    plan = arbitrate(NOW, POLICY, {"ns/a": body}, NODES, workers(placed, 1), {"ns/chat": chat(1, 2)})
+    assert plan.serving["ns/chat"].budget == 6
+
+
 def test_serving_may_only_grow_into_gpus_no_pod_holds():
     # chat holds 2 GPUs on n1; the job holds the other 14: the plan wants 6, nothing is free yet.
     job_on = {"n0": 8, "n1": 6}

@@ -8,7 +8,10 @@ with time running --speed times faster), and applies examples/.
 
 Then it plays a short scenario (unless --no-scenario), each step announced in one line and visible in the
 console as it happens: a job whose deadline cannot be met is refused with the reason; a GPU fault on a node
-that runs a job, the node tainted and the job moved off it through a checkpoint, no step lost. After that
+that runs a job, the node tainted and the job moved off it through a checkpoint, no step lost; a serving
+deployment on engine doubles whose load triples, so that its P:D ratio changes and it borrows GPUs from a
+training job through a checkpoint, and gives them back when the load falls (flotilla.commands.demo_serving).
+After that
 Flotilla keeps running, with a live view of jobs, nodes and events, until Ctrl-C (or --timeout seconds).
 `flotilla demo --stop` (`make down`) stops everything the demo started, the cluster included.
 Run from a checkout of the repository.
@@ -18,14 +21,19 @@ from __future__ import annotations
 
 import argparse
 import json
+import logging
 import os
 import secrets
 import signal
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
-from typing import Any, Callable, Mapping
+from typing import TYPE_CHECKING, Any, Callable, Mapping
+
+if TYPE_CHECKING:
+    from flotilla.testing.serving_pods import ServingKubelet
 
 HELP = "Bring up a local cluster with fake GPU nodes, run Flotilla on examples/ and play its scenario"
 FINISHED = ("Succeeded", "Failed", "Rejected")
@@ -96,6 +104,8 @@ class Demo:
         self.port = args.port
         self.url = f"http://127.0.0.1:{args.port}"
         self.procs: dict[str, subprocess.Popen] = {}
+        self.kubelet: ServingKubelet | None = None  # the serving step's engine doubles, once it has started them
+        self._pids_lock = threading.Lock()
         self.kubectl = ""
 
     def up(self) -> None:
@@ -128,6 +138,8 @@ class Demo:
 
     def stop_all(self) -> None:
         """All at once: each may take seconds to shut down cleanly (the operator gives up its writes)."""
+        if self.kubelet is not None:
+            self.kubelet.stop()
         _stop_groups([p.pid for p in self.procs.values()], {p.pid: p for p in self.procs.values()})
         for proc in self.procs.values():
             proc.wait()
@@ -135,7 +147,14 @@ class Demo:
         self.pids.unlink(missing_ok=True)
 
     def _write_pids(self) -> None:
-        self.pids.write_text("".join(f"{name} {p.pid}\n" for name, p in self.procs.items()))
+        """Every process it started, so that `--stop` finds them if this process was killed."""
+        with self._pids_lock:
+            engines = {f"engine-{e.pod}": e.proc for e in (self.kubelet.engines.values() if self.kubelet else [])}
+            self.pids.write_text(f"demo {os.getpid()}\n" + "".join(
+                f"{name} {p.pid}\n" for name, p in {**self.procs, **engines}.items()))
+
+    def record_engines(self) -> None:
+        self._write_pids()
 
     def dead(self) -> str | None:
         return next((name for name, p in self.procs.items() if p.poll() is not None), None)
@@ -168,14 +187,25 @@ def _stop_groups(pgids: list[int], children: Mapping[int, subprocess.Popen] | No
 
 
 def stop_left_running(demo: Demo) -> int:
-    """`flotilla demo --stop`: the process groups an earlier demo recorded, then the cluster."""
+    """`flotilla demo --stop` (`make down`): the demo itself if it still runs (it stops what it started, as on
+    Ctrl-C), then whatever process group it recorded is left (a demo that was killed), then the cluster."""
     if demo.pids.exists():
-        for line in demo.pids.read_text().splitlines():
-            name, _, pid = line.partition(" ")
-            if pid.isdigit() and _ours(int(pid)):
-                print(f"stopping {name} (pid {pid})")
-                _stop_groups([int(pid)])
-        demo.pids.unlink()
+        recorded = [(name, int(pid)) for name, _, pid in
+                    (line.partition(" ") for line in demo.pids.read_text().splitlines()) if pid.isdigit()]
+        leader = next((pid for name, pid in recorded if name == "demo"), None)
+        if leader is not None and _ours(leader):
+            print(f"stopping the demo (pid {leader}) and what it started", flush=True)
+            os.kill(leader, signal.SIGTERM)
+            deadline = time.monotonic() + 60
+            while _ours(leader) and time.monotonic() < deadline:
+                time.sleep(0.2)
+        for name, pid in recorded:
+            if name != "demo" and _ours(pid):
+                print(f"stopping {name} (pid {pid})", flush=True)
+                _stop_groups([pid])
+        if leader is not None and _ours(leader):
+            os.kill(leader, signal.SIGKILL)
+        demo.pids.unlink(missing_ok=True)
     subprocess.run([str(demo.cluster), "down"], env=demo.env, check=False)
     return 0
 
@@ -183,7 +213,9 @@ def stop_left_running(demo: Demo) -> int:
 def _ours(pid: int) -> bool:
     """Still a process of ours (a recycled pid would run something else)."""
     try:
-        return b"flotilla.cli" in Path(f"/proc/{pid}/cmdline").read_bytes()
+        args = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+        # `-m flotilla.cli ...`, the `flotilla` console script (`make demo`), an engine double
+        return any(a in (b"flotilla.cli", b"flotilla.testing.engine.server") or a.endswith(b"/flotilla") for a in args)
     except OSError:
         return False
 
@@ -212,6 +244,7 @@ def run(args: argparse.Namespace) -> int:
     if demo.pids.exists() and any(_ours(int(p)) for _, _, p in
                                   (line.partition(" ") for line in demo.pids.read_text().splitlines()) if p.isdigit()):
         raise SystemExit("a demo is already running (see .flotilla/demo.pids); `make down` stops it")
+    logging.getLogger("httpx").setLevel(logging.WARNING)  # one line per request would bury the story
     signal.signal(signal.SIGTERM, _interrupt)  # `kill` stops it as Ctrl-C does: what it started is stopped too
     demo.up()
     demo.k("apply", "--server-side", "-f", str(demo.repo / "crds"))
@@ -222,10 +255,14 @@ def run(args: argparse.Namespace) -> int:
     agent_token = demo.state / "agent-token"
     agent_token.write_text(ingest_token(tokens))
     agent_token.chmod(0o600)
+    from flotilla.commands.demo_serving import CONTROLLER_ARGS, POOL_POLICY
+
+    pool_policy = demo.state / "pool-policy.yaml"
+    pool_policy.write_text(POOL_POLICY)
     try:
-        demo.start("operator", "operator", "--liveness", "")
+        demo.start("operator", "operator", "--liveness", "", "--pool-policy", str(pool_policy))
         demo.start("controller", "controller", "--db-url", f"sqlite:///{demo.state / 'controller.db'}",
-                   "--tokens-file", str(tokens), "--port", str(args.port))
+                   "--tokens-file", str(tokens), "--port", str(args.port), *CONTROLLER_ARGS)
         demo.start("simworkers", "simworkers", "--speed", str(args.speed))
         nodes = sorted(n["metadata"]["name"] for n in demo.get("nodes").get("items", []))
         for node in nodes:

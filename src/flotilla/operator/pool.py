@@ -6,7 +6,9 @@ safely is this module's part:
 * training jobs shrink through the resharding protocol (`training.plan_job`), and
   serving grows only into GPUs that are free *now*: not held by any pod (old worker
   sets included until they are gone), not pinned by a pending worker pod, not recorded
-  for a worker set that is still being created;
+  for a worker set that is still being created; and only once no GPU recorded for a worker
+  set is still unbound (kube-scheduler, which does not know the records, could give it to
+  a serving pod and leave the worker Pending);
 * while a ServingDeployment gives GPUs back (its pods are going away; the ReplicaSet,
   not the arbiter, chooses which), no training job grows: the next pass places growth on
   what is really free.
@@ -89,6 +91,7 @@ class _PodUsage:
     foreign: dict[str, int] = field(default_factory=lambda: defaultdict(int))  # node -> GPUs nobody may be given
     # job key -> node -> GPUs of its pods (any generation, bound or pinned)
     worker_use: dict[str, dict[str, int]] = field(default_factory=lambda: defaultdict(lambda: defaultdict(int)))
+    bound: dict[str, int] = field(default_factory=lambda: defaultdict(int))  # node -> GPUs of every pod bound there
 
 
 def arbitrate(now: float, policy: PoolPolicy, jobs: Mapping[str, Body], nodes: Mapping[str, Body],
@@ -127,7 +130,8 @@ def arbitrate(now: float, policy: PoolPolicy, jobs: Mapping[str, Body], nodes: M
     free = _free_now(node_states, jobs, usage.worker_use, usage.serving_live, placement)
     if tenancy is not None:
         job_decisions = queues.onto_free_gpus(job_decisions, base.jobs, free)
-    grants = _grants(decision, states, peaks, free, usage, _borrowed(jobs))
+    unbound = any(n.total_gpus - usage.bound.get(n.name, 0) > free.get(n.name, 0) for n in base.nodes if n.schedulable)
+    grants = _grants(decision, states, peaks, free, usage, _borrowed(jobs), grow=not unbound)
     return PoolPlan(job_decisions, _lending(decision), grants, tenant)
 
 
@@ -142,6 +146,8 @@ def _pod_usage(pods: Mapping[str, Body], servings: Mapping[str, Body], live: Map
         finished = (pod.get("status") or {}).get("phase") in ("Succeeded", "Failed")
         if not gpus or finished:
             continue
+        if holds_gpus(pod):
+            usage.bound[spec["nodeName"]] += gpus
         if (uid := worker_job_uid(pod)) is not None and (job := live.get(uid)) is not None:
             node = spec.get("nodeName") or (spec.get("nodeSelector") or {}).get("kubernetes.io/hostname")
             if node:
@@ -212,11 +218,12 @@ def _borrowed(jobs: Mapping[str, Body]) -> dict[str, dict[str, int]]:
 
 
 def _grants(decision: PoolDecision, states: Mapping[str, ServingState], peaks: Mapping[str, tuple[int, float]],
-            free: Mapping[str, int], usage: _PodUsage, borrowed: Mapping[str, Mapping[str, int]]
-            ) -> dict[str, ServingGrant]:
+            free: Mapping[str, int], usage: _PodUsage, borrowed: Mapping[str, Mapping[str, int]],
+            grow: bool = True) -> dict[str, ServingGrant]:
     """Each ServingDeployment's grant, and the budget it may hold now: what it holds plus what is free now
-    (in whole instances), never more than the grant; pending serving pods have a claim on the free GPUs first."""
-    allowance = sum(f for f in free.values()) - sum(usage.serving_pending.values())
+    (in whole instances), never more than the grant; pending serving pods have a claim on the free GPUs first.
+    Without `grow` (a worker set's GPUs are not all bound yet), the budget is what it holds."""
+    allowance = sum(f for f in free.values()) - sum(usage.serving_pending.values()) if grow else 0
     grants = {}
     for key, d in sorted(decision.serving.items()):
         unit = states[key].gpus_per_instance

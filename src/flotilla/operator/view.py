@@ -78,6 +78,9 @@ class View:
     # (kind, key) -> our patches still shown on top, and the object as last seen without them.
     _written: dict[tuple[str, str], list[_Written]] = field(default_factory=dict)
     _seen: dict[tuple[str, str], dict] = field(default_factory=dict)
+    # (kind, key) -> the resourceVersions the watch showed while our patches were shown on top: an answer that
+    # comes after the watch showed its version (a write chain that went on to create pods) is shown already.
+    _versions: dict[tuple[str, str], set[str]] = field(default_factory=dict)
     # (kind, key) -> when the latest news about it arrived (a watch event, a deletion, a patch answer).
     _arrived: dict[tuple[str, str], float] = field(default_factory=dict)
     _created: dict[str, float] = field(default_factory=dict)  # pod key -> when this operator created it
@@ -109,6 +112,7 @@ class View:
         gone = getattr(self, kind).pop(key, None) is not None
         self._seen.pop((kind, key), None)
         self._written.pop((kind, key), None)
+        self._versions.pop((kind, key), None)
         if kind == "pods":
             self._created.pop(key, None)
         return gone
@@ -133,6 +137,8 @@ class View:
             return False
         if written:
             version = obj["metadata"].get("resourceVersion")
+            if version is not None:
+                self._versions.setdefault((kind, key), set()).add(version)
             shown = [i for i, w in enumerate(written)
                      if w.answer_version is not None and (w.answer_version == version or _shows(seen, w.patches))]
             if shown:  # the watch has caught up with that write, and with the ones before it
@@ -148,6 +154,7 @@ class View:
         seen = self._seen[k] if written else self._seen.pop(k)
         if not written:
             self._written.pop(k, None)
+            self._versions.pop(k, None)
         store[key] = with_patches(seen, [p for w in written or () for p in w.patches])
 
     def expect(self, kind: str, key: str, patches: list[PatchStatus | PatchAnnotations]) -> None:
@@ -168,13 +175,17 @@ class View:
         if key not in getattr(self, kind):  # deleted meanwhile: an answer must not bring it back
             self._written.pop(k, None)
             self._seen.pop(k, None)
+            self._versions.pop(k, None)
             return
         if sent is not None and answer is None:
             written.remove(sent)
         elif sent is not None and answer is not None:
             self._arrived[k] = self.clock()
-            if _shows(self._seen[k], sent.patches):  # the watch showed it before the answer came
-                written.remove(sent)
+            if answer["metadata"].get("resourceVersion") in self._versions.get(k, ()) or _shows(
+                    self._seen[k], sent.patches):
+                # The watch showed it before the answer came, and the writes before it: else a patch whose
+                # fields later writes changed would be shown on top of every later event, for ever.
+                del written[:written.index(sent) + 1]
             else:
                 sent.answer_version = answer["metadata"].get("resourceVersion")
                 sent.answered_at = self.clock()

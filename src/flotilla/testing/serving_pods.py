@@ -1,16 +1,17 @@
-"""The e2e tests' kubelet and kube-proxy for serving pods: KWOK runs no containers.
+"""A kubelet and kube-proxy for serving pods on fake (KWOK) nodes, which run no containers: for the e2e
+tests and `flotilla demo`.
 
-For each Running serving pod of a namespace (a pod of a ServingDeployment's Deployments, on a KWOK node)
-`ServingKubelet` starts an engine double (flotilla.testing.engine.server, which stands in for vLLM)
-listening at the pod's IP and the engines' port, with the pod's role and GPU count, and stops it when the
-pod goes. Pod IPs are in 127.0.0.0/8 (e2e/cluster.sh gives KWOK a loopback pod CIDR), and every 127.x.y.z
-address is loopback on Linux, so a local process can bind each pod's own address.
+For each Running serving pod of a namespace (a pod of a ServingDeployment's Deployments, on a KWOK node; of
+one ServingDeployment with `serving`), `ServingKubelet` starts an engine double (flotilla.testing.engine.server,
+which stands in for vLLM) listening at the pod's IP and the engines' port, with the pod's role and GPU count,
+and stops it when the pod goes. Pod IPs are in 127.0.0.0/8 (e2e/cluster.sh gives KWOK a loopback pod CIDR),
+and every 127.x.y.z address is loopback on Linux, so a local process can bind each pod's own address.
 
 Service ClusterIPs do not route here (no kube-proxy), so it also plays kube-proxy: for each Service of
 the namespace's ServingDeployments, a TCP listener on 127.0.0.1 that forwards each connection to one of
 the Service's ready endpoints (the Ready pods its selector matches: loopback addresses are refused in
-EndpointSlices), round robin, once that engine answers /health (a readiness probe's part). `url(service)` is where a client of that Service connects; decode engines reach
-the prefill Service through it.
+EndpointSlices), round robin, once that engine answers /health (a readiness probe's part). `url(service)` is
+where a client of that Service connects; decode engines reach the prefill Service through it.
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any, Callable
 
 import httpx
 from kubernetes import client, config
@@ -34,7 +36,7 @@ from flotilla.resources import names
 from flotilla.testing.services import stop_process
 
 log = logging.getLogger(__name__)
-ROOT = Path(__file__).resolve().parents[1]
+SRC = Path(__file__).resolve().parents[2]  # the engines run this checkout's flotilla
 
 
 @dataclass
@@ -55,10 +57,14 @@ class Proxy:
 
 
 class ServingKubelet:
-    def __init__(self, namespace: str, log_dir: Path, poll_s: float = 0.5) -> None:
-        config.load_kube_config()
-        self.core = client.CoreV1Api()
+    def __init__(self, namespace: str, log_dir: Path, poll_s: float = 0.5, *, kubeconfig: str | None = None,
+                 serving: str | None = None, on_change: Callable[[], None] | None = None) -> None:
+        """`serving`: only that ServingDeployment's pods; `on_change`: called after an engine starts or stops
+        (the demo records their process ids)."""
+        self.core = client.CoreV1Api(config.new_client_from_config(config_file=kubeconfig))
         self.namespace, self.log_dir, self.poll_s = namespace, log_dir, poll_s
+        self.selector = f"{names.LABEL_SERVING}={serving}" if serving else names.LABEL_SERVING
+        self.on_change = on_change
         self.engines: dict[str, Engine] = {}  # pod UID -> its engine
         self.proxies: dict[str, Proxy] = {}
         self._rr = itertools.count()
@@ -127,6 +133,7 @@ class ServingKubelet:
         self._threads[1].join(10)
         for engine in self.engines.values():
             stop_process(engine.proc)
+        self.engines.clear()
         self._loop.call_soon_threadsafe(self._loop.stop)
 
     def _run(self) -> None:
@@ -139,17 +146,19 @@ class ServingKubelet:
                     log.warning("serving kubelet: %s", e)
 
     def _sync(self, http: httpx.Client) -> None:
-        pods = self.core.list_namespaced_pod(self.namespace, label_selector=names.LABEL_SERVING).items
-        live = {}
+        pods: list[Any] = self.core.list_namespaced_pod(self.namespace, label_selector=self.selector).items
+        live: dict[str, Any] = {}
         for pod in pods:
             ip = pod.status.pod_ip
             if pod.metadata.deletion_timestamp is None and pod.status.phase == "Running" and ip:
                 live[pod.metadata.uid] = pod
-        for uid in set(self.engines) - set(live):
+        gone, new = set(self.engines) - set(live), set(live) - set(self.engines)
+        for uid in gone:
             stop_process(self.engines.pop(uid).proc)
-        for uid, pod in live.items():
-            if uid not in self.engines:
-                self.engines[uid] = self._start_engine(pod)
+        for uid in new:
+            self.engines[uid] = self._start_engine(live[uid])
+        if (gone or new) and self.on_change is not None:
+            self.on_change()
         for engine in self.engines.values():
             if not engine.healthy:
                 try:
@@ -159,7 +168,7 @@ class ServingKubelet:
         for service in list(self.proxies):
             self.proxies[service].backends = self._endpoints(service)
 
-    def _start_engine(self, pod) -> Engine:
+    def _start_engine(self, pod: Any) -> Engine:
         ip = pod.status.pod_ip
         if not ipaddress.ip_address(ip).is_loopback:
             raise RuntimeError(f"pod {pod.metadata.name} has IP {ip}, not loopback: start the cluster with "
@@ -174,8 +183,10 @@ class ServingKubelet:
         if role == names.ROLE_DECODE:
             args += ["--prefill-url", self.url(names.service_name(serving, names.ROLE_PREFILL))]
         out = open(self.log_dir / f"engine-{pod.metadata.name}.log", "a")
-        proc = subprocess.Popen(args, stdout=out, stderr=subprocess.STDOUT, cwd=ROOT,
-                                env={**os.environ, "PYTHONPATH": str(ROOT / "src")})
+        path = os.pathsep.join(p for p in (str(SRC), os.environ.get("PYTHONPATH", "")) if p)
+        # Its own process group, as everything `flotilla demo` starts, so that `demo --stop` can stop it.
+        proc = subprocess.Popen(args, stdout=out, stderr=subprocess.STDOUT, env={**os.environ, "PYTHONPATH": path},
+                                start_new_session=True)
         out.close()
         return Engine(pod.metadata.name, role, f"{ip}:{port}", proc)
 
@@ -183,14 +194,14 @@ class ServingKubelet:
         """The Service's ready endpoints, from the pods its selector matches (as the EndpointSlice controller
         finds them: loopback pod IPs are refused in EndpointSlices themselves)."""
         try:
-            svc = self.core.read_namespaced_service(service, self.namespace)
+            svc: Any = self.core.read_namespaced_service(service, self.namespace)
         except client.ApiException as e:
             if e.status == 404:
                 return []
             raise
         selector = ",".join(f"{k}={v}" for k, v in sorted((svc.spec.selector or {}).items()))
         port = svc.spec.ports[0].target_port
-        pods = self.core.list_namespaced_pod(self.namespace, label_selector=selector).items
+        pods: list[Any] = self.core.list_namespaced_pod(self.namespace, label_selector=selector).items
         return sorted(f"{p.status.pod_ip}:{port}" for p in pods
                       if p.status.pod_ip and p.metadata.deletion_timestamp is None
                       and any(c.type == "Ready" and c.status == "True" for c in p.status.conditions or []))
