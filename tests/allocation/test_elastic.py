@@ -163,7 +163,7 @@ def test_pushing_jobs_that_go_last_equals_reserving_all_from_scratch():
 
     rng = random.Random(11)
     jobs = sorted((job(f"j{i}", rng.randint(50, 2000), 400 + 10 * i, max_gpus=8, restore=rng.uniform(0, 20))
-                   for i in range(50)), key=_order)
+                   for i in range(50)), key=lambda j: _order(j, 32))
     held = {j.key: 0 for j in jobs}
     ledger, refused = _Ledger.of(0.0, 32, jobs[:5], held), []
     for newcomer in jobs[5:]:
@@ -259,18 +259,22 @@ def test_the_promised_shares_comparison_fails_when_the_shortcut_keeps_what_it_mu
 
 
 def test_a_long_job_is_laid_ahead_of_a_short_one_due_a_little_sooner():
-    """The ledger's order: deadline less half the time the whole job takes at its fastest size (ORDER_LAXITY),
-    fixed for the job's life, so that admitted jobs never swap places as they progress."""
+    """The ledger's order: deadline less ORDER_LAXITY x the time the job takes at its fastest size x the part of
+    the cluster that size is; fixed for the job's life, so that admitted jobs never swap places as they
+    progress."""
     from flotilla.allocation.elastic import ORDER_LAXITY, _order
 
     assert ORDER_LAXITY == 0.5
-    long = job("long", 4000, 1000, max_gpus=4)  # 1,000 s on 4 GPUs: placed at 1000 - 500
+    long = job("long", 4000, 1000, max_gpus=4)  # 1,000 s on 4 GPUs: on 4 GPUs, placed at 1000 - 500
     short = job("short", 400, 900, max_gpus=4)  # 100 s on 4 GPUs: placed at 900 - 50
-    assert _order(long) < _order(short)
-    # Progress does not move it: only the deadline, the total steps and the curve count.
-    assert _order(job("long", 4000, 1000, max_gpus=4, done=3000)) == _order(long)
+    assert _order(long, 4) < _order(short, 4)
+    assert _order(long, 16) < _order(short, 16)  # 1000 - 125 against 900 - 12.5
+    # On a cluster many times their size the order is close to deadline order: 1000 - 31.25 against 900 - 3.1.
+    assert _order(short, 64) < _order(long, 64)
+    # Progress does not move it: only the deadline, the total steps, the curve and the cluster's size count.
+    assert _order(job("long", 4000, 1000, max_gpus=4, done=3000), 4) == _order(long, 4)
     # Between jobs of the same length, the earlier deadline goes first.
-    assert _order(job("x", 400, 800, max_gpus=4)) < _order(short)
+    assert _order(job("x", 400, 800, max_gpus=4), 4) < _order(short, 4)
 
 
 def test_a_short_newcomer_with_time_to_spare_waits_behind_a_long_running_job():
