@@ -31,9 +31,8 @@ def test_later_job_admitted_on_gpus_an_earlier_job_gives_back():
 def test_new_job_rejected_when_it_would_break_an_admitted_guarantee():
     a = job("a", 200, 100, max_gpus=4, verdict=ADMITTED, placement={"n0": 2})
     b = job("b", 600, 200, max_gpus=4, verdict=ADMITTED, placement={"n0": 2})
-    # c alone fits (1 GPU until t=100), but then b gets only 1x100 + 4x100 = 500 of its 600 steps. (Due at
-    # 120, c is laid ahead of b in the ledger: 120 - 25/2 < 200 - 150/2, see elastic._order.)
-    c = job("c", 100, 120, max_gpus=4, submit=5)
+    # c alone fits (1 GPU until t=100), but then b gets only 1x100 + 4x100 = 500 of its 600 steps.
+    c = job("c", 100, 150, max_gpus=4, submit=5)
     d = decide(snapshot(nodes(4), a, b, c))
     assert d["c"].verdict is Verdict.REJECTED
     assert d["c"].reason == "rejected: admitting it would break the guarantee of b"
@@ -158,12 +157,12 @@ def test_adding_a_job_to_a_ledger_equals_reserving_all_from_scratch():
 
 
 def test_pushing_jobs_that_go_last_equals_reserving_all_from_scratch():
-    """Jobs arriving ever later in the ledger's order are reserved in place, one at a time, across checkpoints."""
-    from flotilla.allocation.elastic import _Ledger, _order
+    """Jobs arriving with ever later deadlines are reserved in place, one at a time, across checkpoints."""
+    from flotilla.allocation.elastic import _Ledger
 
     rng = random.Random(11)
-    jobs = sorted((job(f"j{i}", rng.randint(50, 2000), 400 + 10 * i, max_gpus=8, restore=rng.uniform(0, 20))
-                   for i in range(50)), key=lambda j: _order(j, 32))
+    jobs = [job(f"j{i}", rng.randint(50, 2000), 400 + 10 * i, max_gpus=8, restore=rng.uniform(0, 20))
+            for i in range(50)]
     held = {j.key: 0 for j in jobs}
     ledger, refused = _Ledger.of(0.0, 32, jobs[:5], held), []
     for newcomer in jobs[5:]:
@@ -256,34 +255,3 @@ def test_the_promised_shares_comparison_fails_when_the_shortcut_keeps_what_it_mu
 
     monkeypatch.setattr(_Ledger, "_same_under", lambda self, job, at_least: True)
     assert any(not _same_ledger(derived, scratch) for derived, scratch, _ in _refloored_trials(23))
-
-
-def test_a_long_job_is_laid_ahead_of_a_short_one_due_a_little_sooner():
-    """The ledger's order: deadline less ORDER_LAXITY x the time the job takes at its fastest size x the part of
-    the cluster that size is; fixed for the job's life, so that admitted jobs never swap places as they
-    progress."""
-    from flotilla.allocation.elastic import ORDER_LAXITY, _order
-
-    assert ORDER_LAXITY == 0.5
-    long = job("long", 4000, 1000, max_gpus=4)  # 1,000 s on 4 GPUs: on 4 GPUs, placed at 1000 - 500
-    short = job("short", 400, 900, max_gpus=4)  # 100 s on 4 GPUs: placed at 900 - 50
-    assert _order(long, 4) < _order(short, 4)
-    assert _order(long, 16) < _order(short, 16)  # 1000 - 125 against 900 - 12.5
-    # On a cluster many times their size the order is close to deadline order: 1000 - 31.25 against 900 - 3.1.
-    assert _order(short, 64) < _order(long, 64)
-    # Progress does not move it: only the deadline, the total steps, the curve and the cluster's size count.
-    assert _order(job("long", 4000, 1000, max_gpus=4, done=3000), 4) == _order(long, 4)
-    # Between jobs of the same length, the earlier deadline goes first.
-    assert _order(job("x", 400, 800, max_gpus=4), 4) < _order(short, 4)
-
-
-def test_a_short_newcomer_with_time_to_spare_waits_behind_a_long_running_job():
-    # "long" runs on all 4 GPUs and needs them until t=100 (due at 130). "short" (20 s on 1 GPU) is due first,
-    # at 125. In deadline order it would take a GPU now and shrink "long" to 3 (a restore, and a plan pushed
-    # later). Laid behind "long" (130 - 100/2 < 125 - 20/2), it is planned on a GPU "long" gives back at
-    # t=100, done at 120: admitted, and "long" keeps its 4 GPUs.
-    long = job("long", 400, 130, max_gpus=4, verdict=ADMITTED, placement={"n0": 4})
-    short = job("short", 20, 125, max_gpus=1, submit=1)
-    d = decide(snapshot(nodes(4), long, short))
-    assert d["short"].verdict is ADMITTED, d["short"].reason
-    assert (d["long"].gpus, d["short"].gpus) == (4, 0)

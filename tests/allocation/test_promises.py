@@ -93,25 +93,18 @@ def test_a_guarantee_is_not_dropped_over_less_than_one_steps_time():
     assert "can no longer be guaranteed" not in decision["b"].reason
 
 
-def test_no_admission_takes_a_job_into_its_last_steps_grace(monkeypatch):
-    # "a" fits its deadline as it is; a newcomer laid ahead of it would push it less than a step past it (into
-    # the grace a re-plan gives a job read in whole steps): the newcomer is rejected. (In the ledger's order a
-    # job 500 s long due at 1010 goes ahead of a 1-s one due at 1005, which is refused for not fitting after
-    # it; in deadline order, ORDER_LAXITY 0, the newcomer goes ahead, and the squeeze is what refuses it.)
+def test_no_admission_takes_a_job_into_its_last_steps_grace():
+    # "a" fits its deadline as it is; a newcomer with an earlier deadline would push it less than a step past
+    # it (into the grace a re-plan gives a job read in whole steps): the newcomer is rejected.
     from builders import nodes, snapshot
 
-    from flotilla.allocation import Verdict, elastic
+    from flotilla.allocation import Verdict
     from flotilla.allocation.elastic import DeadlineElastic
 
     slow = ScalingCurve.of({1: 0.2})
     a = job("a", 100, 1010.0, done=98, max_gpus=1, placement={"n0": 1}, verdict=Verdict.ADMITTED, curve=slow,
-            share=1)
-    new = job("new", 1, 1005.0, max_gpus=1, submit=999.0)
-    decision = DeadlineElastic().decide(snapshot(nodes(1), a, new, now=1000.0)).jobs
-    assert decision["new"].verdict is Verdict.REJECTED, decision["new"].reason
-    assert "would finish" in decision["new"].reason
-    # 2 steps of "a": 10 s, done at 1010 exactly; "new" is 1 s on the GPU: "a" would end at 1011 (< 1 step).
-    monkeypatch.setattr(elastic, "ORDER_LAXITY", 0.0)
+            share=1)  # 2 steps: 10 s, done at 1010 exactly
+    new = job("new", 1, 1005.0, max_gpus=1, submit=999.0)  # 1 s on the GPU: "a" would end at 1011 (< 1 step)
     decision = DeadlineElastic().decide(snapshot(nodes(1), a, new, now=1000.0)).jobs
     assert decision["new"].verdict is Verdict.REJECTED, decision["new"].reason
     assert "would put the guarantee of a at risk" in decision["new"].reason

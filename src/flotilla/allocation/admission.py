@@ -1,11 +1,10 @@
 """Admission control over time: minimum satisfactory shares in a capacity profile.
 
 The cluster's future is a piecewise-constant profile of GPUs not yet promised.
-Jobs are reserved in the order the caller gives (elastic._order: by deadline, long jobs
-moved ahead). A job's minimum satisfactory share is the
+Jobs are reserved in deadline order. A job's minimum satisfactory share is the
 smallest size x such that running at min(x, free GPUs) in each segment of the
 profile finishes its remaining steps by its deadline; the GPUs it uses are
-taken out of the profile until it would finish, so a job reserved later can
+taken out of the profile until it would finish, so a later-deadline job can
 count on the GPUs that earlier jobs give back (ElasticFlow's idea).
 """
 

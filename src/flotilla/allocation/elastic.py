@@ -1,7 +1,6 @@
 """Deadline-aware elastic allocation (ElasticFlow-style): admit, size, place.
 
-1. Admission: admitted jobs are reserved in the ledger's order (`_order`: the
-   deadline, less half the time a job would hold the cluster) in a capacity
+1. Admission: admitted jobs are reserved in deadline order in a capacity
    profile over time (see admission.py); a new job is admitted only if it and
    every admitted job still get a reservation that ends some time before the
    deadline (`_headroom`), the others' re-planned if need
@@ -40,33 +39,6 @@ def _edf(job: JobState) -> tuple[float, float, str]:
     return (job.deadline, job.submit_time, job.key)
 
 
-# How far a job's place in the ledger moves ahead of its deadline (`_order`), as a share of the time it would
-# hold the cluster. Tuned on bench/training.py's heavy tuning seeds 101-103 (deadlines met 763 / 816 / 815 in
-# deadline order, 781 / 810 / 828 at 0.5; 0.5 x its length alone, whatever its size: 769 / 811 / 828, but a
-# promise broken on the 1000/256 shape).
-ORDER_LAXITY = 0.5
-
-
-def _order(job: JobState, capacity: int) -> tuple[float, float, str]:
-    """A job's place in the ledger: its deadline less ORDER_LAXITY x the time it takes at its fastest size x
-    the part of the cluster's `capacity` that size is; then submit time, key.
-
-    In deadline order, a short job due soon is laid ahead of a long one due a little later and takes its GPUs
-    now; each such arrival pushes the long job's plan later and its share up, until it needs the whole cluster
-    at the end of its window and every later arrival is refused for it (the heavy trace's rejections, issue
-    36). Laid ahead by part of the time it would hold the cluster, a job that takes much of it keeps its GPUs
-    now and ends sooner, and a short job with time to spare fits after it; on a cluster many times a job's
-    size the order stays close to deadline order. The key uses only what does not change while the job runs
-    (deadline, total steps, curve, the cluster's size), so two admitted jobs never swap places as they
-    progress: the plan every admission was checked against stays one the next re-plan can lay out again (a
-    key that moved with progress broke promises)."""
-    sizes, rates = job_sizes(job)
-    if not rates:
-        return (job.deadline, job.submit_time, job.key)
-    held = job.total_steps / rates[-1] * min(1.0, sizes[-1] / capacity) if capacity > 0 else 0.0
-    return (job.deadline - ORDER_LAXITY * held, job.submit_time, job.key)
-
-
 def _pause(job: JobState, now: float) -> float:
     """Seconds from `now` until the job trains again after a resize (0 if it trains now)."""
     return max(0.0, job.resumes_at - now)
@@ -99,8 +71,8 @@ def _tight_from(ledger: "_Ledger", newcomers: list[JobState]) -> bool:
     newcomers may have squeezed (a tight job ahead of them all is reserved alike without them)."""
     if not ledger.tight or not newcomers:
         return False
-    first = min(_order(j, ledger.capacity) for j in newcomers)
-    return any(_order(j, ledger.capacity) >= first for j in ledger.order if j.key in ledger.tight)
+    first = min(_edf(j) for j in newcomers)
+    return any(_edf(j) >= first for j in ledger.order if j.key in ledger.tight)
 
 
 def _plan_deadline(job: JobState, now: float) -> float:
@@ -359,8 +331,8 @@ class _Ledger:
     def of(cls, now: float, capacity: int, jobs: list[JobState], held: dict[str, int],
            claimed: tuple[tuple[float, int], ...] = (), floor: dict[str, int] | None = None) -> "_Ledger":
         ledger = cls(now, capacity, held, claimed, floor)
-        ledger.order = sorted(jobs, key=lambda j: _order(j, capacity))
-        ledger.keys = [_order(j, capacity) for j in ledger.order]
+        ledger.order = sorted(jobs, key=_edf)
+        ledger.keys = [_edf(j) for j in ledger.order]
         ledger._run(0)
         return ledger
 
@@ -379,7 +351,7 @@ class _Ledger:
         other.direct.discard(job.key)
         other.failed.discard(job.key)
         other.order = self.order[:position] + [job] + self.order[position:]
-        other.keys = self.keys[:position] + [_order(job, self.capacity)] + self.keys[position:]
+        other.keys = self.keys[:position] + [_edf(job)] + self.keys[position:]
         c = bisect.bisect_right(self.at, position) - 1
         profile = self.checkpoints[c].copy()
         for before in self.order[self.at[c]:position]:
@@ -430,7 +402,7 @@ class _Ledger:
         first = next((i for i, j in enumerate(self.order) if j.key in keys), len(self.order))
         other = self._derived(self.floor)
         other.order = [j for j in self.order if j.key not in keys]
-        other.keys = [_order(j, self.capacity) for j in other.order]
+        other.keys = [_edf(j) for j in other.order]
         other.got = {k: r for k, r in self.got.items() if k not in keys}
         other.tight = self.tight - keys
         other.direct -= keys
@@ -494,20 +466,20 @@ class _Ledger:
         return other
 
     def position(self, job: JobState) -> int:
-        return bisect.bisect_left(self.keys, _order(job, self.capacity))
+        return bisect.bisect_left(self.keys, _edf(job))
 
     def push(self, job: JobState) -> Reservation | None:
         """Reserve for `job`, whose deadline comes after every job's in the ledger, in place: no other
         reservation can change, so nothing is replayed (what `with_job` would give, at the cost of one
         reservation; the usual case when jobs arrive with deadlines a fixed time ahead). None: it does
         not fit with its headroom, and the ledger is unchanged."""
-        assert self.position(job) == len(self.order), "push() takes only a job that goes last in the ledger's order"
+        assert self.position(job) == len(self.order), "push() takes only a job that goes last in deadline order"
         profile = self.profile.copy()
         r, _, tight = self._reserve_how(profile, job)
         if r is None or tight:
             return None
         self.order.append(job)
-        self.keys.append(_order(job, self.capacity))
+        self.keys.append(_edf(job))
         self.got[job.key] = r
         self.direct.discard(job.key)
         self.failed.discard(job.key)
