@@ -20,8 +20,12 @@ Faults on a healthy fleet (nothing may be tainted, the job gets no checkpoint or
                               unhealthy for the samples it could not store
   agent-clock-skew            half the agents stamp their samples 30 s ahead, half 30 s behind
 The control case, so that the ones above cannot pass by acting on nothing:
-  real-fault-control          XID 79 (a GPU fell off the bus) on one node of the job: that node, and only
-                              that one, is tainted NoExecute and the job moves off it
+  real-fault-control          XID 79 (a GPU fell off the bus) on one GPU of the job's node: that GPU, and
+                              only that one, leaves service (the node is not tainted) and the job moves off it
+Many nodes found faulty at once (a bad firmware push, a detector gone wrong):
+  taint-budget                XID 74 (NVLink, node-wide) on every node at once: the taint budget (10 % of the
+                              nodes, at least 1, per window) takes out one node; the others' faults are recorded
+                              as `action-suppressed`, not acted on, and the job keeps going
 Hostile input (controller with `--ingest-auth tokenreview`):
   forged-sample               a token bound to node A posts samples about node B (HTTP and Redis); other SAs,
                               the wrong audience, no token
@@ -714,6 +718,43 @@ def real_fault_control(log_dir: Path) -> Outcome:
     return run_case("real-fault-control", log_dir, body, healthy_exceptions=lambda: set(faulty))
 
 
+def taint_budget(log_dir: Path) -> Outcome:
+    struck: list[str] = []
+
+    def body(rig: Rig, outcome: Outcome) -> None:
+        rig.start_redis()
+        rig.start_controller()
+        rig.start_job()
+        rig.start_watch()
+        rig.start_agents()
+        rig.wait_every_agent_heard()
+        budget = max(1, int(0.10 * len(rig.nodes)))  # the controller's defaults: --taint-budget-fraction 0.10
+        ingest = rig.controller.client("ingest")
+        for node in rig.nodes:
+            r = ingest.post("/v1/ingest", json={"node": node, "samples": [xid_sample(node, 74.0)]})
+            if r.status_code != 202:
+                raise AssertionError(f"XID 74 on {node}: {r.status_code} {r.text[:200]}")
+            struck.append(node)
+        held = wait_for(f"{len(struck) - budget} faults held back by the taint budget", lambda: (
+            d := rig.controller.client("read").get("/v1/decisions", params={"kind": "action-suppressed"}).json()["items"])
+            and len({x.get("object") for x in d}) >= len(struck) - budget and d, timeout=30)
+        time.sleep(SETTLE)   # a taint beyond the budget would show within this window
+        tainted = [n for n in rig.nodes if any(t.get("key") == names.TAINT_UNHEALTHY for t in
+                                               (get("node", n, "default") or {}).get("spec", {}).get("taints") or [])]
+        if len(tainted) > budget:
+            rig.fail(f"{len(tainted)} nodes tainted ({tainted}), over the budget of {budget}")
+        if not all(x.get("reason", "").startswith("taint budget") for x in held):
+            rig.fail(f"the suppressed decisions do not name the taint budget: {json.dumps(held)[:300]}")
+        if not rig.wait_progress(rig.job_status().get("progress", {}).get("steps", 0)):
+            outcome.jobs_lost = 1
+            rig.fail("the job stopped")
+        rig.notes.append(f"XID 74 on {len(struck)} nodes: {len(tainted)} tainted ({', '.join(tainted)}), "
+                         f"{len({x.get('object') for x in held})} held back by the taint budget")
+        outcome.passed = not rig.failed()
+
+    return run_case("taint-budget", log_dir, body, healthy_exceptions=lambda: set(struck))
+
+
 # --- hostile input ------------------------------------------------------------------------------------------
 
 def create_token(sa: str, namespace: str, pod: str | None = None, audience: str = AUDIENCE) -> str:
@@ -938,6 +979,7 @@ CASES: dict[str, Callable[[Path], Outcome]] = {
     "database-down-20s": quiet_fault("database-down-20s", stop_database(20.0), postgres=True),
     "agent-clock-skew": quiet_fault("agent-clock-skew", observe(10.0 if QUICK else 15.0), agent_args=skewed),
     "real-fault-control": real_fault_control,
+    "taint-budget": taint_budget,
     "forged-sample": forged_sample,
     "forged-stats": forged_stats,
     "rest-fuzz": rest_fuzz,

@@ -20,11 +20,23 @@ EXAMPLE_JOBS = ("llama-ft", "resnet50")  # examples/' TrainingJobs
 FINISHED = ("Succeeded", "Failed", "Rejected")
 
 
+def _gpus(demo: "Demo", job: str) -> list[tuple[str, int]]:
+    """(node, GPU index) of each GPU the operator gave `job`'s live worker pods (their flotilla.dev/gpu-indices)."""
+    pods = demo.get("pods", "-l", f"{names.LABEL_JOB}={job},{names.LABEL_ROLE}={names.ROLE_WORKER}").get("items", [])
+    return [(p["spec"]["nodeName"], i) for p in pods
+            if (p.get("spec") or {}).get("nodeName") and not p["metadata"].get("deletionTimestamp")
+            for i in gpu_indices(p)]
+
+
 def _first_gpu(demo: "Demo", job: str, node: str) -> int:
     """The first GPU index the operator gave `job`'s worker on `node` (0 when the pod names none)."""
-    pods = demo.get("pods", "-l", f"{names.LABEL_JOB}={job},{names.LABEL_ROLE}={names.ROLE_WORKER}").get("items", [])
-    on_node = [p for p in pods if (p.get("spec") or {}).get("nodeName") == node]
-    return next((i for p in on_node for i in gpu_indices(p)), 0)
+    return next((i for n, i in _gpus(demo, job) if n == node), 0)
+
+
+def _where(gpus: list[tuple[str, int]]) -> str:
+    """'gpu-node-0003 (GPUs 4, 5, 6, 7)' for each node, in order."""
+    nodes = sorted({n for n, _ in gpus})
+    return ", ".join(f"{n} (GPUs {', '.join(str(i) for m, i in sorted(gpus) if m == n)})" for n in nodes)
 
 
 def _job(name: str, deadline_s: int, steps: int, min_gpus: int, max_gpus: int, per_worker: int = 8,
@@ -53,7 +65,7 @@ def play(demo: "Demo", agent_token: Path, admin_token: str, start_agent: Callabl
 
     say("step 2/3: a GPU fault on a node that runs a job: that GPU leaves service, not the node; the job on it "
         "moves through a checkpoint")
-    # One 4-GPU worker: it leaves the faulty node whole, for another node's free GPUs.
+    # One 4-GPU worker: with one GPU out it still fits on its node's other GPUs, or on another node's.
     demo.k("apply", "-f", "-", input=_job("pretrain", 30 * 86400, 1_000_000, 4, 4, per_worker=4, curve=((4, 1.2),),
                                           interval_steps=500), capture_output=True)
     # Once the examples' jobs are done (simulated time runs --speed times faster): their GPUs are where a job
@@ -66,7 +78,7 @@ def play(demo: "Demo", agent_token: Path, admin_token: str, start_agent: Callabl
     node = running["placement"][0]["node"]
     before = status("pretrain").get("progress", {}).get("steps", 0)
     gpu = _first_gpu(demo, "pretrain", node)
-    say(f"  pretrain runs on {', '.join(p['node'] for p in running['placement'])} at step {before}; "
+    say(f"  pretrain runs on {_where(_gpus(demo, 'pretrain'))} at step {before}; "
         f"{node}'s agent now reports an uncorrectable ECC error on GPU {gpu}, one of pretrain's")
     demo.stop_one(f"agent-{node}")
     start_agent(demo, node, agent_token, "--inject", f"ecc_error@1#{gpu}")
@@ -75,10 +87,12 @@ def play(demo: "Demo", agent_token: Path, admin_token: str, start_agent: Callabl
                    timeout=90, demo=demo)
     say(f"  {node} GPU {', '.join(out)} out of service ({', '.join(out.values())}): the controller found the fault; "
         f"the node keeps its other GPUs (annotation {UNHEALTHY_GPUS}, not tainted)")
-    moved = wait_for("pretrain moved off the node", lambda: (s := status("pretrain")).get("phase") == "Running"
-                     and node not in {p["node"] for p in s.get("placement", [])} and s, timeout=120, demo=demo)
+    # The job is placed afresh without the sick GPU: on another node, or on the same node's other GPUs.
+    moved = wait_for("pretrain moved off the sick GPU", lambda: (s := status("pretrain")).get("phase") == "Running"
+                     and s.get("workerGeneration", 0) > running.get("workerGeneration", 0)
+                     and (on := _gpus(demo, "pretrain")) and (node, gpu) not in on and s, timeout=120, demo=demo)
     at = moved.get("checkpoint", {}).get("step", 0)
-    say(f"  pretrain moved to {', '.join(p['node'] for p in moved['placement'])} through its checkpoint at step {at} "
+    say(f"  pretrain moved to {_where(_gpus(demo, 'pretrain'))} through its checkpoint at step {at} "
         f"(it was at step {before} when the fault struck): {max(0, before - at)} steps lost")
     demo.stop_one(f"agent-{node}")
     start_agent(demo, node, agent_token)
