@@ -86,3 +86,31 @@ def test_profiles_state_engine_limits_and_old_ones_stay_valid():
     bad["decode"][1]["maxBatchTokens"] = 0
     with pytest.raises(ProfileError, match=r"profile.decode\[1\].maxBatchTokens"):
         Profile.from_dict(bad)
+
+
+def test_requests_beyond_the_iteration_cap_take_turns_and_beyond_the_kv_cache_wait():
+    # the same 12,000 tokens as a per-iteration cap (the admitted take turns) and as KV memory (the rest wait
+    # outside the batch), at a load that fills them: waiting is what costs TPOT, so the cap costs less of it
+    per_iteration = replace(OPT_13B_A100, decode=tuple(replace(d, max_batch_tokens=12000) for d in OPT_13B_A100.decode))
+    memory = replace(OPT_13B_A100, decode=tuple(replace(d, kv_cache_tokens=12000) for d in OPT_13B_A100.decode))
+    turns = check(Layout((1, 2), (1, 1)), per_iteration, CHAT, 5.0, SLO_LOOSE)
+    wait = check(Layout((1, 2), (1, 1)), memory, CHAT, 5.0, SLO_LOOSE)
+    assert turns.tpot_met > wait.tpot_met + 0.1
+
+
+def test_a_two_piece_decode_fit_prices_large_batches_with_its_second_piece():
+    data = OPT_13B_A100.to_dict()
+    data["decode"][0].update(largeBatchFrom=95, largeBatchConstantMs=7.17, largeBatchPerRequestMs=0.158,
+                             largeBatchPerContextTokenMs=0.00058)
+    profile = Profile.from_dict(data)
+    fit = profile.decode_fit(1)
+    assert fit.step_ms(94, 30000) == OPT_13B_A100.decode_fit(1).step_ms(94, 30000)
+    assert fit.step_ms(95, 30000) == pytest.approx(7.17 + 0.158 * 95 + 0.00058 * 30000)
+    assert Profile.from_dict(profile.to_dict()) == profile
+    slow = check(Layout(colocated=(1, 1)), OPT_13B_A100, CHAT, 6.0, SLO_LOOSE)
+    fast = check(Layout(colocated=(1, 1)), replace(profile, decode=(replace(fit, large_batch_constant_ms=0.0),
+                                                                    *profile.decode[1:])), CHAT, 6.0, SLO_LOOSE)
+    assert fast.tpot_met >= slow.tpot_met
+    del data["decode"][0]["largeBatchPerRequestMs"]
+    with pytest.raises(ProfileError, match=r"profile.decode\[0\].largeBatchPerRequestMs"):
+        Profile.from_dict(data)

@@ -14,11 +14,15 @@ Engines (priced by the profile's fits, limited by its engine limits):
 * prefill instance: FCFS; a batch takes whole prompts from the front while they fit maxBatchTokens
   (a prompt longer than that runs alone); TTFT ends when its batch ends.
 * decode instance: continuous batching. At every iteration it admits waiting requests in order while
-  the batch stays within maxBatchSize and its context tokens within the decode batch-token cap
-  (`maxBatchTokens` of the decode entry; kvCacheTokens when absent). A step costs
-  constantMs + perRequestMs * batch + perContextTokenMs * context. When running requests' contexts
-  outgrow the cap, only the share cap/context of the batch runs in an iteration (taken as a fluid:
-  every request makes that fraction of a step), as an engine that rotates or preempts does.
+  the batch stays within maxBatchSize and its context tokens within the KV cache (kvCacheTokens: the
+  memory a request's pages take; a request not admitted waits). A step costs
+  constantMs + perRequestMs * batch + perContextTokenMs * context. One iteration runs at most the
+  decode batch-token cap (`maxBatchTokens` of the decode entry; kvCacheTokens when absent): when the
+  admitted requests hold more context than that, they take turns, and only the share cap/context of
+  the batch runs in an iteration (taken as a fluid: every request makes that fraction of a step), as
+  an engine that rotates its batch (DistServe's) or preempts (vLLM's, when the KV cache overflows) does.
+  (Admitting only up to the per-iteration cap, as this check first did, starves the requests waiting
+  behind it: a short request that waits seconds misses TPOT, which no engine with that cap does.)
   TPOT counts from the hand-off (queueing at decode included) to the last token, over output-1 steps.
 * colocated instance: with chunked prefill (profile `chunkedPrefill`, vLLM's default) each iteration
   runs the decode batch and as many waiting prompt tokens as maxBatchTokens leaves; without it,
@@ -243,7 +247,8 @@ class _Decode(_Engine):
 
     def __init__(self, sim: _Sim, index: int, fit: DecodeFit) -> None:
         self.sim, self.index, self.fit = sim, index, fit
-        self.cap = float(fit.batch_token_cap)
+        self.cap = float(fit.batch_token_cap)  # context tokens one iteration runs
+        self.kv = float(fit.kv_cache_tokens)  # context tokens the admitted requests may hold
         self.waiting: deque[int] = deque()
         self.running: list[tuple[float, int]] = []  # heap of (step at which it finishes, request)
         self.context = 0.0  # KV tokens of the running requests
@@ -255,7 +260,7 @@ class _Decode(_Engine):
         return len(self.waiting)
 
     def kv_use(self) -> float:
-        return self.context / self.cap
+        return self.context / self.kv
 
     def enqueue(self, request: int, now: float) -> None:
         self.waiting.append(request)
@@ -267,17 +272,18 @@ class _Decode(_Engine):
         while self.waiting and len(self.running) < fit.max_batch_size:
             r = self.waiting[0]
             need = prompts[r] + 1
-            if self.running and self.context + need > self.cap:
+            if self.running and self.context + need > self.kv:
                 break
             self.waiting.popleft()
             self.context += need
             heapq.heappush(self.running, (self.steps + outputs[r] - 1, r))
 
     def _step_ms(self, extra_fixed_ms: float = 0.0, extra_ms: float = 0.0) -> float:
-        fit, batch = self.fit, len(self.running)
+        fit = self.fit
         self.share = min(1.0, self.cap / self.context) if self.context > 0 else 1.0
-        return max(fit.constant_ms, extra_fixed_ms) + extra_ms + self.share * (
-            fit.per_request_ms * batch + fit.per_context_token_ms * self.context)
+        batch = self.share * len(self.running)  # the requests this iteration runs
+        constant = fit.constant_at(batch)
+        return max(constant, extra_fixed_ms) - constant + extra_ms + fit.step_ms(batch, self.share * self.context)
 
     def _start(self, now: float) -> None:
         if self.waiting:
