@@ -102,14 +102,21 @@ class CheckResult:
     requests: int
     last_third: float  # joint attainment of the last third of the requests: a queue still building shows here
 
+    stopped_early: bool = False  # the misses already decided that it fails; the shares are of what was decided
+
     def meets(self, slo: SLO, margin: float = CHECK_MARGIN) -> bool:
-        return self.attainment >= slo.attainment + margin and self.last_third >= slo.attainment
+        return (not self.stopped_early and self.attainment >= slo.attainment + margin
+                and self.last_third >= slo.attainment)
 
 
 def check(layout: Layout, profile: Profile, workload: Workload, rate: float, slo: SLO,
-          requests: int = CHECK_REQUESTS, seed: int = 0, router: Router = "queue") -> CheckResult:
+          requests: int = CHECK_REQUESTS, seed: int = 0, router: Router = "queue",
+          pass_at: float | None = None) -> CheckResult:
     """Simulate `layout` fed Poisson arrivals at `rate` req/s with lengths drawn from the workload's
-    sample (seeded: the same seed gives the same requests, scaled in time with the rate)."""
+    sample (seeded: the same seed gives the same requests, scaled in time with the rate).
+
+    `pass_at`: the joint attainment a pass needs; the simulation stops as soon as the counted requests'
+    misses already rule it out (a layout far short of the rate costs a fraction of a full run)."""
     if rate <= 0:
         raise ValueError(f"rate: must be > 0, got {rate}")
     if router not in ROUTERS:
@@ -119,9 +126,16 @@ def check(layout: Layout, profile: Profile, workload: Workload, rate: float, slo
     prompts = [int(workload.prompt_tokens[i]) for i in picks]
     outputs = [int(workload.output_tokens[i]) for i in picks]
     arrivals = (np.cumsum(rng.exponential(1.0, size=requests)) / rate * 1000.0).tolist()  # ms
+    first = int(requests * WARMUP_SHARE)
     sim = _Sim(layout, profile, prompts, outputs, router)
+    if pass_at is not None:
+        sim.watch(first, slo, int((1.0 - pass_at) * (requests - first)))
     ttft, tpot = sim.run(arrivals)
-    counted = slice(int(requests * WARMUP_SHARE), requests)
+    if sim.stopped:
+        n = requests - first
+        return CheckResult(rate, 1.0 - sim.joint_misses / n, 1.0 - sim.ttft_misses / n, 1.0 - sim.tpot_misses / n,
+                           n, 1.0 - sim.joint_misses / n, stopped_early=True)
+    counted = slice(first, requests)
     ttft_ok = np.asarray(ttft[counted]) <= slo.ttft_ms
     tpot_ok = np.asarray(tpot[counted]) <= slo.tpot_ms
     joint = ttft_ok & tpot_ok
@@ -152,6 +166,14 @@ class _Sim:
             self.back = [_Decode(self, len(self.front) + i, profile.decode_fit(layout.decode[1]))
                          for i in range(layout.decode[0])]
         self.engines: list[_Engine] = [*self.front, *self.back]
+        self.watched, self.allowed = n, n  # requests from `watched` on are counted; stop past `allowed` misses
+        self.ttft_ms = self.tpot_ms = math.inf
+        self.ttft_misses = self.tpot_misses = self.joint_misses = 0
+        self.stopped = False
+
+    def watch(self, first: int, slo: SLO, allowed_misses: int) -> None:
+        self.watched, self.allowed = first, allowed_misses
+        self.ttft_ms, self.tpot_ms = slo.ttft_ms, slo.tpot_ms
 
     def at(self, time: float, engine: _Engine) -> None:
         self.seq += 1
@@ -161,7 +183,7 @@ class _Sim:
     def run(self, arrivals: list[float]) -> tuple[list[float], list[float]]:
         i, n = 0, len(arrivals)
         events = self.events
-        while i < n or events:
+        while (i < n or events) and not self.stopped:
             if i < n and (not events or arrivals[i] <= events[0][0]):
                 now = arrivals[i]
                 self.arrival[i] = now
@@ -187,6 +209,9 @@ class _Sim:
         self.handoff[request] = now
         if self.outputs[request] <= 1:
             self.tpot[request] = 0.0
+        if request >= self.watched and self.ttft[request] > self.ttft_ms:
+            self.ttft_misses += 1
+            self._missed()
 
     def to_decode(self, request: int, now: float) -> None:
         if self.outputs[request] > 1:
@@ -194,6 +219,15 @@ class _Sim:
 
     def finished(self, request: int, now: float) -> None:
         self.tpot[request] = (now - self.handoff[request]) / (self.outputs[request] - 1)
+        if request >= self.watched and self.tpot[request] > self.tpot_ms:
+            self.tpot_misses += 1
+            if self.ttft[request] <= self.ttft_ms:
+                self._missed()
+
+    def _missed(self) -> None:
+        self.joint_misses += 1
+        if self.joint_misses > self.allowed:
+            self.stopped = True
 
 
 class _Engine:
@@ -257,6 +291,10 @@ class _Decode(_Engine):
         self.busy = False
 
     def waiting_load(self) -> int:
+        # what the engine reports waiting: those not admitted, and the admitted that the next iteration
+        # does not run (beyond the per-iteration cap: DistServe leaves them in its queue, vLLM preempts them)
+        if self.context > self.cap:
+            return len(self.waiting) + int(len(self.running) * (1.0 - self.cap / self.context))
         return len(self.waiting)
 
     def kv_use(self) -> float:
