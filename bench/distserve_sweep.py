@@ -132,7 +132,9 @@ def run(distserve: str, budgets: list[int], rates: dict[int, list[float]], seed:
     for budget in budgets:
         for rate in rates[budget]:
             start = time.perf_counter()
-            chosen = plan(PlanRequest(observed.at_rate(rate), slo, profile, min_gpus=0, max_gpus=budget))
+            # the router deployed in front of the judge's engines is its own scheduler: ties to the first
+            chosen = plan(PlanRequest(observed.at_rate(rate), slo, profile, min_gpus=0, max_gpus=budget,
+                                      router="queue-first"))
             plan_ms.append((time.perf_counter() - start) * 1000.0)
             pick = _judge_layout(chosen)
             claimed = not chosen.slo_at_risk

@@ -52,7 +52,7 @@ def test_chunked_prefill_protects_tpot_in_colocated_instances():
 
 def test_the_queue_router_piles_colocated_work_on_the_first_replicas():
     slo = SLO(400.0, 40.0, 0.9)
-    queue = check(Layout(colocated=(4, 1)), OPT_13B_A100, CHAT, 14.0, slo, router="queue")
+    queue = check(Layout(colocated=(4, 1)), OPT_13B_A100, CHAT, 14.0, slo, router="queue-first")
     balanced = check(Layout(colocated=(4, 1)), OPT_13B_A100, CHAT, 14.0, slo, router="queue+kv")
     assert balanced.meets(slo) and not queue.meets(slo)
 
@@ -114,3 +114,35 @@ def test_a_two_piece_decode_fit_prices_large_batches_with_its_second_piece():
     del data["decode"][0]["largeBatchPerRequestMs"]
     with pytest.raises(ProfileError, match=r"profile.decode\[0\].largeBatchPerRequestMs"):
         Profile.from_dict(data)
+
+
+@pytest.mark.parametrize("layout, profile, rate", [
+    (Layout(colocated=(2, 1)), OPT_13B_A100, 6.0),
+    (Layout(colocated=(1, 1)), replace(OPT_13B_A100, chunked_prefill=False), 3.0),
+    (Layout((1, 1), (2, 1)), replace(OPT_13B_A100, decode=tuple(replace(d, max_batch_tokens=20000)
+                                                                for d in OPT_13B_A100.decode)), 8.0),
+])
+def test_decode_steps_run_as_one_event_give_what_steps_one_by_one_give(monkeypatch, layout, profile, rate):
+    import flotilla.serving.check as module
+
+    runs = check(layout, profile, CHAT, rate, SLO_LOOSE, requests=800, router="queue-first")
+    monkeypatch.setattr(module, "STEP_RUNS", False)
+    steps = check(layout, profile, CHAT, rate, SLO_LOOSE, requests=800, router="queue-first")
+    assert runs.attainment == pytest.approx(steps.attainment, abs=2e-3)
+    assert runs.tpot_met == pytest.approx(steps.tpot_met, abs=2e-3)
+
+
+def test_a_check_stops_once_its_misses_rule_a_pass_out():
+    full = check(Layout((1, 1), (1, 1)), OPT_13B_A100, CHAT, 40.0, SLO_LOOSE)
+    early = check(Layout((1, 1), (1, 1)), OPT_13B_A100, CHAT, 40.0, SLO_LOOSE, pass_at=0.9)
+    assert not full.meets(SLO_LOOSE) and not early.meets(SLO_LOOSE) and early.stopped_early
+    passing = check(Layout((1, 1), (1, 1)), OPT_13B_A100, CHAT, 1.0, SLO_LOOSE, pass_at=0.9)
+    assert not passing.stopped_early and passing.meets(SLO_LOOSE)
+
+
+def test_the_queue_router_breaks_ties_at_random_and_queue_first_to_the_first():
+    # behind ties-to-the-first the first colocated replica takes most of a light load; random ties spread it
+    slo = SLO(400.0, 40.0, 0.9)
+    first = check(Layout(colocated=(4, 1)), OPT_13B_A100, CHAT, 14.0, slo, router="queue-first")
+    spread = check(Layout(colocated=(4, 1)), OPT_13B_A100, CHAT, 14.0, slo, router="queue")
+    assert spread.meets(slo) and not first.meets(slo)

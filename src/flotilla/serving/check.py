@@ -30,16 +30,19 @@ Engines (priced by the profile's fits, limited by its engine limits):
 
 Router (the deployed one, and what the docs state): a request goes to the prefill (or colocated)
 instance with the fewest requests waiting or in prefill, a prefill-done request to the decode instance
-with the fewest waiting to join its batch; ties go to the first instance. That is the Gateway API
-Inference Extension endpoint picker scoring by queue depth (vllm:num_requests_waiting), and it is
-DistServe's scheduler. It does not spread load evenly: at low load the first instance takes most
-requests. `router="queue+kv"` breaks ties by KV-cache use instead (the picker's kv-cache scorer added).
+with the fewest waiting (not admitted, or admitted beyond what its next iteration runs); ties are broken
+at random. That is the Gateway API Inference Extension endpoint picker scoring by queue depth
+(vllm:num_requests_waiting) with its max-score picker, which shuffles tied endpoints. `router="queue-first"`
+breaks ties to the first instance instead: DistServe's scheduler (the judge of bench/serving_distserve.py
+--sweep), which at low load sends most requests to the first instance. `router="queue+kv"` breaks ties
+by KV-cache use (the picker's kv-cache scorer added).
 """
 
 from __future__ import annotations
 
 import heapq
 import math
+import random
 from collections import deque
 from dataclasses import dataclass
 from typing import Literal
@@ -49,8 +52,8 @@ import numpy as np
 from flotilla.serving.profile import DecodeFit, PrefillFit, Profile
 from flotilla.serving.workload import SLO, Workload
 
-Router = Literal["queue", "queue+kv"]
-ROUTERS: tuple[Router, ...] = ("queue", "queue+kv")
+Router = Literal["queue", "queue-first", "queue+kv"]
+ROUTERS: tuple[Router, ...] = ("queue", "queue-first", "queue+kv")
 
 CHECK_REQUESTS = 1600  # requests per check; the first WARMUP_SHARE are not counted
 # A plan is promised only after a long check too: colocated engines behind the queue-depth router are
@@ -61,6 +64,7 @@ WARMUP_SHARE = 0.1
 # The check passes a layout only with this much attainment above the target: the sampling error of a
 # check's attainment (about sqrt(0.09 / 1440) = 0.008 at 0.9) is not a margin a promise may spend.
 CHECK_MARGIN = 0.012
+STEP_RUNS = True  # decode steps up to the next finish priced as one event (False: one by one; same results)
 
 
 @dataclass(frozen=True)
@@ -127,7 +131,7 @@ def check(layout: Layout, profile: Profile, workload: Workload, rate: float, slo
     outputs = [int(workload.output_tokens[i]) for i in picks]
     arrivals = (np.cumsum(rng.exponential(1.0, size=requests)) / rate * 1000.0).tolist()  # ms
     first = int(requests * WARMUP_SHARE)
-    sim = _Sim(layout, profile, prompts, outputs, router)
+    sim = _Sim(layout, profile, prompts, outputs, router, seed)
     if pass_at is not None:
         sim.watch(first, slo, int((1.0 - pass_at) * (requests - first)))
     ttft, tpot = sim.run(arrivals)
@@ -145,8 +149,9 @@ def check(layout: Layout, profile: Profile, workload: Workload, rate: float, slo
 
 class _Sim:
     def __init__(self, layout: Layout, profile: Profile, prompts: list[int], outputs: list[int],
-                 router: Router) -> None:
+                 router: Router, seed: int = 0) -> None:
         self.prompts, self.outputs, self.router = prompts, outputs, router
+        self.ties = random.Random(seed)
         n = len(prompts)
         self.arrival = [0.0] * n
         self.handoff = [0.0] * n
@@ -200,9 +205,14 @@ class _Sim:
         if len(engines) == 1:
             return engines[0]
         kind = type(engines[0])  # a pool is of one kind: its method as the key spares a lambda per instance
-        if self.router == "queue":
+        if self.router == "queue-first":
             return min(engines, key=kind.waiting_load)
-        return min(engines, key=lambda e: (kind.waiting_load(e), e.kv_use()))
+        if self.router == "queue+kv":
+            return min(engines, key=lambda e: (kind.waiting_load(e), e.kv_use()))
+        loads = [kind.waiting_load(e) for e in engines]
+        least = min(loads)
+        tied = [e for e, load in zip(engines, loads) if load == least]
+        return tied[0] if len(tied) == 1 else tied[self.ties.randrange(len(tied))]
 
     def first_token(self, request: int, now: float) -> None:
         self.ttft[request] = now - self.arrival[request]
@@ -289,6 +299,10 @@ class _Decode(_Engine):
         self.steps = 0.0
         self.share = 1.0  # part of the batch the iteration in progress runs
         self.busy = False
+        self.pending = 1  # decode steps the event in flight stands for
+        # a run of steps up to the next finish taken as one event while nothing changes the batch:
+        # (start ms, first step ms, ms each step adds as the context grows, steps)
+        self.jump: tuple[float, float, float, int] | None = None
 
     def waiting_load(self) -> int:
         # what the engine reports waiting: those not admitted, and the admitted that the next iteration
@@ -304,6 +318,8 @@ class _Decode(_Engine):
         self.waiting.append(request)
         if not self.busy:
             self._start(now)
+        elif self.jump:
+            self._interrupt(now)
 
     def _admit(self) -> None:
         prompts, outputs, fit = self.sim.prompts, self.sim.outputs, self.fit
@@ -328,12 +344,48 @@ class _Decode(_Engine):
             self._admit()
         self.busy = bool(self.running)
         if self.busy:
-            self.sim.at(now + self._step_ms(), self)
+            self.sim.at(now + self._decode_run_ms(now), self)
+
+    def _decode_run_ms(self, now: float) -> float:
+        """How long the decode iterations up to the next finish take, run as one event: the batch does not
+        change before then unless a request arrives (which ends the run at the step in progress), so the
+        steps are priced in closed form (each adds the batch's growth in context), not one by one."""
+        first = self._step_ms()
+        self.pending, self.jump = 1, None
+        batch = len(self.running)
+        if self.share < 1.0 or batch == 0 or not STEP_RUNS:
+            return first
+        steps = math.ceil(self.running[0][0] - self.steps - 1e-9)
+        steps = min(steps, int((self.cap - self.context) // batch) + 1)  # every step within the cap
+        if steps <= 1:
+            return first
+        growth = self.fit.step_ms(batch, self.context + batch) - self.fit.step_ms(batch, self.context)
+        self.pending, self.jump = steps, (now, first, growth, steps)
+        return steps * first + growth * steps * (steps - 1) / 2
+
+    def _interrupt(self, now: float) -> None:
+        """A request arrived during a run of steps: the run ends with the step in progress."""
+        assert self.jump is not None
+        start, first, growth, steps = self.jump
+
+        def took(k: int) -> float:
+            return k * first + growth * k * (k - 1) / 2
+
+        elapsed = now - start
+        half = first - growth / 2
+        done = int(elapsed / first) if growth <= 0 else int((-half + math.sqrt(half * half + 2 * growth * elapsed)) / growth)
+        done = max(0, min(done, steps - 1))
+        while done + 1 < steps and took(done + 1) <= elapsed:
+            done += 1
+        while done > 0 and took(done) > elapsed:
+            done -= 1
+        self.pending, self.jump = done + 1, None
+        self.sim.at(start + took(done + 1), self)
 
     def _advance(self, now: float) -> None:
-        """One iteration of the running batch has ended: every request made `share` of a step."""
-        self.steps += self.share
-        self.context += self.share * len(self.running)
+        """The iterations of the event have ended: every request made `share` of a step in each."""
+        self.steps += self.share * self.pending
+        self.context += self.share * len(self.running) * self.pending
         prompts, outputs = self.sim.prompts, self.sim.outputs
         while self.running and self.running[0][0] <= self.steps + 1e-9:
             _, r = heapq.heappop(self.running)
@@ -363,8 +415,11 @@ class _Colocated(_Decode):
         self.prompts.append(request)
         if not self.busy:
             self._begin(now)
+        elif self.jump:
+            self._interrupt(now)
 
     def _begin(self, now: float) -> None:
+        self.pending, self.jump = 1, None
         if self.waiting:
             self._admit()
         prompts = self.sim.prompts
@@ -387,7 +442,10 @@ class _Colocated(_Decode):
             if not (self.in_prefill or self.running):
                 self.busy = False
                 return
-            duration = self._step_ms(fixed, work) if self.running else fixed + work
+            if not self.in_prefill:
+                duration = self._decode_run_ms(now)
+            else:
+                duration = self._step_ms(fixed, work) if self.running else fixed + work
         elif self.prompts:  # prefill first, decode waits
             batch = _take_prompts(self.prompts, prompts, self.prefill.max_batch_tokens, keep=True)
             self.in_prefill = [(r, 0, prompts[r]) for r in batch]
@@ -395,7 +453,7 @@ class _Colocated(_Decode):
             duration = _prefill_ms(self.prefill, [prompts[r] for r in batch])
         elif self.running:
             self.decoding = True
-            duration = self._step_ms()
+            duration = self._decode_run_ms(now)
         else:
             self.busy = False
             return

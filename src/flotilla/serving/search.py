@@ -240,12 +240,12 @@ def served_rate(layout: Layout, profile: Profile, workload: Workload, slo: SLO, 
 
 
 def _colocated_pool(n: int, router: str) -> float:
-    """Instances' worth a pool of n colocated instances serves. Behind a queue-depth router a request
-    leaves the first instance only while that one has a prompt waiting or in prefill, and the decode
-    work it then keeps is not seen by the router: the first instances carry most of the load. 1 + ln n
-    follows the check's own results on the shipped profile (4 instances about 2.4, 8 about 3); it only
-    ranks layouts, the check decides."""
-    return n if router != "queue" else 1 + math.log(n)
+    """Instances' worth a pool of n colocated instances serves. Behind a queue-depth router whose ties go
+    to the first instance a request leaves the first instance only while that one has a prompt waiting
+    or in prefill, and the decode work it then keeps is not seen by the router: the first instances carry
+    most of the load. 1 + ln n follows the check's own results on the shipped profile (4 instances about
+    2.4, 8 about 3); with random ties the load spreads. It only ranks layouts, the check decides."""
+    return 1 + math.log(n) if router == "queue-first" else n
 
 
 def _corrected(pool: list[Candidate], correction: dict[tuple[str, int], float]) -> list[Candidate]:
