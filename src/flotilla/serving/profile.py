@@ -77,17 +77,20 @@ class DecodeFit:
     def batch_token_cap(self) -> int:
         return min(self.max_batch_tokens or self.kv_cache_tokens, self.kv_cache_tokens)
 
-    def _large(self, batch: float) -> bool:
-        return self.large_batch_from is not None and batch >= self.large_batch_from
+    def _piece(self, batch: float) -> tuple[float, float, float]:
+        """(constant, per request, per context token) ms of the piece that prices a batch of this size."""
+        if (self.large_batch_from is not None and batch >= self.large_batch_from
+                and self.large_batch_constant_ms is not None and self.large_batch_per_request_ms is not None
+                and self.large_batch_per_context_token_ms is not None):
+            return self.large_batch_constant_ms, self.large_batch_per_request_ms, self.large_batch_per_context_token_ms
+        return self.constant_ms, self.per_request_ms, self.per_context_token_ms
 
     def constant_at(self, batch: float) -> float:
-        return self.large_batch_constant_ms if self._large(batch) else self.constant_ms  # type: ignore[return-value]
+        return self._piece(batch)[0]
 
     def step_ms(self, batch: float, context_tokens: float) -> float:
-        if self._large(batch):
-            return (self.large_batch_constant_ms + self.large_batch_per_request_ms * batch  # type: ignore[operator]
-                    + self.large_batch_per_context_token_ms * context_tokens)
-        return self.constant_ms + self.per_request_ms * batch + self.per_context_token_ms * context_tokens
+        constant, per_request, per_token = self._piece(batch)
+        return constant + per_request * batch + per_token * context_tokens
 
 
 @dataclass(frozen=True)
