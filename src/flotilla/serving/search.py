@@ -9,9 +9,10 @@
    and ranks: layouts estimated below (1 - PRUNE_SLACK) of the rate are not simulated.
 3. The plausible layouts, fewest GPUs first (at least min_gpus where the budget allows; then the higher
    estimate), are checked in turn by flotilla.serving.check: a simulation of the layout's engines, its
-   router and the observed lengths at the rate planned for, counting joint attainment. The first that
-   passes a short check and then a long one (CONFIRM_REQUESTS, its last third included: a queue still
-   building fails it) is offered, and its predicted goodput is the rate it was checked at. At most
+   router and the observed lengths at the rate planned for, counting joint attainment. A short check
+   screens out what falls SCREEN_SLACK below the target; the first layout that then passes a long one
+   (CONFIRM_REQUESTS, with CHECK_MARGIN, its last third included: a queue still building fails it) is
+   offered, and its predicted goodput is the rate it was checked at. At most
    MAX_CHECKS layouts are checked, which bounds the plan time.
 4. When none passes, the plan is the layout estimated to serve the most within the budget, flagged
    `slo_at_risk`, and the check's bisection says what it does serve: "at risk by N%" is the share of
