@@ -47,6 +47,12 @@ SLO_SWEEP = SLO(ttft_ms=200.0, tpot_ms=100.0, attainment=0.9)
 DEFAULT_RATES = {4: [2.0, 4.0, 6.0, 8.0, 10.0, 12.0, 14.0, 16.0, 18.0],
                  8: [4.0, 8.0, 12.0, 16.0, 20.0, 24.0, 28.0, 32.0, 36.0, 40.0]}
 DEGREES = (1, 2, 4)
+# DistServe's published OPT-13B A100 decode fit for batches of 95 and more (profiler-a100-80g.distserve.json,
+# "decoding_largebs": constant ms, ms per context token, ms per request); the shipped profile carries the
+# small-batch piece only
+LARGE_BATCH_DECODE = {1: (7.1661889468253595, 0.0005798000403396046, 0.15831096191764046),
+                      2: (10.638741913126715, 0.00031183369638295723, 0.08562913604102729),
+                      4: (10.483514938375274, 0.00017120888562939117, 0.04566648525887034)}
 
 
 def judge_engine_profile() -> Profile:
@@ -60,6 +66,11 @@ def judge_engine_profile() -> Profile:
         entry["perTokenMs"] += 1e-4  # Ray overhead per context token
         entry["maxBatchTokens"] = 4096
     for entry in data["decode"]:
+        large = LARGE_BATCH_DECODE[entry["gpus"]]  # its decode fit's second piece, from batches of 95
+        entry["largeBatchFrom"] = 95
+        entry["largeBatchConstantMs"] = large[0] + 2.0
+        entry["largeBatchPerRequestMs"] = large[2] + large[1]
+        entry["largeBatchPerContextTokenMs"] = large[1] + 1e-4
         entry["constantMs"] += 2.0
         entry["perRequestMs"] += entry["perContextTokenMs"]  # it prices context + 1 tokens per request
         entry["perContextTokenMs"] += 1e-4
@@ -121,7 +132,9 @@ def run(distserve: str, budgets: list[int], rates: dict[int, list[float]], seed:
     for budget in budgets:
         for rate in rates[budget]:
             start = time.perf_counter()
-            chosen = plan(PlanRequest(observed.at_rate(rate), slo, profile, min_gpus=0, max_gpus=budget))
+            # the router deployed in front of the judge's engines is its own scheduler: ties to the first
+            chosen = plan(PlanRequest(observed.at_rate(rate), slo, profile, min_gpus=0, max_gpus=budget,
+                                      router="queue-first"))
             plan_ms.append((time.perf_counter() - start) * 1000.0)
             pick = _judge_layout(chosen)
             claimed = not chosen.slo_at_risk

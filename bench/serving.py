@@ -15,10 +15,18 @@ Policies (all sized by the same planner and SLO unless said otherwise):
     fixed-1-1               1 prefill : 1 decode instance pairs, each role at the GPUs per instance the
                             planner gives it for the busiest minute, as many pairs as that minute needs
     colocated               colocated instances (chunked prefill, vLLM's default) filling the budget
+    reactive                what a user runs today: an HPA (or KEDA) per pool on the engines' gauges
+                            (vllm:num_requests_waiting, vllm:gpu_cache_usage_perc), the shape the planner
+                            gives the busiest minute, HPA's tolerance, 5-minute scale-down stabilization
+                            and scale-up limit (flotilla.sim.serving.ReactiveSettings; its targets were
+                            tuned on the tuning seeds, below)
 
 Goodput counts requests that meet both TTFT and TPOT (in windows meeting the attainment target);
 per GPU it divides by the GPUs held on average. Ratios are adaptive / baseline, per trace and as a
-geometric mean. "modes" counts the adaptive policy's plans (first and changes) per mode.
+geometric mean. "modes" counts the adaptive policy's plans (first and changes) per mode. GPU-hours are
+what each policy held; "gpu_hours_vs" is adaptive's over each baseline's (geometric mean over the
+traces; per trace in "gpu_hours_vs_per_trace"). "broken_promises" counts the traces on which the
+adaptive policy missed the SLO's attainment target while none of its plans was flagged at risk.
 
     python bench/serving.py --quick     # last line is the JSON summary
     python bench/serving.py             # longer, busier traces
@@ -86,27 +94,34 @@ def main() -> None:
     rate, duration, budget = (8.0, 1200.0, 6) if args.quick else (20.0, 7200.0, 16)
 
     ratios: dict[str, list[float]] = {b: [] for b in baselines}
+    hours: dict[str, list[float]] = {b: [] for b in baselines}
+    broken = 0
     attainments: dict[str, list[float]] = {p: [] for p in policies}
     modes: dict[str, int] = {}
     print(f"profile {OPT_13B_A100.name}, SLO TTFT {SLO_TARGET.ttft_ms:g} ms / TPOT {SLO_TARGET.tpot_ms:g} ms "
           f"at {SLO_TARGET.attainment:g}, mean rate {rate:g} req/s, {duration:g} s, budget {budget} GPUs")
     print(f"{'trace':8} {'policy':22} {'attain':>7} {'goodput':>8} {'GPUs':>6} {'gp/GPU':>7} "
-          f"{'TTFT p90':>9} {'TPOT p90':>9} {'changes':>7}  modes")
+          f"{'TTFT p90':>9} {'TPOT p90':>9} {'changes':>7} {'GPU-h':>6}  modes")
     for i, arrival in enumerate(ARRIVALS):
         trace = generate(arrival, "chat", rate, duration, args.seed + i)
         results = {p: simulate(trace, OPT_13B_A100, SLO_TARGET, budget, p) for p in policies}
         for policy, r in results.items():
             attainments[policy].append(r.attainment)
             print(f"{arrival:8} {policy:22} {r.attainment:7.3f} {r.goodput:8.2f} {r.mean_gpus:6.2f} "
-                  f"{r.goodput_per_gpu:7.3f} {r.ttft_p90_ms:9.0f} {r.tpot_p90_ms:9.1f} {r.plan_changes:7d}  "
+                  f"{r.goodput_per_gpu:7.3f} {r.ttft_p90_ms:9.0f} {r.tpot_p90_ms:9.1f} {r.plan_changes:7d} "
+                  f"{r.gpu_hours:6.3f}  "
                   + ", ".join(f"{m} {n}" for m, n in sorted(r.modes.items())))
         adaptive = results["adaptive"]
         for mode, count in adaptive.modes.items():
             modes[mode] = modes.get(mode, 0) + count
+        broken += int(adaptive.attainment < SLO_TARGET.attainment and adaptive.at_risk_plans == 0)
         for baseline in baselines:
             ratios[baseline].append(adaptive.goodput_per_gpu / results[baseline].goodput_per_gpu)
+            hours[baseline].append(adaptive.gpu_hours / results[baseline].gpu_hours)
         print(f"{arrival:8} adaptive goodput/GPU vs " + ", ".join(
             f"{b} {ratios[b][-1]:.2f}x" for b in baselines))
+        print(f"{arrival:8} adaptive GPU-hours vs " + ", ".join(
+            f"{b} {hours[b][-1]:.2f}x" for b in baselines))
         for policy in ("adaptive", *(b for b in ("static-peak", "fixed-1-1") if b in baselines)):
             first = make_policy(policy, trace, SLO_TARGET, OPT_13B_A100, budget).initial_plan()
             print(f"{arrival:8} why {policy} starts {first.mode}: {first.reason}")
@@ -114,9 +129,13 @@ def main() -> None:
     plan_ms, plan_p99_ms, plan_p99_cpu_ms = plan_times_ms(10 if args.quick else 40)
     print(f"planner decision time (check included), 64-GPU budget: median {plan_ms:.0f} ms, p99 {plan_p99_ms:.0f} ms "
           f"wall, p99 {plan_p99_cpu_ms:.0f} ms CPU")
+    geomean = lambda v: round(math.exp(statistics.fmean(math.log(x) for x in v)), 3)  # noqa: E731
     summary = {
-        "goodput_per_gpu_vs": {b: round(math.exp(statistics.fmean(math.log(x) for x in v)), 3)
-                               for b, v in ratios.items()},
+        "goodput_per_gpu_vs": {b: geomean(v) for b, v in ratios.items()},
+        "gpu_hours_vs": {b: geomean(v) for b, v in hours.items()},
+        "gpu_hours_vs_per_trace": {b: dict(zip(ARRIVALS, (round(x, 3) for x in v))) for b, v in hours.items()},
+        "attainment_per_trace": {p: dict(zip(ARRIVALS, (round(x, 4) for x in v))) for p, v in attainments.items()},
+        "broken_promises": broken,
         "attainment": round(min(attainments["adaptive"]), 4),
         "baseline_attainment": {b: round(min(attainments[b]), 4) for b in baselines},
         "plan_ms": round(plan_ms, 2),

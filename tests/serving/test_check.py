@@ -52,7 +52,7 @@ def test_chunked_prefill_protects_tpot_in_colocated_instances():
 
 def test_the_queue_router_piles_colocated_work_on_the_first_replicas():
     slo = SLO(400.0, 40.0, 0.9)
-    queue = check(Layout(colocated=(4, 1)), OPT_13B_A100, CHAT, 14.0, slo, router="queue")
+    queue = check(Layout(colocated=(4, 1)), OPT_13B_A100, CHAT, 14.0, slo, router="queue-first")
     balanced = check(Layout(colocated=(4, 1)), OPT_13B_A100, CHAT, 14.0, slo, router="queue+kv")
     assert balanced.meets(slo) and not queue.meets(slo)
 
@@ -86,3 +86,63 @@ def test_profiles_state_engine_limits_and_old_ones_stay_valid():
     bad["decode"][1]["maxBatchTokens"] = 0
     with pytest.raises(ProfileError, match=r"profile.decode\[1\].maxBatchTokens"):
         Profile.from_dict(bad)
+
+
+def test_requests_beyond_the_iteration_cap_take_turns_and_beyond_the_kv_cache_wait():
+    # the same 12,000 tokens as a per-iteration cap (the admitted take turns) and as KV memory (the rest wait
+    # outside the batch), at a load that fills them: waiting is what costs TPOT, so the cap costs less of it
+    per_iteration = replace(OPT_13B_A100, decode=tuple(replace(d, max_batch_tokens=12000) for d in OPT_13B_A100.decode))
+    memory = replace(OPT_13B_A100, decode=tuple(replace(d, kv_cache_tokens=12000) for d in OPT_13B_A100.decode))
+    turns = check(Layout((1, 2), (1, 1)), per_iteration, CHAT, 5.0, SLO_LOOSE)
+    wait = check(Layout((1, 2), (1, 1)), memory, CHAT, 5.0, SLO_LOOSE)
+    assert turns.tpot_met > wait.tpot_met + 0.1
+
+
+def test_a_two_piece_decode_fit_prices_large_batches_with_its_second_piece():
+    data = OPT_13B_A100.to_dict()
+    data["decode"][0].update(largeBatchFrom=95, largeBatchConstantMs=7.17, largeBatchPerRequestMs=0.158,
+                             largeBatchPerContextTokenMs=0.00058)
+    profile = Profile.from_dict(data)
+    fit = profile.decode_fit(1)
+    assert fit.step_ms(94, 30000) == OPT_13B_A100.decode_fit(1).step_ms(94, 30000)
+    assert fit.step_ms(95, 30000) == pytest.approx(7.17 + 0.158 * 95 + 0.00058 * 30000)
+    assert Profile.from_dict(profile.to_dict()) == profile
+    slow = check(Layout(colocated=(1, 1)), OPT_13B_A100, CHAT, 6.0, SLO_LOOSE)
+    fast = check(Layout(colocated=(1, 1)), replace(profile, decode=(replace(fit, large_batch_constant_ms=0.0),
+                                                                    *profile.decode[1:])), CHAT, 6.0, SLO_LOOSE)
+    assert fast.tpot_met >= slow.tpot_met
+    del data["decode"][0]["largeBatchPerRequestMs"]
+    with pytest.raises(ProfileError, match=r"profile.decode\[0\].largeBatchPerRequestMs"):
+        Profile.from_dict(data)
+
+
+@pytest.mark.parametrize("layout, profile, rate", [
+    (Layout(colocated=(2, 1)), OPT_13B_A100, 6.0),
+    (Layout(colocated=(1, 1)), replace(OPT_13B_A100, chunked_prefill=False), 3.0),
+    (Layout((1, 1), (2, 1)), replace(OPT_13B_A100, decode=tuple(replace(d, max_batch_tokens=20000)
+                                                                for d in OPT_13B_A100.decode)), 8.0),
+])
+def test_decode_steps_run_as_one_event_give_what_steps_one_by_one_give(monkeypatch, layout, profile, rate):
+    import flotilla.serving.check as module
+
+    runs = check(layout, profile, CHAT, rate, SLO_LOOSE, requests=800, router="queue-first")
+    monkeypatch.setattr(module, "STEP_RUNS", False)
+    steps = check(layout, profile, CHAT, rate, SLO_LOOSE, requests=800, router="queue-first")
+    assert runs.attainment == pytest.approx(steps.attainment, abs=2e-3)
+    assert runs.tpot_met == pytest.approx(steps.tpot_met, abs=2e-3)
+
+
+def test_a_check_stops_once_its_misses_rule_a_pass_out():
+    full = check(Layout((1, 1), (1, 1)), OPT_13B_A100, CHAT, 40.0, SLO_LOOSE)
+    early = check(Layout((1, 1), (1, 1)), OPT_13B_A100, CHAT, 40.0, SLO_LOOSE, pass_at=0.9)
+    assert not full.meets(SLO_LOOSE) and not early.meets(SLO_LOOSE) and early.stopped_early
+    passing = check(Layout((1, 1), (1, 1)), OPT_13B_A100, CHAT, 1.0, SLO_LOOSE, pass_at=0.9)
+    assert not passing.stopped_early and passing.meets(SLO_LOOSE)
+
+
+def test_the_queue_router_breaks_ties_at_random_and_queue_first_to_the_first():
+    # behind ties-to-the-first the first colocated replica takes most of a light load; random ties spread it
+    slo = SLO(400.0, 40.0, 0.9)
+    first = check(Layout(colocated=(4, 1)), OPT_13B_A100, CHAT, 14.0, slo, router="queue-first")
+    spread = check(Layout(colocated=(4, 1)), OPT_13B_A100, CHAT, 14.0, slo, router="queue")
+    assert spread.meets(slo) and not first.meets(slo)

@@ -14,11 +14,15 @@ Engines (priced by the profile's fits, limited by its engine limits):
 * prefill instance: FCFS; a batch takes whole prompts from the front while they fit maxBatchTokens
   (a prompt longer than that runs alone); TTFT ends when its batch ends.
 * decode instance: continuous batching. At every iteration it admits waiting requests in order while
-  the batch stays within maxBatchSize and its context tokens within the decode batch-token cap
-  (`maxBatchTokens` of the decode entry; kvCacheTokens when absent). A step costs
-  constantMs + perRequestMs * batch + perContextTokenMs * context. When running requests' contexts
-  outgrow the cap, only the share cap/context of the batch runs in an iteration (taken as a fluid:
-  every request makes that fraction of a step), as an engine that rotates or preempts does.
+  the batch stays within maxBatchSize and its context tokens within the KV cache (kvCacheTokens: the
+  memory a request's pages take; a request not admitted waits). A step costs
+  constantMs + perRequestMs * batch + perContextTokenMs * context. One iteration runs at most the
+  decode batch-token cap (`maxBatchTokens` of the decode entry; kvCacheTokens when absent): when the
+  admitted requests hold more context than that, they take turns, and only the share cap/context of
+  the batch runs in an iteration (taken as a fluid: every request makes that fraction of a step), as
+  an engine that rotates its batch (DistServe's) or preempts (vLLM's, when the KV cache overflows) does.
+  (Admitting only up to the per-iteration cap, as this check first did, starves the requests waiting
+  behind it: a short request that waits seconds misses TPOT, which no engine with that cap does.)
   TPOT counts from the hand-off (queueing at decode included) to the last token, over output-1 steps.
 * colocated instance: with chunked prefill (profile `chunkedPrefill`, vLLM's default) each iteration
   runs the decode batch and as many waiting prompt tokens as maxBatchTokens leaves; without it,
@@ -26,16 +30,19 @@ Engines (priced by the profile's fits, limited by its engine limits):
 
 Router (the deployed one, and what the docs state): a request goes to the prefill (or colocated)
 instance with the fewest requests waiting or in prefill, a prefill-done request to the decode instance
-with the fewest waiting to join its batch; ties go to the first instance. That is the Gateway API
-Inference Extension endpoint picker scoring by queue depth (vllm:num_requests_waiting), and it is
-DistServe's scheduler. It does not spread load evenly: at low load the first instance takes most
-requests. `router="queue+kv"` breaks ties by KV-cache use instead (the picker's kv-cache scorer added).
+with the fewest waiting (not admitted, or admitted beyond what its next iteration runs); ties are broken
+at random. That is the Gateway API Inference Extension endpoint picker scoring by queue depth
+(vllm:num_requests_waiting) with its max-score picker, which shuffles tied endpoints. `router="queue-first"`
+breaks ties to the first instance instead: DistServe's scheduler (the judge of bench/serving_distserve.py
+--sweep), which at low load sends most requests to the first instance. `router="queue+kv"` breaks ties
+by KV-cache use (the picker's kv-cache scorer added).
 """
 
 from __future__ import annotations
 
 import heapq
 import math
+import random
 from collections import deque
 from dataclasses import dataclass
 from typing import Literal
@@ -45,8 +52,8 @@ import numpy as np
 from flotilla.serving.profile import DecodeFit, PrefillFit, Profile
 from flotilla.serving.workload import SLO, Workload
 
-Router = Literal["queue", "queue+kv"]
-ROUTERS: tuple[Router, ...] = ("queue", "queue+kv")
+Router = Literal["queue", "queue-first", "queue+kv"]
+ROUTERS: tuple[Router, ...] = ("queue", "queue-first", "queue+kv")
 
 CHECK_REQUESTS = 1600  # requests per check; the first WARMUP_SHARE are not counted
 # A plan is promised only after a long check too: colocated engines behind the queue-depth router are
@@ -57,6 +64,7 @@ WARMUP_SHARE = 0.1
 # The check passes a layout only with this much attainment above the target: the sampling error of a
 # check's attainment (about sqrt(0.09 / 1440) = 0.008 at 0.9) is not a margin a promise may spend.
 CHECK_MARGIN = 0.012
+STEP_RUNS = True  # decode steps up to the next finish priced as one event (False: one by one; same results)
 
 
 @dataclass(frozen=True)
@@ -98,14 +106,21 @@ class CheckResult:
     requests: int
     last_third: float  # joint attainment of the last third of the requests: a queue still building shows here
 
+    stopped_early: bool = False  # the misses already decided that it fails; the shares are of what was decided
+
     def meets(self, slo: SLO, margin: float = CHECK_MARGIN) -> bool:
-        return self.attainment >= slo.attainment + margin and self.last_third >= slo.attainment
+        return (not self.stopped_early and self.attainment >= slo.attainment + margin
+                and self.last_third >= slo.attainment)
 
 
 def check(layout: Layout, profile: Profile, workload: Workload, rate: float, slo: SLO,
-          requests: int = CHECK_REQUESTS, seed: int = 0, router: Router = "queue") -> CheckResult:
+          requests: int = CHECK_REQUESTS, seed: int = 0, router: Router = "queue",
+          pass_at: float | None = None) -> CheckResult:
     """Simulate `layout` fed Poisson arrivals at `rate` req/s with lengths drawn from the workload's
-    sample (seeded: the same seed gives the same requests, scaled in time with the rate)."""
+    sample (seeded: the same seed gives the same requests, scaled in time with the rate).
+
+    `pass_at`: the joint attainment a pass needs; the simulation stops as soon as the counted requests'
+    misses already rule it out (a layout far short of the rate costs a fraction of a full run)."""
     if rate <= 0:
         raise ValueError(f"rate: must be > 0, got {rate}")
     if router not in ROUTERS:
@@ -115,9 +130,16 @@ def check(layout: Layout, profile: Profile, workload: Workload, rate: float, slo
     prompts = [int(workload.prompt_tokens[i]) for i in picks]
     outputs = [int(workload.output_tokens[i]) for i in picks]
     arrivals = (np.cumsum(rng.exponential(1.0, size=requests)) / rate * 1000.0).tolist()  # ms
-    sim = _Sim(layout, profile, prompts, outputs, router)
+    first = int(requests * WARMUP_SHARE)
+    sim = _Sim(layout, profile, prompts, outputs, router, seed)
+    if pass_at is not None:
+        sim.watch(first, slo, int((1.0 - pass_at) * (requests - first)))
     ttft, tpot = sim.run(arrivals)
-    counted = slice(int(requests * WARMUP_SHARE), requests)
+    if sim.stopped:
+        n = requests - first
+        return CheckResult(rate, 1.0 - sim.joint_misses / n, 1.0 - sim.ttft_misses / n, 1.0 - sim.tpot_misses / n,
+                           n, 1.0 - sim.joint_misses / n, stopped_early=True)
+    counted = slice(first, requests)
     ttft_ok = np.asarray(ttft[counted]) <= slo.ttft_ms
     tpot_ok = np.asarray(tpot[counted]) <= slo.tpot_ms
     joint = ttft_ok & tpot_ok
@@ -127,8 +149,9 @@ def check(layout: Layout, profile: Profile, workload: Workload, rate: float, slo
 
 class _Sim:
     def __init__(self, layout: Layout, profile: Profile, prompts: list[int], outputs: list[int],
-                 router: Router) -> None:
+                 router: Router, seed: int = 0) -> None:
         self.prompts, self.outputs, self.router = prompts, outputs, router
+        self.ties = random.Random(seed)
         n = len(prompts)
         self.arrival = [0.0] * n
         self.handoff = [0.0] * n
@@ -148,6 +171,14 @@ class _Sim:
             self.back = [_Decode(self, len(self.front) + i, profile.decode_fit(layout.decode[1]))
                          for i in range(layout.decode[0])]
         self.engines: list[_Engine] = [*self.front, *self.back]
+        self.watched, self.allowed = n, n  # requests from `watched` on are counted; stop past `allowed` misses
+        self.ttft_ms = self.tpot_ms = math.inf
+        self.ttft_misses = self.tpot_misses = self.joint_misses = 0
+        self.stopped = False
+
+    def watch(self, first: int, slo: SLO, allowed_misses: int) -> None:
+        self.watched, self.allowed = first, allowed_misses
+        self.ttft_ms, self.tpot_ms = slo.ttft_ms, slo.tpot_ms
 
     def at(self, time: float, engine: _Engine) -> None:
         self.seq += 1
@@ -157,7 +188,7 @@ class _Sim:
     def run(self, arrivals: list[float]) -> tuple[list[float], list[float]]:
         i, n = 0, len(arrivals)
         events = self.events
-        while i < n or events:
+        while (i < n or events) and not self.stopped:
             if i < n and (not events or arrivals[i] <= events[0][0]):
                 now = arrivals[i]
                 self.arrival[i] = now
@@ -174,15 +205,23 @@ class _Sim:
         if len(engines) == 1:
             return engines[0]
         kind = type(engines[0])  # a pool is of one kind: its method as the key spares a lambda per instance
-        if self.router == "queue":
+        if self.router == "queue-first":
             return min(engines, key=kind.waiting_load)
-        return min(engines, key=lambda e: (kind.waiting_load(e), e.kv_use()))
+        if self.router == "queue+kv":
+            return min(engines, key=lambda e: (kind.waiting_load(e), e.kv_use()))
+        loads = [kind.waiting_load(e) for e in engines]
+        least = min(loads)
+        tied = [e for e, load in zip(engines, loads) if load == least]
+        return tied[0] if len(tied) == 1 else tied[self.ties.randrange(len(tied))]
 
     def first_token(self, request: int, now: float) -> None:
         self.ttft[request] = now - self.arrival[request]
         self.handoff[request] = now
         if self.outputs[request] <= 1:
             self.tpot[request] = 0.0
+        if request >= self.watched and self.ttft[request] > self.ttft_ms:
+            self.ttft_misses += 1
+            self._missed()
 
     def to_decode(self, request: int, now: float) -> None:
         if self.outputs[request] > 1:
@@ -190,6 +229,15 @@ class _Sim:
 
     def finished(self, request: int, now: float) -> None:
         self.tpot[request] = (now - self.handoff[request]) / (self.outputs[request] - 1)
+        if request >= self.watched and self.tpot[request] > self.tpot_ms:
+            self.tpot_misses += 1
+            if self.ttft[request] <= self.ttft_ms:
+                self._missed()
+
+    def _missed(self) -> None:
+        self.joint_misses += 1
+        if self.joint_misses > self.allowed:
+            self.stopped = True
 
 
 class _Engine:
@@ -243,53 +291,101 @@ class _Decode(_Engine):
 
     def __init__(self, sim: _Sim, index: int, fit: DecodeFit) -> None:
         self.sim, self.index, self.fit = sim, index, fit
-        self.cap = float(fit.batch_token_cap)
+        self.cap = float(fit.batch_token_cap)  # context tokens one iteration runs
+        self.kv = float(fit.kv_cache_tokens)  # context tokens the admitted requests may hold
         self.waiting: deque[int] = deque()
         self.running: list[tuple[float, int]] = []  # heap of (step at which it finishes, request)
         self.context = 0.0  # KV tokens of the running requests
         self.steps = 0.0
         self.share = 1.0  # part of the batch the iteration in progress runs
         self.busy = False
+        self.pending = 1  # decode steps the event in flight stands for
+        # a run of steps up to the next finish taken as one event while nothing changes the batch:
+        # (start ms, first step ms, ms each step adds as the context grows, steps)
+        self.jump: tuple[float, float, float, int] | None = None
 
     def waiting_load(self) -> int:
+        # what the engine reports waiting: those not admitted, and the admitted that the next iteration
+        # does not run (beyond the per-iteration cap: DistServe leaves them in its queue, vLLM preempts them)
+        if self.context > self.cap:
+            return len(self.waiting) + int(len(self.running) * (1.0 - self.cap / self.context))
         return len(self.waiting)
 
     def kv_use(self) -> float:
-        return self.context / self.cap
+        return self.context / self.kv
 
     def enqueue(self, request: int, now: float) -> None:
         self.waiting.append(request)
         if not self.busy:
             self._start(now)
+        elif self.jump:
+            self._interrupt(now)
 
     def _admit(self) -> None:
         prompts, outputs, fit = self.sim.prompts, self.sim.outputs, self.fit
         while self.waiting and len(self.running) < fit.max_batch_size:
             r = self.waiting[0]
             need = prompts[r] + 1
-            if self.running and self.context + need > self.cap:
+            if self.running and self.context + need > self.kv:
                 break
             self.waiting.popleft()
             self.context += need
             heapq.heappush(self.running, (self.steps + outputs[r] - 1, r))
 
     def _step_ms(self, extra_fixed_ms: float = 0.0, extra_ms: float = 0.0) -> float:
-        fit, batch = self.fit, len(self.running)
+        fit = self.fit
         self.share = min(1.0, self.cap / self.context) if self.context > 0 else 1.0
-        return max(fit.constant_ms, extra_fixed_ms) + extra_ms + self.share * (
-            fit.per_request_ms * batch + fit.per_context_token_ms * self.context)
+        batch = self.share * len(self.running)  # the requests this iteration runs
+        constant = fit.constant_at(batch)
+        return max(constant, extra_fixed_ms) - constant + extra_ms + fit.step_ms(batch, self.share * self.context)
 
     def _start(self, now: float) -> None:
         if self.waiting:
             self._admit()
         self.busy = bool(self.running)
         if self.busy:
-            self.sim.at(now + self._step_ms(), self)
+            self.sim.at(now + self._decode_run_ms(now), self)
+
+    def _decode_run_ms(self, now: float) -> float:
+        """How long the decode iterations up to the next finish take, run as one event: the batch does not
+        change before then unless a request arrives (which ends the run at the step in progress), so the
+        steps are priced in closed form (each adds the batch's growth in context), not one by one."""
+        first = self._step_ms()
+        self.pending, self.jump = 1, None
+        batch = len(self.running)
+        if self.share < 1.0 or batch == 0 or not STEP_RUNS:
+            return first
+        steps = math.ceil(self.running[0][0] - self.steps - 1e-9)
+        steps = min(steps, int((self.cap - self.context) // batch) + 1)  # every step within the cap
+        if steps <= 1:
+            return first
+        growth = self.fit.step_ms(batch, self.context + batch) - self.fit.step_ms(batch, self.context)
+        self.pending, self.jump = steps, (now, first, growth, steps)
+        return steps * first + growth * steps * (steps - 1) / 2
+
+    def _interrupt(self, now: float) -> None:
+        """A request arrived during a run of steps: the run ends with the step in progress."""
+        assert self.jump is not None
+        start, first, growth, steps = self.jump
+
+        def took(k: int) -> float:
+            return k * first + growth * k * (k - 1) / 2
+
+        elapsed = now - start
+        half = first - growth / 2
+        done = int(elapsed / first) if growth <= 0 else int((-half + math.sqrt(half * half + 2 * growth * elapsed)) / growth)
+        done = max(0, min(done, steps - 1))
+        while done + 1 < steps and took(done + 1) <= elapsed:
+            done += 1
+        while done > 0 and took(done) > elapsed:
+            done -= 1
+        self.pending, self.jump = done + 1, None
+        self.sim.at(start + took(done + 1), self)
 
     def _advance(self, now: float) -> None:
-        """One iteration of the running batch has ended: every request made `share` of a step."""
-        self.steps += self.share
-        self.context += self.share * len(self.running)
+        """The iterations of the event have ended: every request made `share` of a step in each."""
+        self.steps += self.share * self.pending
+        self.context += self.share * len(self.running) * self.pending
         prompts, outputs = self.sim.prompts, self.sim.outputs
         while self.running and self.running[0][0] <= self.steps + 1e-9:
             _, r = heapq.heappop(self.running)
@@ -319,8 +415,11 @@ class _Colocated(_Decode):
         self.prompts.append(request)
         if not self.busy:
             self._begin(now)
+        elif self.jump:
+            self._interrupt(now)
 
     def _begin(self, now: float) -> None:
+        self.pending, self.jump = 1, None
         if self.waiting:
             self._admit()
         prompts = self.sim.prompts
@@ -343,7 +442,10 @@ class _Colocated(_Decode):
             if not (self.in_prefill or self.running):
                 self.busy = False
                 return
-            duration = self._step_ms(fixed, work) if self.running else fixed + work
+            if not self.in_prefill:
+                duration = self._decode_run_ms(now)
+            else:
+                duration = self._step_ms(fixed, work) if self.running else fixed + work
         elif self.prompts:  # prefill first, decode waits
             batch = _take_prompts(self.prompts, prompts, self.prefill.max_batch_tokens, keep=True)
             self.in_prefill = [(r, 0, prompts[r]) for r in batch]
@@ -351,7 +453,7 @@ class _Colocated(_Decode):
             duration = _prefill_ms(self.prefill, [prompts[r] for r in batch])
         elif self.running:
             self.decoding = True
-            duration = self._step_ms()
+            duration = self._decode_run_ms(now)
         else:
             self.busy = False
             return

@@ -48,8 +48,8 @@ class PlanRequest:
             raise ValueError(f"minGPUs: must be >= 0, got {self.min_gpus}")
         if not (self.allow_colocated or self.allow_disaggregated):
             raise ValueError("mode: allow colocated or disaggregated plans, or both")
-        if self.router not in ("queue", "queue+kv"):
-            raise ValueError(f"router: must be queue or queue+kv, got {self.router!r}")
+        if self.router not in ("queue", "queue-first", "queue+kv"):
+            raise ValueError(f"router: must be queue, queue-first or queue+kv, got {self.router!r}")
         if self.max_gpus < max(self.min_gpus, 1):
             raise ValueError(f"maxGPUs: must be >= max(minGPUs, 1), got {self.max_gpus} (minGPUs {self.min_gpus})")
 

@@ -65,14 +65,32 @@ class DecodeFit:
     per_context_token_ms: float
     kv_cache_tokens: int
     max_batch_size: int = DEFAULT_MAX_BATCH_SIZE
-    max_batch_tokens: int | None = None  # context tokens one batch may hold; None: kv_cache_tokens
+    max_batch_tokens: int | None = None  # context tokens one iteration runs; None: kv_cache_tokens
+    # A second piece of the fit for batches of at least large_batch_from requests (DistServe publishes its
+    # decode fits in two pieces, split at 95); None: one piece for every batch.
+    large_batch_from: int | None = None
+    large_batch_constant_ms: float | None = None
+    large_batch_per_request_ms: float | None = None
+    large_batch_per_context_token_ms: float | None = None
 
     @property
     def batch_token_cap(self) -> int:
         return min(self.max_batch_tokens or self.kv_cache_tokens, self.kv_cache_tokens)
 
+    def _piece(self, batch: float) -> tuple[float, float, float]:
+        """(constant, per request, per context token) ms of the piece that prices a batch of this size."""
+        if (self.large_batch_from is not None and batch >= self.large_batch_from
+                and self.large_batch_constant_ms is not None and self.large_batch_per_request_ms is not None
+                and self.large_batch_per_context_token_ms is not None):
+            return self.large_batch_constant_ms, self.large_batch_per_request_ms, self.large_batch_per_context_token_ms
+        return self.constant_ms, self.per_request_ms, self.per_context_token_ms
+
+    def constant_at(self, batch: float) -> float:
+        return self._piece(batch)[0]
+
     def step_ms(self, batch: float, context_tokens: float) -> float:
-        return self.constant_ms + self.per_request_ms * batch + self.per_context_token_ms * context_tokens
+        constant, per_request, per_token = self._piece(batch)
+        return constant + per_request * batch + per_token * context_tokens
 
 
 @dataclass(frozen=True)
@@ -139,7 +157,11 @@ class Profile:
             "decode": [{"gpus": f.gpus, "constantMs": f.constant_ms, "perRequestMs": f.per_request_ms,
                         "perContextTokenMs": f.per_context_token_ms, "kvCacheTokens": f.kv_cache_tokens,
                         "maxBatchSize": f.max_batch_size,
-                        **({"maxBatchTokens": f.max_batch_tokens} if f.max_batch_tokens else {})}
+                        **({"maxBatchTokens": f.max_batch_tokens} if f.max_batch_tokens else {}),
+                        **({"largeBatchFrom": f.large_batch_from, "largeBatchConstantMs": f.large_batch_constant_ms,
+                            "largeBatchPerRequestMs": f.large_batch_per_request_ms,
+                            "largeBatchPerContextTokenMs": f.large_batch_per_context_token_ms}
+                           if f.large_batch_from is not None else {})}
                        for f in self.decode],
         }
 
@@ -176,7 +198,12 @@ _DECODE_FIELDS = {
     "kvCacheTokens": ("kv_cache_tokens", "count", True),
     "maxBatchSize": ("max_batch_size", "count", False),
     "maxBatchTokens": ("max_batch_tokens", "count", False),
+    "largeBatchFrom": ("large_batch_from", "count", False),
+    "largeBatchConstantMs": ("large_batch_constant_ms", "number", False),
+    "largeBatchPerRequestMs": ("large_batch_per_request_ms", "number", False),
+    "largeBatchPerContextTokenMs": ("large_batch_per_context_token_ms", "number", False),
 }
+_LARGE_BATCH = ("largeBatchFrom", "largeBatchConstantMs", "largeBatchPerRequestMs", "largeBatchPerContextTokenMs")
 
 
 def _prefill_from_dict(item: Any, where: str) -> PrefillFit:
@@ -187,7 +214,12 @@ def _prefill_from_dict(item: Any, where: str) -> PrefillFit:
 
 
 def _decode_from_dict(item: Any, where: str) -> DecodeFit:
-    fit = DecodeFit(**_fields(item, where, _DECODE_FIELDS))
+    fields = _fields(item, where, _DECODE_FIELDS)
+    given = [key for key in _LARGE_BATCH if key in item]
+    if given and len(given) < len(_LARGE_BATCH):
+        missing = next(key for key in _LARGE_BATCH if key not in item)
+        raise ProfileError(f"{where}.{missing}: required with {given[0]} (the large-batch piece is all four or none)")
+    fit = DecodeFit(**fields)
     if fit.step_ms(1, 1) <= 0:
         raise ProfileError(f"{where}: a decode step must take positive time")
     return fit
@@ -280,7 +312,12 @@ OPENAPI_SCHEMA: dict[str, Any] = {
                 "perContextTokenMs": "ms per KV-cache token in the batch, per step.",
                 "kvCacheTokens": "KV-cache capacity of one instance, tokens.",
                 "maxBatchSize": f"Most requests in one decode batch (default {DEFAULT_MAX_BATCH_SIZE}).",
-                "maxBatchTokens": "Most context tokens one decode batch may hold (default: kvCacheTokens).",
+                "maxBatchTokens": "Most context tokens one decode iteration runs; more admitted take turns "
+                                  "(default: kvCacheTokens).",
+                "largeBatchFrom": "Batch size from which the large-batch piece of the step fit applies.",
+                "largeBatchConstantMs": "Large-batch piece: fixed cost of one decode step, ms.",
+                "largeBatchPerRequestMs": "Large-batch piece: ms per request in the batch, per step.",
+                "largeBatchPerContextTokenMs": "Large-batch piece: ms per KV-cache token in the batch, per step.",
             }),
         },
         "chunkedPrefill": {"type": "boolean",

@@ -9,9 +9,10 @@
    and ranks: layouts estimated below (1 - PRUNE_SLACK) of the rate are not simulated.
 3. The plausible layouts, fewest GPUs first (at least min_gpus where the budget allows; then the higher
    estimate), are checked in turn by flotilla.serving.check: a simulation of the layout's engines, its
-   router and the observed lengths at the rate planned for, counting joint attainment. The first that
-   passes a short check and then a long one (CONFIRM_REQUESTS, its last third included: a queue still
-   building fails it) is offered, and its predicted goodput is the rate it was checked at. At most
+   router and the observed lengths at the rate planned for, counting joint attainment. A short check
+   screens out what falls SCREEN_SLACK below the target; the first layout that then passes a long one
+   (CONFIRM_REQUESTS, with CHECK_MARGIN, its last third included: a queue still building fails it) is
+   offered, and its predicted goodput is the rate it was checked at. At most
    MAX_CHECKS layouts are checked, which bounds the plan time.
 4. When none passes, the plan is the layout estimated to serve the most within the budget, flagged
    `slo_at_risk`, and the check's bisection says what it does serve: "at risk by N%" is the share of
@@ -25,7 +26,7 @@ from dataclasses import dataclass
 from functools import lru_cache
 from typing import cast
 
-from flotilla.serving.check import CHECK_MARGIN, CONFIRM_REQUESTS, Layout, Router, check
+from flotilla.serving.check import CHECK_MARGIN, CONFIRM_REQUESTS, CheckResult, Layout, Router, check
 from flotilla.serving.latency import colocated_capacity, decode_capacity, prefill_capacity
 from flotilla.serving.planner import Plan, PlanRequest
 from flotilla.serving.profile import Profile
@@ -39,6 +40,7 @@ KIND_FAILURES = 2  # a configuration (mode and GPUs per instance) is not checked
 ESTIMATE_SAMPLE = 128  # request lengths the analytical model is fed (the check draws from all of them)
 AT_RISK_STEPS = 5  # bisection steps of the check for what an at-risk layout serves
 AT_RISK_REQUESTS = 800
+SCREEN_SLACK = 0.01  # the short check refuses a layout only this far below the target (the long one decides)
 
 
 @dataclass(frozen=True)
@@ -178,10 +180,7 @@ def checked_plan(request: PlanRequest, seed: int = 0) -> Plan:
             break
         c = min(plausible, key=lambda c: (c.layout.gpus < request.min_gpus, c.layout.gpus, -c.estimate))
         checked.add(c.layout)
-        result = check(c.layout, request.profile, workload, rate, slo, seed=seed, router=router)
-        if result.meets(slo):  # confirm on a long run before promising
-            result = check(c.layout, request.profile, workload, rate, slo, requests=CONFIRM_REQUESTS, seed=seed + 1,
-                           router=router)
+        result = _confirmed(c.layout, request.profile, workload, rate, slo, router, seed)
         if result.meets(slo):
             reason = (f"{c.layout.describe()} checked at {rate:.2f} req/s: {result.attainment:.1%} of requests "
                       f"meet TTFT and TPOT (target {slo.attainment:.0%}) on {c.layout.gpus} GPU(s)")
@@ -199,10 +198,8 @@ def checked_plan(request: PlanRequest, seed: int = 0) -> Plan:
         correction[kind] = min(correction.get(kind, 1.0), factor)
     pool = _corrected(pool, correction)
     best = max(pool, key=lambda c: (c.estimate, -c.layout.gpus))
-    if best.layout not in checked and check(best.layout, request.profile, workload, rate, slo, seed=seed,
-                                            router=router).meets(slo) and check(
-            best.layout, request.profile, workload, rate, slo, requests=CONFIRM_REQUESTS, seed=seed + 1,
-            router=router).meets(slo):
+    if best.layout not in checked and _confirmed(best.layout, request.profile, workload, rate, slo, router,
+                                                 seed).meets(slo):
         return _plan(best.layout, rate, rate, False, f"{best.layout.describe()} checked at {rate:.2f} req/s "
                      f"on {best.layout.gpus} GPU(s), the most the budget offers; failed the check: " + ", ".join(failed))
     served = served_rate(best.layout, request.profile, workload, slo, min(best.estimate, rate), router, seed)
@@ -216,12 +213,25 @@ def checked_plan(request: PlanRequest, seed: int = 0) -> Plan:
     return _plan(best.layout, served, rate, True, reason)
 
 
+def _confirmed(layout: Layout, profile: Profile, workload: Workload, rate: float, slo: SLO, router: Router,
+               seed: int) -> CheckResult:
+    """A short run screens out what clearly misses (its sampling error near a pool's limit is larger than
+    any margin: it only refuses what falls SCREEN_SLACK short); what passes it is decided by the long run,
+    with the margin and its last third. Both stop as soon as their misses rule a pass out."""
+    screen = check(layout, profile, workload, rate, slo, seed=seed, router=router,
+                   pass_at=slo.attainment - SCREEN_SLACK)
+    if screen.stopped_early or screen.attainment < slo.attainment - SCREEN_SLACK:
+        return screen
+    return check(layout, profile, workload, rate, slo, requests=CONFIRM_REQUESTS, seed=seed + 1, router=router,
+                 pass_at=slo.attainment + CHECK_MARGIN)
+
+
 def served_rate(layout: Layout, profile: Profile, workload: Workload, slo: SLO, guess: float,
                 router: Router = "queue", seed: int = 0) -> float:
     """About the highest rate at which the check passes `layout` (a short bisection on coarser checks)."""
     def passes(r: float) -> bool:
-        return check(layout, profile, workload, r, slo, requests=AT_RISK_REQUESTS, seed=seed,
-                     router=router).attainment >= slo.attainment + CHECK_MARGIN
+        return check(layout, profile, workload, r, slo, requests=AT_RISK_REQUESTS, seed=seed, router=router,
+                     pass_at=slo.attainment + CHECK_MARGIN).meets(slo)
 
     lo, hi = 0.0, max(guess, 1e-3) * 1.25
     for _ in range(AT_RISK_STEPS):
@@ -231,12 +241,12 @@ def served_rate(layout: Layout, profile: Profile, workload: Workload, slo: SLO, 
 
 
 def _colocated_pool(n: int, router: str) -> float:
-    """Instances' worth a pool of n colocated instances serves. Behind a queue-depth router a request
-    leaves the first instance only while that one has a prompt waiting or in prefill, and the decode
-    work it then keeps is not seen by the router: the first instances carry most of the load. 1 + ln n
-    follows the check's own results on the shipped profile (4 instances about 2.4, 8 about 3); it only
-    ranks layouts, the check decides."""
-    return n if router != "queue" else 1 + math.log(n)
+    """Instances' worth a pool of n colocated instances serves. Behind a queue-depth router whose ties go
+    to the first instance a request leaves the first instance only while that one has a prompt waiting
+    or in prefill, and the decode work it then keeps is not seen by the router: the first instances carry
+    most of the load. 1 + ln n follows the check's own results on the shipped profile (4 instances about
+    2.4, 8 about 3); with random ties the load spreads. It only ranks layouts, the check decides."""
+    return 1 + math.log(n) if router == "queue-first" else n
 
 
 def _corrected(pool: list[Candidate], correction: dict[tuple[str, int], float]) -> list[Candidate]:

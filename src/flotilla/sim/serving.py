@@ -40,7 +40,7 @@ from flotilla.testing.engine.core import Role
 ENGINE_PROFILES = {"opt-13b-a100": ENGINE_OPT_13B_A100}
 
 POLICIES = ("adaptive", "adaptive-colocated", "adaptive-disaggregated", "static-peak", "static-best", "fixed-1-1",
-            "colocated")
+            "colocated", "reactive")
 PEAK_WINDOW_S = 60.0
 SCRAPE_S = 15.0  # the controller's default --scrape-interval
 
@@ -121,6 +121,11 @@ class SimResult:
     tpot_p99_ms: float
     plan_changes: int
     modes: dict[str, int]  # plans applied (the first one and every change), by mode
+    at_risk_plans: int = 0  # plans applied that were flagged SLO at risk (said they would not meet the load)
+
+    @property
+    def gpu_hours(self) -> float:
+        return self.mean_gpus * self.duration_s / 3600.0
 
     def to_dict(self) -> dict[str, float | int | str]:
         return {k: (round(v, 4) if isinstance(v, float) else v) for k, v in self.__dict__.items()}
@@ -154,6 +159,7 @@ class ServingSim:
         self._window_arrivals: list[Request] = []
         self._startup_s = 0.0  # the first plan's instances are up at time 0
         self.plan_changes = 0
+        self.at_risk_plans = 0
         self.modes: dict[str, int] = {}  # plans applied, by mode
 
     # --- event loop -------------------------------------------------------------------------
@@ -207,6 +213,7 @@ class ServingSim:
     # --- plans and instances ----------------------------------------------------------------
     def _apply(self, new: Plan, now: float) -> None:
         self.modes[new.mode] = self.modes.get(new.mode, 0) + 1
+        self.at_risk_plans += int(new.slo_at_risk)
         wanted = {"prefill": (new.prefill_replicas, new.prefill_gpus_per_instance),
                   "decode": (new.decode_replicas, new.decode_gpus_per_instance),
                   "colocated": (new.colocated_replicas, new.colocated_gpus_per_instance)}
@@ -298,6 +305,11 @@ class ServingSim:
             ttft_p90_ms=float(np.percentile(ttft, 90)) if done else None,
             tpot_p90_ms=float(np.percentile(tpot, 90)) if done else None,
             attainment=met / len(done) if done else None, requests=len(done), seconds=self.scrape_s)
+        observe = getattr(self.policy, "observe_pools", None)
+        if observe is not None:  # a policy that scales on the engines' own gauges, as an HPA does
+            observe(now, {role: [(i.engine.metrics.waiting, i.engine.metrics.kv_cache_usage) for i in self.instances
+                                 if i.role == role and i.ready and not i.draining]
+                          for role in ("prefill", "decode", "colocated")})
         new = self.policy.on_window(window)
         if new is not None:
             self.plan_changes += 1
@@ -320,7 +332,7 @@ class ServingSim:
         return SimResult(self.policy.name, len(requests), duration, met / len(requests), goodput, mean_gpus,
                          self._max_gpus, goodput / mean_gpus if mean_gpus else 0.0,
                          pct(ttft, 50), pct(ttft, 90), pct(ttft, 99), pct(tpot, 50), pct(tpot, 90), pct(tpot, 99),
-                         self.plan_changes, dict(self.modes))
+                         self.plan_changes, dict(self.modes), self.at_risk_plans)
 
 
 def _tpot_s(request: Request) -> float:
@@ -382,9 +394,93 @@ class AdaptivePolicy:
         return self.replanner.observe(window).plan
 
 
+@dataclass(frozen=True)
+class ReactiveSettings:
+    """What a user of an HPA (or KEDA) on the engines' published gauges sets, per pool: the target
+    average of vllm:num_requests_waiting (prefill and colocated pools) and of vllm:gpu_cache_usage_perc
+    (decode and colocated pools) per instance; HPA's tolerance, its scale-down stabilization window (the
+    most replicas recommended over the window is kept) and its default scale-up limit (per 15 s, double
+    the replicas or 4 more, whichever is more)."""
+
+    waiting_target: float = 2.0
+    kv_target: float = 0.5
+    tolerance: float = 0.1
+    scale_down_window_s: float = 300.0
+
+
+class ReactivePolicy:
+    """A reactive autoscaler a user would run today: the layout's shape (mode, GPUs per instance) fixed as
+    the planner gives it for the busiest minute, each pool's replica count scaled as an HPA scales a
+    Deployment on the engines' gauges (ReactiveSettings), from the planner's plan for the first interval,
+    within the budget. It sees no rate and no model: only queue length and KV-cache use."""
+
+    def __init__(self, shape: Plan, first: Plan, budget: int, settings: ReactiveSettings, name: str = "reactive") -> None:
+        self.name, self.budget, self.settings = name, budget, settings
+        self.shape = shape
+        if shape.mode == "colocated":
+            self.gpus = {"colocated": shape.colocated_gpus_per_instance}
+        else:
+            self.gpus = {"prefill": shape.prefill_gpus_per_instance, "decode": shape.decode_gpus_per_instance}
+        start = {"prefill": first.prefill_replicas, "decode": first.decode_replicas,
+                 "colocated": first.colocated_replicas}
+        self.replicas = {role: max(1, start[role] if first.mode == shape.mode else 1) for role in self.gpus}
+        self._fit_budget()
+        self._recommended: dict[str, deque[tuple[float, int]]] = {role: deque() for role in self.gpus}
+        self._changed = False
+
+    def _plan(self, reason: str) -> Plan:
+        r, g = self.replicas, self.gpus
+        return Plan(self.shape.mode, r.get("prefill", 0), g.get("prefill", 0), r.get("decode", 0), g.get("decode", 0),
+                    r.get("colocated", 0), g.get("colocated", 0), 0.0, 0.0, False, reason)
+
+    def initial_plan(self) -> Plan:
+        return self._plan("reactive baseline: start")
+
+    def _fit_budget(self) -> None:
+        while sum(self.replicas[r] * self.gpus[r] for r in self.gpus) > self.budget:
+            role = max((r for r in self.gpus if self.replicas[r] > 1), key=lambda r: self.replicas[r] * self.gpus[r],
+                       default=None)
+            if role is None:
+                return
+            self.replicas[role] -= 1
+
+    def observe_pools(self, now: float, pools: dict[str, list[tuple[int, float]]]) -> None:
+        st = self.settings
+        for role in self.gpus:
+            gauges = pools.get(role) or []
+            current = self.replicas[role]
+            if not gauges:
+                desired = current
+            else:
+                ratios = []
+                if role != "decode":
+                    ratios.append(sum(w for w, _ in gauges) / len(gauges) / st.waiting_target)
+                if role != "prefill":
+                    ratios.append(sum(k for _, k in gauges) / len(gauges) / st.kv_target)
+                ratio = max(ratios)
+                # HPA: replicas from the ready pods' average; no change within the tolerance
+                desired = current if abs(ratio - 1.0) <= st.tolerance else max(1, math.ceil(len(gauges) * ratio - 1e-9))
+                desired = min(desired, max(2 * current, current + 4))
+            window = self._recommended[role]
+            window.append((now, desired))
+            while window and window[0][0] < now - st.scale_down_window_s:
+                window.popleft()
+            target = desired if desired >= current else max(d for _, d in window)
+            if target != current:
+                self.replicas[role] = target
+                self._changed = True
+        self._fit_budget()
+
+    def on_window(self, window: ObservedWindow) -> Plan | None:
+        if not self._changed:
+            return None
+        self._changed = False
+        return self._plan("reactive baseline: " + ", ".join(f"{self.replicas[r]} {r}" for r in self.gpus))
+
+
 def make_policy(name: str, trace: Trace, slo: SLO, profile: Profile, budget: int, interval_s: float = 30.0,
                 replan_policy: ReplanPolicy | None = None, startup_s: float = 30.0,
-                scrape_s: float | None = None) -> Policy:
+                scrape_s: float | None = None, reactive: ReactiveSettings | None = None) -> Policy:
     """Build one of POLICIES for a trace and a GPU budget. The adaptive ones re-plan every interval
     (adaptive-colocated and adaptive-disaggregated restricted to one mode); static-peak holds what the
     planner chose for the trace's busiest minute, static-best what it chose for the average load;
@@ -402,6 +498,19 @@ def make_policy(name: str, trace: Trace, slo: SLO, profile: Profile, budget: int
                               slo, profile, budget, name, *modes[name], replan_policy=replan_policy,
                               interval_s=interval_s)
     caps = instance_capacities(average, slo, profile)
+    if name == "reactive":
+        first = workload_statistics(trace, trace.arrival_s < interval_s, interval_s)
+        shape = plan_from_capacities(caps, peak_rate(trace, PEAK_WINDOW_S), 1, budget)
+        one = InstanceCapacities(
+            {g: c for g, c in caps.prefill.items() if g == shape.prefill_gpus_per_instance},
+            {g: c for g, c in caps.decode.items() if g == shape.decode_gpus_per_instance},
+            {g: c for g, c in caps.colocated.items() if g == shape.colocated_gpus_per_instance})
+        if shape.mode == "colocated":
+            one = InstanceCapacities({}, {}, one.colocated)
+        else:
+            one = InstanceCapacities(one.prefill, one.decode, {})
+        start = plan_from_capacities(one, provisioned_rate(first.requests_per_second, interval_s, slo.attainment), 1, budget)
+        return ReactivePolicy(shape, start, budget, reactive or ReactiveSettings())
     if name == "static-peak":
         # The same planner, sized once for the highest rate of any PEAK_WINDOW_S window of the trace.
         return StaticPolicy(name, plan_from_capacities(caps, peak_rate(trace, PEAK_WINDOW_S), 1, budget))
@@ -432,12 +541,12 @@ def make_policy(name: str, trace: Trace, slo: SLO, profile: Profile, budget: int
 
 def simulate(trace: Trace, profile: Profile, slo: SLO, budget: int, policy: str,
              interval_s: float = 30.0, startup_s: float = 30.0, replan_policy: ReplanPolicy | None = None,
-             scrape_s: float | None = SCRAPE_S) -> SimResult:
+             scrape_s: float | None = SCRAPE_S, reactive: ReactiveSettings | None = None) -> SimResult:
     """Play `trace` under `policy`; `replan_policy` tunes the adaptive policies (default: ReplanPolicy()).
     `scrape_s` None: one window per interval."""
     if len(trace) == 0:
         raise ValueError("trace: no requests")
     return ServingSim(trace, profile, slo, budget,
                       make_policy(policy, trace, slo, profile, budget, interval_s, replan_policy, startup_s,
-                                  scrape_s),
+                                  scrape_s, reactive),
                       interval_s, startup_s, scrape_s).run()
