@@ -149,6 +149,8 @@ def test_the_quickstart_in_order_make_demo_the_console_a_job_of_your_own_make_do
         assert gone.returncode != 0, "make down left the cluster up"
     finally:
         stop_process(proc, group=True)
+        if state.is_dir():  # what the user would have seen, for a failure's post-mortem
+            (state / "demo-output.txt").write_text("\n".join(lines) + "\n")
         # Whatever a demo that did not finish left behind (its pids file), then the cluster.
         subprocess.run([sys.executable, "-m", "flotilla.cli", "demo", "--repo", str(ROOT), "--state", str(state),
                         "--stop"], env=env, check=False, capture_output=True, timeout=120)
