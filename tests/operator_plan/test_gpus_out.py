@@ -61,7 +61,7 @@ def test_only_the_job_on_the_sick_gpu_is_placed_afresh():
     # an old worker set of c still on GPU 7 (terminating) moves nothing once c runs a newer set
     c = running("c", "n1", 2)
     c["status"]["workerGeneration"] = 1
-    assert training.on_gpus_out([c], nodes.values(), pods.values()) == set()
+    assert devices.on_gpus_out([c], nodes.values(), pods.values()) == set()
 
 
 def test_worker_pods_get_the_lowest_free_in_service_indices():

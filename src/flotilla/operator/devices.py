@@ -13,10 +13,11 @@ from __future__ import annotations
 
 import copy
 from dataclasses import dataclass, field
-from typing import Any, Mapping
+from typing import Any, Iterable, Mapping
 
 from flotilla.operator.actions import Action, CreatePod, pod_key
-from flotilla.operator.pods import gpu_indices, pod_gpus, worker_job_uid
+from flotilla.operator.pods import gpu_indices, holds_gpus, pod_gpus, worker_job_uid
+from flotilla.reshard.view import worker_set_of
 from flotilla.resources import names
 from flotilla.resources import node as k8s_node
 
@@ -115,8 +116,39 @@ def assign(plans: list[tuple[str, str, list[Action]]], pods: Mapping[str, Body],
             else:
                 parsed = parsed_nodes.get(node) or parsed_nodes.setdefault(node, k8s_node.parse(nodes[node]))
                 size = parsed.allocatable_gpus or parsed.capacity_gpus
-                indices = choose(gpus, size, set(parsed.gpus_out), taken_on(node, placed.get(node, {}), claims, a.manifest))
+                taken = taken_on(node, placed.get(node, {}), claims, a.manifest)
+                indices = choose(gpus, size, set(parsed.gpus_out), taken)
                 claims.given[pk] = (node, indices, now)
             mine.append(CreatePod(with_gpu_indices(a.manifest, indices)) if indices else a)
         out.append((kind, key, mine))
     return out
+
+
+def on_gpus_out(jobs: Iterable[Body], nodes: Iterable[Body], pods: Iterable[Body]) -> set[str]:
+    """Jobs whose current worker set holds a GPU that is out of service on its own (the node's
+    names.ANNOTATION_UNHEALTHY_GPUS names its index, and the pod's names.ANNOTATION_GPU_INDICES holds it): shown
+    holding nothing, so that the allocator places them afresh (on the node's other GPUs or elsewhere) and only
+    they move; the other jobs on the node keep their GPUs."""
+    out_by_node = {}
+    for n in nodes:
+        try:
+            out = k8s_node.gpus_out(n["metadata"].get("annotations") or {})
+        except ValueError:
+            continue  # the node is not schedulable (`Node.schedulable`): every job on it moves anyway
+        if out:
+            out_by_node[n["metadata"]["name"]] = set(out)
+    if not out_by_node:
+        return set()
+    current = {meta.get("uid"): (f"{meta['namespace']}/{meta['name']}", worker_set_of(body.get("status") or {}))
+               for body in jobs for meta in (body["metadata"],)}
+    hit = set()
+    for pod in pods:
+        uid = worker_job_uid(pod)
+        if uid not in current or not holds_gpus(pod):
+            continue
+        key, worker_set = current[uid]
+        generation = (pod["metadata"].get("labels") or {}).get(names.LABEL_GENERATION)
+        if str(generation) == str(worker_set) and set(gpu_indices(pod)) & out_by_node.get(pod["spec"]["nodeName"],
+                                                                                          set()):
+            hit.add(key)
+    return hit

@@ -23,6 +23,7 @@ from typing import Any, Callable, Iterable, Mapping
 
 from flotilla import API_VERSION
 from flotilla.allocation import ClusterSnapshot, JobDecision, JobState, NodeState, ScalingCurve, Verdict, throughput
+from flotilla.operator import devices
 from flotilla.operator.actions import (
     Action,
     ApplyObject,
@@ -33,7 +34,7 @@ from flotilla.operator.actions import (
     PostEvent,
     involved,
 )
-from flotilla.operator.pods import gpu_indices, holds_gpus, pod_gpus, worker_job_uid
+from flotilla.operator.pods import holds_gpus, pod_gpus, worker_job_uid
 from flotilla.resources.parse import rfc3339, to_unix
 from flotilla.reshard import protocol, view
 from flotilla.reshard.view import JobView, WorkerPod
@@ -152,7 +153,7 @@ def snapshot(now: float, jobs: Iterable[Body], nodes: Iterable[Body], pods: Iter
                       or names.GPU_RESOURCE in ((n.get("status") or {}).get("allocatable") or {}))
     live = [j for j in jobs if not is_final(j)]
     pods = list(pods)
-    moved = displaced(live, {n.name: n.total_gpus for n in gpu_nodes}, pods) | on_gpus_out(live, nodes, pods)
+    moved = displaced(live, {n.name: n.total_gpus for n in gpu_nodes}, pods) | devices.on_gpus_out(live, nodes, pods)
     made = (states[key_of(j)] if states is not None else job_state(j) for j in live)
     return ClusterSnapshot(now=now, nodes=gpu_nodes,
                            jobs=tuple(replace(s, placement={}) if s.key in moved else s for s in made))
@@ -177,35 +178,6 @@ def held_beyond_placement(jobs: Iterable[Body], pods: Iterable[Body],
         if gpus > reserved.get((uid, node), 0):
             out[node] = out.get(node, 0) + gpus - reserved.get((uid, node), 0)
     return out
-
-
-def on_gpus_out(jobs: Iterable[Body], nodes: Iterable[Body], pods: Iterable[Body]) -> set[str]:
-    """Jobs whose current worker set holds a GPU that is out of service on its own (the node's
-    names.ANNOTATION_UNHEALTHY_GPUS names its index, and the pod's names.ANNOTATION_GPU_INDICES holds it): shown
-    holding nothing, so that the allocator places them afresh (on the node's other GPUs or elsewhere) and only
-    they move; the other jobs on the node keep their GPUs."""
-    out_by_node = {}
-    for n in nodes:
-        try:
-            out = k8s_node.gpus_out(n["metadata"].get("annotations") or {})
-        except ValueError:
-            continue  # the node is not schedulable (`Node.schedulable`): every job on it moves anyway
-        if out:
-            out_by_node[n["metadata"]["name"]] = set(out)
-    if not out_by_node:
-        return set()
-    current = {body["metadata"].get("uid"): (key_of(body), view.worker_set_of(body.get("status") or {}))
-               for body in jobs}
-    hit = set()
-    for pod in pods:
-        uid = worker_job_uid(pod)
-        if uid not in current or not holds_gpus(pod):
-            continue
-        key, worker_set = current[uid]
-        generation = (pod["metadata"].get("labels") or {}).get(names.LABEL_GENERATION)
-        if str(generation) == str(worker_set) and set(gpu_indices(pod)) & out_by_node.get(pod["spec"]["nodeName"], set()):
-            hit.add(key)
-    return hit
 
 
 def displaced(jobs: Iterable[Body], allocatable: Mapping[str, int], pods: Iterable[Body]) -> set[str]:
