@@ -2,7 +2,8 @@
 
 * every page loads with the cluster's real objects (and a screenshot of each is saved);
 * the GPU map shows the running job's GPUs on the nodes its status.placement names;
-* a GPU fault injected by a node agent turns the node unhealthy in the map within 10 s of the fault;
+* an uncorrectable ECC error on one GPU, injected by a node agent, marks that GPU out of service in the map within
+  10 s of the fault (the node stays in service with its other GPUs; its page names the GPU and why);
 * an admin drains a node from the UI (confirmation, the API's answer shown); the job moves off it through a
   checkpoint and its reshard appears on the Decisions page; an admin changes a job's priority from its page;
 * a read token sees no action button, and the API refuses it the action.
@@ -32,6 +33,7 @@ from e2e.kube import (
     wait_for,
     wait_for_gpus_free_outside,
 )
+from flotilla.resources import names
 from flotilla.testing import browser
 from flotilla.testing.services import redis_server
 
@@ -179,8 +181,10 @@ def test_every_page_shows_the_clusters_objects_and_the_map_puts_the_job_on_its_n
             shutil.copy(shots / f"{name}.png", ROOT / "docs" / f"console-{name}.png")
 
 
-def test_an_injected_fault_turns_the_node_unhealthy_in_the_map_within_10_s(
+def test_an_injected_gpu_fault_shows_that_gpu_out_of_service_in_the_map_within_10_s(
         cluster_with_examples, admin_browser, redis_url, log_dir, tmp_path, shots):
+    """An uncorrectable ECC error on GPU 0 of a job's node: a fault of that GPU alone, so the map marks that GPU
+    out of service at its index and the node stays in service with its other GPUs."""
     ns, api, base = cluster_with_examples
     d = admin_browser
     nodes = sorted(p["node"] for p in running("resnet50", ns)["placement"]) or sorted(
@@ -193,32 +197,35 @@ def test_an_injected_fault_turns_the_node_unhealthy_in_the_map_within_10_s(
     agents = []
     try:
         for n in everyone:
-            extra = ["--inject", "ecc_error@3", "--ground-truth", str(truth)] if n == faulty else []
+            extra = ["--inject", "ecc_error@3#0", "--ground-truth", str(truth)] if n == faulty else []
             agents.append(FlotillaProcess(log_dir / f"agent-console-{n}.log", "agent", "--node", n, "--source", "sim",
                                           "--redis-url", redis_url, "--interval", "0.5", "--step-port", "0",
                                           *extra).start())
-        browser.wait(d, lambda d: node_state_in_map(d, faulty) == "unhealthy", f"{faulty} unhealthy in the map",
+        cell = f"#gpumap .node[data-node='{faulty}'] .cell.gpuout[data-gpu='0']"
+        browser.wait(d, lambda d: d.find_elements("css selector", cell), f"GPU 0 of {faulty} out of service in the map",
                      timeout=60, interval=0.2)
         seen = time.time()
         fault_at = min(json.loads(line)["start"] for line in truth.read_text().splitlines() if line.strip())
-        print(f"{faulty}: fault at {fault_at:.1f}, unhealthy in the map {seen - fault_at:.1f} s later")
+        print(f"{faulty} GPU 0: fault at {fault_at:.1f}, out of service in the map {seen - fault_at:.1f} s later")
         assert seen - fault_at <= 10.0, f"the map showed the fault {seen - fault_at:.1f} s after it happened"
-        assert all(node_state_in_map(d, n) == "ok" for n in everyone if n != faulty)
+        assert "out of service" in by_css(d, cell)[0].get_attribute("aria-label")
+        assert all(node_state_in_map(d, n) == "ok" for n in everyone)  # one GPU out: no node leaves service
         d.save_screenshot(str(shots / "gpu-map-fault.png"))
-        # The node's page shows the detector's evidence: the metric it judged, over which window.
+        # The node's page names the GPU and why, and shows the detector's evidence: the metric, over which window.
         open_page(d, base, f"#/nodes/{faulty}", ".evidence dl", "the detector's evidence")
         evidence = by_css(d, ".evidence")[0].text
         assert "metric" in evidence and "window" in evidence, evidence
-        assert "unhealthy" in d.find_element("css selector", "[data-field=state]").text
-        d.save_screenshot(str(shots / "node-unhealthy.png"))
+        assert "GPU 0" in d.find_element("css selector", "[data-field=gpus-out]").text
+        d.save_screenshot(str(shots / "node-gpu-out.png"))
     finally:
         for a in agents:
             a.stop()
         # Silent agents read as lost heartbeats: every node that had one goes back to service explicitly.
         for n in everyone:
             api.post(f"/v1/nodes/{n}/return-to-service", json={"reason": "e2e console: agents stopped"})
-    wait_for(f"{faulty} back in service", lambda: not ((get("node", faulty, "default") or {}).get("spec", {})
-                                                       .get("taints")), timeout=30)
+    wait_for(f"{faulty} back in service", lambda: not ((n := get("node", faulty, "default") or {}).get("spec", {})
+                                                       .get("taints")) and names.ANNOTATION_UNHEALTHY_GPUS not in
+             (n.get("metadata", {}).get("annotations") or {}), timeout=30)
 
 
 def test_an_admin_drains_a_node_from_the_ui_and_the_reshard_shows_in_decisions(cluster_with_examples, admin_browser,
