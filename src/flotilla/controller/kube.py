@@ -28,9 +28,9 @@ from flotilla.controller.metrics import ControllerMetrics
 from flotilla.controller.mirror import parse_node, parse_serving_deployment, parse_training_job
 from flotilla.controller.queues import parse_queue
 from flotilla.controller.store import Store, SyncResult
+from flotilla.operator.pods import gpu_indices_in
 from flotilla.operator.recorder import EventRecorder
 from flotilla.resources.names import (
-    ANNOTATION_GPU_INDICES,
     ANNOTATION_UNHEALTHY_GPUS,
     GPU_RESOURCE,
     LABEL_JOB,
@@ -178,8 +178,7 @@ class KubeActions:
             if meta is None or meta.deletion_timestamp is not None or (p.status and p.status.phase in
                                                                        ("Succeeded", "Failed")):
                 continue
-            raw = (meta.annotations or {}).get(ANNOTATION_GPU_INDICES) or ""
-            held = tuple(int(x) for x in raw.split(",") if x.strip().isdigit())
+            held = gpu_indices_in(meta.annotations or {})
             job = (meta.labels or {}).get(LABEL_JOB)
             if job and set(held) & set(gpus):
                 rank = (meta.labels or {}).get(LABEL_RANK, "")

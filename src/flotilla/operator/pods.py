@@ -50,6 +50,11 @@ def serving_key(pod: Body) -> str | None:
 def gpu_indices(pod: Body) -> tuple[int, ...]:
     """The node's GPU indices the operator gave the pod (names.ANNOTATION_GPU_INDICES); () when it gave none or
     the annotation is not a comma-separated list of indices."""
-    raw = str((pod["metadata"].get("annotations") or {}).get(names.ANNOTATION_GPU_INDICES) or "")
+    return gpu_indices_in(pod["metadata"].get("annotations") or {})
+
+
+def gpu_indices_in(annotations: Mapping[str, Any]) -> tuple[int, ...]:
+    """`gpu_indices` from a pod's annotations alone (for callers that hold a client object, not a dict)."""
+    raw = str(annotations.get(names.ANNOTATION_GPU_INDICES) or "")
     parts = [p.strip() for p in raw.split(",") if p.strip()]
     return tuple(int(p) for p in parts) if parts and all(p.isdigit() for p in parts) else ()
