@@ -196,12 +196,9 @@ class HealthResponder:
         held = self.budget.check(self.clock(), d.node, domain, len(self._domains.keys() | {d.node}),
                                  sum(1 for x in self._domains.values() if x == domain) or 1)
         if held is not None:
-            self._held.add((d.node, d.key))
             log.warning("node %s: %s %s NOT acted on (no taint, no checkpoint request): %s; the decision is in "
                         "the history, an admin decides", d.node, d.kind, d.reason, held)
-            return [*out, CountSuppressed("taint-budget"),
-                    Record(DecisionRecord("action-suppressed", "Node", d.node, held, inputs | {"detection": d.reason},
-                                          actor="controller"))]
+            return [*out, *self._held_back(d, held, inputs)]
         self.budget.spend(self.clock(), d.node, domain, node_gpus=total)
         self._held.discard((d.node, d.key))
         if scope is not None and d.key in ("xid", "ecc", "gpu-lost"):
@@ -246,11 +243,8 @@ class HealthResponder:
         inputs = inputs | {"scope": {"scope": "device", "gpus": list(scope.gpus), "why": scope.why}}
         gpus_text = ", ".join(map(str, scope.gpus))
         if held is not None:
-            self._held.add((d.node, d.key))
             log.warning("node %s: %s on GPU %s NOT acted on: %s", d.node, d.reason, gpus_text, held)
-            return [CountSuppressed("taint-budget"),
-                    Record(DecisionRecord("action-suppressed", "Node", d.node, held, inputs | {"detection": d.reason},
-                                          actor="controller"))]
+            return self._held_back(d, held, inputs)
         self.budget.spend(self.clock(), d.node, domain, gpus=scope.gpus, node_gpus=total)
         self._held.discard((d.node, d.key))
         self._device.add((d.node, d.key))
@@ -263,6 +257,13 @@ class HealthResponder:
         return [Record(DecisionRecord("gpu-out-of-service", "Node", d.node, reason, inputs, actor="controller")),
                 SetGpusOut(d.node, now_out, f"{d.reason} ({scope.why})"),
                 CheckpointJobsOnGpus(d.node, scope.gpus, reason, not d.checkpointable)]
+
+    def _held_back(self, d: HealthDecision, held: str, inputs: dict[str, Any]) -> list[Action]:
+        """The taint budget held `d` back: remembered as never acted on, counted, and kept in the history."""
+        self._held.add((d.node, d.key))
+        return [CountSuppressed("taint-budget"),
+                Record(DecisionRecord("action-suppressed", "Node", d.node, held, inputs | {"detection": d.reason},
+                                      actor="controller"))]
 
     def _acted_on(self, node: str) -> list[HealthDecision]:
         """The node's active decisions the responder acted on (tainted for), the governing one first."""
