@@ -793,6 +793,12 @@ def run_direct(api: Any, namespace: str, jobs: list[Job], args: argparse.Namespa
     }
 
 
+def keep_partial(report: dict[str, Any], out: Path) -> None:
+    """The phases done so far, written as each ends: a full run takes an hour, and a failure in a later phase
+    must not lose the earlier ones' figures."""
+    (out / "scale-partial.json").write_text(json.dumps(report, indent=1))
+
+
 def clear_pods(core: Any, namespace: str, timeout: float) -> None:
     """Delete a finished phase's pods before the next phase, so that each phase starts from the same empty
     cluster: finished pods kept in the cluster are work for whatever lists or syncs pods (KWOK lists and
@@ -800,8 +806,9 @@ def clear_pods(core: Any, namespace: str, timeout: float) -> None:
     minute, still filters through all of them), and the Flotilla phase, run after the direct one, would pay
     for the direct phase's pods (15,000 of them in the full run)."""
     from kubernetes.client.exceptions import ApiException
+    from urllib3.exceptions import HTTPError
 
-    deleting = [True]  # a deletion of them all is still to be sent (again after a 504)
+    deleting = [True]  # a deletion of them all is still to be sent (again after a 504 or a dropped connection)
 
     def gone() -> tuple[bool, str]:
         if deleting[0]:
@@ -811,6 +818,8 @@ def clear_pods(core: Any, namespace: str, timeout: float) -> None:
                 if e.status != 504:
                     raise
                 return False, "504 from a deletion of them all"
+            except HTTPError as e:  # the API server closed the connection partway (15,500 pods, 2026-11-28)
+                return False, f"a deletion of them all dropped: {type(e).__name__}"
             deleting[0] = False
         return not core.list_namespaced_pod(namespace, limit=1).items, "some left"
 
@@ -1285,12 +1294,14 @@ def main() -> int:
                                   "load_avg_1m": round(os.getloadavg()[0], 2)}
         report["direct"] = run_direct(api, spaces["direct"], jobs, args)
         log(f"direct: done in {report['direct']['wall_s']} s")
+        keep_partial(report, args.out)
         clear_pods(core, spaces["direct"], args.timeout)
         if kueue_dir:
             report["kueue"] = run_kueue(api, spaces["kueue"], jobs, cluster, kueue_dir, args.out, args)
             report["kueue"].update(version=scale_kueue.KUEUE_VERSION, qps=args.kueue_qps,
                                    workers=args.kueue_concurrency)
             log(f"kueue: done in {report['kueue']['wall_s']} s")
+            keep_partial(report, args.out)
         report["flotilla"] = run_flotilla(api, spaces["flotilla"], jobs, cluster, args.out, args)
         log(f"flotilla: done in {report['flotilla']['wall_s']} s")
     finally:

@@ -126,3 +126,32 @@ def test_a_direct_job_of_one_worker_gets_no_service():
     one = scale.Job("job-00002", 8, 8, 5.0)
     assert scale.direct_service(one) is None
     assert "subdomain" not in scale.direct_pods(one)[0]["spec"]
+
+
+class _DroppingCore:
+    """A CoreV1Api whose first deletion of a namespace's pods loses its connection, as the API server did with
+    15,500 pods at 1,000 nodes; the pods are gone by the next list."""
+
+    def __init__(self) -> None:
+        self.deletions = 0
+
+    def delete_collection_namespaced_pod(self, namespace: str, grace_period_seconds: int) -> None:
+        from urllib3.exceptions import ProtocolError
+
+        self.deletions += 1
+        if self.deletions == 1:
+            raise ProtocolError("Connection aborted.")
+
+    def list_namespaced_pod(self, namespace: str, limit: int):
+        return type("PodList", (), {"items": [] if self.deletions >= 2 else [object()]})()
+
+
+def test_a_deletion_of_a_phases_pods_that_loses_its_connection_is_sent_again():
+    core = _DroppingCore()
+    scale.clear_pods(core, "scale-direct-1", timeout=10)
+    assert core.deletions == 2
+
+
+def test_each_finished_phase_is_kept_before_the_next_starts(tmp_path):
+    scale.keep_partial({"nodes": 3, "direct": {"wall_s": 1.5}}, tmp_path)
+    assert json.loads((tmp_path / "scale-partial.json").read_text())["direct"]["wall_s"] == 1.5
