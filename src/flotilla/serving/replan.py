@@ -97,7 +97,6 @@ class ReplanMemory:
     rise_start: float | None = None  # when the latest rise over the plan's capacity began
     over: bool = False  # whether the latest window was over the plan's capacity
     ride_failed: bool = False  # a plan riding out short rises missed the target
-    riding: bool = False  # the current plan was sized to ride out short rises
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -110,7 +109,7 @@ class ReplanMemory:
         return cls(tuple(ObservedWindow(**w) for w in d["windows"]), d["since"], float(d["peak_memory_s"]),
                    d["last_up"], bool(d["down_since_up"]), (float(rise[0]), float(rise[1])) if rise else None,
                    bool(d.get("short_rises", False)), d.get("rise_start"), bool(d.get("over", False)),
-                   bool(d.get("ride_failed", False)), bool(d.get("riding", False)))
+                   bool(d.get("ride_failed", False)))
 
 
 @dataclass(frozen=True)
@@ -136,12 +135,10 @@ class Replanner:
         self._rise_start: float | None = None  # when the latest rise over capacity began
         self._over = False  # whether the latest window was over capacity
         self._ride_failed = False  # a plan riding out short rises missed the target: follow them again
-        self._riding = False  # the current plan was sized to ride out short rises (the busiest minute's)
 
     def memory(self) -> ReplanMemory:
         return ReplanMemory(tuple(self._windows), self._since, self._memory, self._last_up, self._down_since_up,
-                            self._rise, self._short_rises, self._rise_start, self._over, self._ride_failed,
-                            self._riding)
+                            self._rise, self._short_rises, self._rise_start, self._over, self._ride_failed)
 
     def resume(self, memory: ReplanMemory) -> None:
         """Take up where a Replanner of the same plan left off (before a restart)."""
@@ -150,7 +147,6 @@ class Replanner:
         self._last_up, self._down_since_up = memory.last_up, memory.down_since_up
         self._rise, self._short_rises = memory.rise, memory.short_rises
         self._rise_start, self._over, self._ride_failed = memory.rise_start, memory.over, memory.ride_failed
-        self._riding = memory.riding
 
     @classmethod
     def start(cls, request: PlanRequest, policy: ReplanPolicy | None = None) -> Replanner:
@@ -195,7 +191,7 @@ class Replanner:
                 why = (f"attainment {window.attainment:.3f} below target {self.template.slo.attainment}"
                        if missed else f"rate {estimate:.2f} req/s over {capacity:.2f}; plans for {planned:.2f}")
                 self._remember_return(window.time)
-                self._rise, self._riding = (window.time, capacity), False
+                self._rise = (window.time, capacity)
                 return self._adopt(candidate, window, f"scale up: {why}; {candidate.reason}")
             return ReplanDecision(None, f"keep: {self.current.describe()} is the best the budget allows")
 
@@ -206,7 +202,7 @@ class Replanner:
         attainment = self.template.slo.attainment
         every = max(peak_planned, *(provisioned_rate(w.requests_per_second, self._span(remembered, i), attainment)
                                     for i, w in enumerate(remembered)))
-        candidate, riding = self._plan(caps, every), False
+        candidate = self._plan(caps, every)
         if span_covered and self._short_rises:
             # Rises shorter than an instance start are ridden out, not followed: the busiest minute's plan
             # (static-peak's sizing, no margin: what it serves is watched), until it misses the target.
@@ -214,7 +210,7 @@ class Replanner:
             # not in the middle of a rise: the smaller plan would be judged on a burst it never saw begin
             if (not self._ride_failed and minute.gpus < min(candidate.gpus, self.current.gpus)
                     and estimate <= plan_capacity(minute, caps)):
-                candidate, every, riding = minute, peak, True
+                candidate, every = minute, peak
         if span_covered and candidate.gpus < self.current.gpus:
             candidate = self._checked(candidate, caps, every, windows)
         if span_covered and candidate.gpus < self.current.gpus and not candidate.slo_at_risk:
@@ -222,7 +218,6 @@ class Replanner:
             cost = _changed_gpus(self.current, candidate) * policy.change_cost_s
             if saved > cost:
                 self._down_since_up = True
-                self._riding = riding
                 return self._adopt(candidate, window,
                                    f"scale down: peak {peak:.2f} req/s over {self._memory:.0f} s "
                                    f"fits {candidate.gpus} GPUs instead of {self.current.gpus}; {candidate.reason}")
@@ -278,21 +273,21 @@ class Replanner:
 
     def _rides_out(self, remembered: Sequence[ObservedWindow]) -> str | None:
         """Why the current plan rides out the remembered load, or None when it does not: the requests its
-        own windows report (once its instances served; at least `min_requests_for_attainment`) met the
-        attainment target. The SLO counts requests, not windows: a burst that misses is paid for by the
-        troughs around it, and what is observed is what the deployment really does (no model of a burst
-        is trusted here: the check's engines collapse under an overload the engines ride out)."""
+        own windows report missing (once its instances served) stay within the miss budget of the whole
+        memory, (1 - attainment) of the requests the remembered windows saw. The SLO counts requests, not
+        windows: a burst that misses is paid for by the troughs of its period, and the memory holds one
+        period of the rises ridden out. What is observed is what the deployment really does; no model of a
+        burst is trusted here (the check's engines collapse under an overload the engines ride out)."""
         served = self._since + self.policy.instance_start_s if self._since is not None else -math.inf
-        counted = [w for w in remembered if w.attainment is not None and w.requests > 0 and w.time >= served]
-        seen = sum(w.requests for w in counted)
-        if seen < self.policy.min_requests_for_attainment:
-            # a plan just sized to ride the rises out gets its first one before it is judged
-            return "sized for the busiest minute, nothing served yet to judge it by" if self._riding else None
-        observed = sum((w.attainment or 0.0) * w.requests for w in counted) / seen
-        if observed < self.template.slo.attainment:
+        missed = sum((1.0 - w.attainment) * w.requests for w in remembered
+                     if w.attainment is not None and w.time >= served)
+        expected = sum(w.requests_per_second * self._span(remembered, i) for i, w in enumerate(remembered))
+        budget = (1.0 - self.template.slo.attainment) * expected
+        if missed > budget:
             self._ride_failed = True
             return None
-        return f"{observed:.1%} of the {seen} requests it served in the last {self._memory:.0f} s met the SLO"
+        return (f"its windows missed {missed:.0f} requests, within the {budget:.0f} the SLO allows over the "
+                f"last {self._memory:.0f} s")
 
     def _checked(self, candidate: Plan, caps: InstanceCapacities, rate: float,
                  windows: Sequence[ObservedWindow]) -> Plan:
