@@ -23,6 +23,15 @@ is z of those deviations, z leaving the capacity short no more often than half t
 * A different layout (another GPUs-per-instance, colocated <-> disaggregated) replaces more
   instances than growing or shrinking the current one, so it is chosen only when its GPU saving over
   `benefit_horizon_s` exceeds the extra change cost; otherwise the current layout is resized.
+* Rises shorter than an instance start are ridden out, not followed: once a scale-up's instances serve,
+  a rate back within the capacity before it means the rise was gone before the capacity added for it
+  served. From then on a rise (or a missed window) does not scale up while the misses the current plan's
+  windows report stay within the SLO's miss budget over the memory (the SLO counts requests, not
+  windows), and scale-down goes to the busiest minute's plan. A plan that spends more than the budget
+  sends the re-planner back to following every rise.
+* Every plan adopted is checked first (flotilla.serving.check, at the rate it is adopted for, on the
+  observed lengths); one that fails gives way to the next larger plan, and when none passes the last is
+  adopted flagged at risk. A scale-down whose plan fails its check is not made.
 * For `settle_s` after a change's instances serve (`instance_start_s`), a missed attainment does not
   trigger another scale-up: the window still holds the queue built before they were ready.
 * Lengths are averaged over the windows of the last `length_memory_s` (weighted by rate), so one
