@@ -264,3 +264,19 @@ def test_the_memory_keeps_what_was_learned_of_rises_and_resumes_an_older_one():
     assert resumed.memory() == replanner.memory()
     older = {k: v for k, v in kept.items() if k not in ("rise", "short_rises", "rise_start", "over", "ride_failed")}
     assert ReplanMemory.from_dict(older).short_rises is False
+
+
+def test_without_attainment_in_the_windows_rises_are_followed_not_ridden_out():
+    # vLLM's metrics give no joint attainment (flotilla.controller.vllm): nothing could say a ridden-out
+    # plan misses, so every rise is followed, short or not
+    replanner = _short_rise_replanner()
+    t, ups = 0.0, 0
+    for _ in range(6):
+        for rate in [6.0] * 8 + [18.0] * 2:
+            t += SCRAPE
+            d = replanner.observe(ObservedWindow(time=t, requests_per_second=rate, mean_prompt_tokens=300.0,
+                                                 mean_output_tokens=200.0, requests=int(rate * SCRAPE),
+                                                 seconds=SCRAPE))
+            ups += int(d.plan is not None and d.reason.startswith("scale up"))
+            assert "rides out" not in d.reason
+    assert ups >= 1 and replanner.current.gpus > _short_rise_replanner().current.gpus

@@ -218,7 +218,7 @@ class Replanner:
             minute = self._plan(caps, peak)
             # not in the middle of a rise: the smaller plan would be judged on a burst it never saw begin
             if (not self._ride_failed and minute.gpus < min(candidate.gpus, self.current.gpus)
-                    and estimate <= plan_capacity(minute, caps)):
+                    and estimate <= plan_capacity(minute, caps) and window.attainment is not None):
                 candidate, every = minute, peak
         if span_covered and candidate.gpus < self.current.gpus:
             candidate = self._checked(candidate, caps, every, windows)
@@ -282,14 +282,17 @@ class Replanner:
 
     def _rides_out(self, remembered: Sequence[ObservedWindow]) -> str | None:
         """Why the current plan rides out the remembered load, or None when it does not: the requests its
-        own windows report missing (once its instances served) stay within the miss budget of the whole
+        own windows report missing (once its instances served; at least `min_requests_for_attainment` of
+        them judged, so windows without attainment never let a rise be ridden out) stay within the miss budget of the whole
         memory, (1 - attainment) of the requests the remembered windows saw. The SLO counts requests, not
         windows: a burst that misses is paid for by the troughs of its period, and the memory holds one
         period of the rises ridden out. What is observed is what the deployment really does; no model of a
         burst is trusted here (the check's engines collapse under an overload the engines ride out)."""
         served = self._since + self.policy.instance_start_s if self._since is not None else -math.inf
-        missed = sum((1.0 - w.attainment) * w.requests for w in remembered
-                     if w.attainment is not None and w.time >= served)
+        judged = [w for w in remembered if w.attainment is not None and w.time >= served]
+        if sum(w.requests for w in judged) < self.policy.min_requests_for_attainment:
+            return None  # nothing to judge it by (windows without attainment, as vLLM's metrics give): follow
+        missed = sum((1.0 - (w.attainment or 0.0)) * w.requests for w in judged)
         expected = sum(w.requests_per_second * self._span(remembered, i) for i, w in enumerate(remembered))
         budget = (1.0 - self.template.slo.attainment) * expected
         if missed > budget:
