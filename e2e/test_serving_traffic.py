@@ -13,6 +13,7 @@ from __future__ import annotations
 import ipaddress
 import json
 import os
+import re
 import subprocess
 import time
 from datetime import datetime
@@ -38,6 +39,9 @@ from flotilla.testing.services import free_port, stop_process
 
 OPERATOR_ARGS = ("--pool-policy", str(Path(__file__).with_name("pool-policy.yaml")))
 INTERVAL = 5  # the planner's interval
+# The Gateway API Inference Extension release the CRDs come from (e2e/build-binaries.sh pins it).
+GIE_VERSION = os.environ.get("GIE_VERSION") or re.search(
+    r"GIE_VERSION=\$\{GIE_VERSION:-(v[0-9.]+)\}", (ROOT / "e2e" / "build-binaries.sh").read_text()).group(1)
 SCRAPE = 2  # the controller's scrape interval
 RATE = 5.0  # requests/s, then three times as many
 PROMPT, OUTPUT = 512, 128
@@ -172,10 +176,16 @@ def test_traffic_through_the_endpoint_drives_the_plan_and_borrows_from_training(
         assert pool["spec"]["targetPorts"] == [{"number": port}]
         assert pool["spec"]["endpointPickerRef"]["name"] == "chat-epp"
         assert pool["spec"]["endpointPickerRef"]["failureMode"] == "FailClose"  # the CRD's default, filled in
+        assert pool["spec"]["appProtocol"] == "http"  # v1.6's default (the field is new since v1.0), filled in
+        crd = get("crd", "inferencepools.inference.networking.k8s.io", namespace) or {}
+        assert crd["metadata"]["annotations"]["inference.networking.k8s.io/bundle-version"] == GIE_VERSION
         # The schema is the real one: what it refuses is refused.
         bad = {**pool, "metadata": {"name": "bad"}, "spec": {**pool["spec"], "targetPorts": []}}
         refused = kubectl("apply", "-n", namespace, "-f", "-", stdin=json.dumps(bad), check=False)
         assert refused.returncode != 0 and "targetPorts" in refused.stderr
+        twice = {**bad, "spec": {**pool["spec"], "targetPorts": [{"number": port}, {"number": port}]}}
+        refused = kubectl("apply", "-n", namespace, "-f", "-", stdin=json.dumps(twice), check=False)
+        assert refused.returncode != 0 and "port number must be unique" in refused.stderr
 
         ips = [p["status"].get("podIP") for p in items("pods", namespace, "flotilla.dev/serving=chat")]
         if not all(ip and ipaddress.ip_address(ip).is_loopback for ip in ips):

@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 
 from flotilla.serving.planner import PlanRequest
-from flotilla.serving.replan import ObservedWindow, ReplanPolicy, Replanner, provisioned_rate
+from flotilla.serving.replan import ObservedWindow, ReplanMemory, ReplanPolicy, Replanner, provisioned_rate
 from flotilla.serving.shipped_profiles import OPT_13B_A100
 from flotilla.serving.workload import SLO, Workload
 
@@ -166,3 +166,117 @@ def test_budget_exhausted_reports_slo_at_risk_and_stays_put():
 def test_observing_the_planned_rate_keeps_the_plan(rate):
     replanner = make_replanner(rate)
     assert replanner.observe(window(INTERVAL, rate)).plan is None
+
+
+SCRAPE = 15.0
+SHORT = ReplanPolicy(instance_start_s=30.0, window_s=SCRAPE)
+
+
+def _bursts(replanner: Replanner, periods: int, burst_attainment: float, start: float = 0.0):
+    """Scrape windows of a load at 6 req/s with a 30-s burst at 18 req/s every 150 s; what each decided."""
+    t, out = start, []
+    for _ in range(periods):
+        for rate in [6.0] * 8 + [18.0] * 2:
+            t += SCRAPE
+            burst = rate > 6.0
+            out.append((t, replanner.observe(ObservedWindow(
+                time=t, requests_per_second=rate, mean_prompt_tokens=300.0, mean_output_tokens=200.0,
+                attainment=burst_attainment if burst else 1.0, requests=int(rate * SCRAPE), seconds=SCRAPE))))
+    return t, out
+
+
+def _short_rise_replanner() -> Replanner:
+    return Replanner.start(PlanRequest(Workload.from_means(6.0, 300.0, 200.0), SLO_, OPT_13B_A100, min_gpus=1,
+                                       max_gpus=16), SHORT)
+
+
+def test_rises_shorter_than_an_instance_start_are_ridden_out_on_the_busiest_minutes_plan():
+    replanner = _short_rise_replanner()
+    _, decisions = _bursts(replanner, 8, burst_attainment=0.8)
+    changes = [(t, d.reason.split(":")[0], d.plan.gpus) for t, d in decisions if d.plan is not None]
+    reasons = [d.reason for _, d in decisions if d.plan is not None]
+    # the first burst is followed (nothing is known of it yet); its capacity serves after it is gone, so the
+    # later ones are ridden out: no scale-up after the first, and the plan comes down to the busiest minute's
+    assert [what for _, what, _ in changes][0] == "scale up"
+    assert [what for _, what, _ in changes[1:]] == ["scale down"] * (len(changes) - 1)
+    assert replanner._short_rises
+    ridden = [d.reason for _, d in decisions[-30:] if "rides out" in d.reason]
+    assert ridden and all("the SLO allows" in r for r in ridden)
+    # the busiest minute (12 req/s) fits the plan kept, which is smaller than the one the first burst asked for
+    assert any("peak 12.00 req/s" in r for r in reasons[1:])
+    assert replanner.current.gpus < changes[0][2]
+    assert replanner.current.predicted_goodput >= 12.0
+
+
+def test_a_ridden_out_plan_that_misses_the_target_follows_the_rises_again():
+    replanner = _short_rise_replanner()
+    t, _ = _bursts(replanner, 8, burst_attainment=0.8)
+    held = replanner.current.gpus
+    _, decisions = _bursts(replanner, 2, burst_attainment=0.1, start=t)  # the bursts now cost too much
+    ups = [d for _, d in decisions if d.plan is not None and d.reason.startswith("scale up")]
+    assert ups and ups[0].plan.gpus > held
+    assert replanner._ride_failed
+
+
+def test_a_rise_that_outlasts_the_instance_start_is_followed():
+    replanner = _short_rise_replanner()
+    t, changes = 0.0, []
+    for rate in [6.0] * 8 + [18.0] * 40:  # a step
+        t += SCRAPE
+        d = replanner.observe(ObservedWindow(time=t, requests_per_second=rate, mean_prompt_tokens=300.0,
+                                             mean_output_tokens=200.0, seconds=SCRAPE))
+        if d.plan is not None:
+            changes.append(d.reason.split(":")[0])
+    assert changes == ["scale up"] and not replanner._short_rises
+
+
+def test_an_adopted_plan_that_fails_its_check_gives_way_to_the_next_larger_or_is_flagged(monkeypatch):
+    import flotilla.serving.replan as replan_module
+    from flotilla.serving.check import CheckResult
+
+    checked: list[int] = []
+
+    def refuse_below(gpus: int):
+        def fake(layout, profile, workload, rate, slo, **kwargs):
+            checked.append(layout.gpus)
+            ok = layout.gpus >= gpus
+            return CheckResult(rate, 0.99 if ok else 0.5, 1.0, 1.0, 1000, 0.99 if ok else 0.5)
+        return fake
+
+    base = make_replanner(10.0)
+    monkeypatch.setattr(replan_module, "check", refuse_below(base.current.gpus + 3))
+    up = base.observe(window(INTERVAL, 20.0)).plan  # the plan for 20 req/s is refused: one more, then passes
+    assert up is not None and not up.slo_at_risk and checked == sorted(checked) and len(checked) >= 2
+    assert up.gpus == checked[-1] and "failed the check" in up.reason
+    monkeypatch.setattr(replan_module, "check", refuse_below(1000))
+    flagged = make_replanner(10.0).observe(window(INTERVAL, 20.0)).plan
+    assert flagged is not None and flagged.slo_at_risk and flagged.reason.startswith("scale up: rate")
+    assert "SLO at risk: failed the check" in flagged.reason
+
+
+def test_the_memory_keeps_what_was_learned_of_rises_and_resumes_an_older_one():
+    replanner = _short_rise_replanner()
+    _bursts(replanner, 3, burst_attainment=0.8)
+    kept = replanner.memory().to_dict()
+    assert kept["short_rises"] is True
+    resumed = Replanner(replanner.template, replanner.current, SHORT)
+    resumed.resume(ReplanMemory.from_dict(kept))
+    assert resumed.memory() == replanner.memory()
+    older = {k: v for k, v in kept.items() if k not in ("rise", "short_rises", "rise_start", "over", "ride_failed")}
+    assert ReplanMemory.from_dict(older).short_rises is False
+
+
+def test_without_attainment_in_the_windows_rises_are_followed_not_ridden_out():
+    # vLLM's metrics give no joint attainment (flotilla.controller.vllm): nothing could say a ridden-out
+    # plan misses, so every rise is followed, short or not
+    replanner = _short_rise_replanner()
+    t, ups = 0.0, 0
+    for _ in range(6):
+        for rate in [6.0] * 8 + [18.0] * 2:
+            t += SCRAPE
+            d = replanner.observe(ObservedWindow(time=t, requests_per_second=rate, mean_prompt_tokens=300.0,
+                                                 mean_output_tokens=200.0, requests=int(rate * SCRAPE),
+                                                 seconds=SCRAPE))
+            ups += int(d.plan is not None and d.reason.startswith("scale up"))
+            assert "rides out" not in d.reason
+    assert ups >= 1 and replanner.current.gpus > _short_rise_replanner().current.gpus

@@ -23,6 +23,15 @@ is z of those deviations, z leaving the capacity short no more often than half t
 * A different layout (another GPUs-per-instance, colocated <-> disaggregated) replaces more
   instances than growing or shrinking the current one, so it is chosen only when its GPU saving over
   `benefit_horizon_s` exceeds the extra change cost; otherwise the current layout is resized.
+* Rises shorter than an instance start are ridden out, not followed: once a scale-up's instances serve,
+  a rate back within the capacity before it means the rise was gone before the capacity added for it
+  served. From then on a rise (or a missed window) does not scale up while the misses the current plan's
+  windows report stay within the SLO's miss budget over the memory (the SLO counts requests, not
+  windows), and scale-down goes to the busiest minute's plan. A plan that spends more than the budget
+  sends the re-planner back to following every rise.
+* Every plan adopted is checked first (flotilla.serving.check, at the rate it is adopted for, on the
+  observed lengths); one that fails gives way to the next larger plan, and when none passes the last is
+  adopted flagged at risk. A scale-down whose plan fails its check is not made.
 * For `settle_s` after a change's instances serve (`instance_start_s`), a missed attainment does not
   trigger another scale-up: the window still holds the queue built before they were ready.
 * Lengths are averaged over the windows of the last `length_memory_s` (weighted by rate), so one
@@ -39,8 +48,10 @@ from dataclasses import asdict, dataclass, replace
 from statistics import NormalDist
 from typing import Any
 
+from flotilla.serving.check import CheckResult, check
 from flotilla.serving.planner import (InstanceCapacities, Plan, PlanRequest, instance_capacities, plan,
                                      plan_capacity, plan_from_capacities)
+from flotilla.serving.search import layout_of
 from flotilla.serving.workload import Workload
 
 
@@ -75,6 +86,9 @@ class ReplanPolicy:
     benefit_horizon_s: float = 600.0
     min_requests_for_attainment: int = 50  # fewer samples say nothing about attainment
     settle_s: float = 60.0  # once new instances serve, their first windows still hold the queue built before
+    check: bool = True  # check a plan by simulation (flotilla.serving.check) before adopting it
+    check_steps: int = 3  # a plan that fails its check gives way to the next larger one, this many times
+    replay_requests: int = 4000  # the most requests a replay of the remembered load simulates
 
 
 @dataclass(frozen=True)
@@ -87,15 +101,24 @@ class ReplanMemory:
     peak_memory_s: float
     last_up: float | None
     down_since_up: bool
+    rise: tuple[float, float] | None = None  # a scale-up not yet serving: (when, the capacity before it)
+    short_rises: bool = False  # the last rise was over before the capacity added for it served
+    rise_start: float | None = None  # when the latest rise over the plan's capacity began
+    over: bool = False  # whether the latest window was over the plan's capacity
+    ride_failed: bool = False  # a plan riding out short rises missed the target
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> ReplanMemory:
-        """ValueError (or TypeError) when `d` is not what `to_dict` wrote."""
+        """ValueError (or TypeError) when `d` is not what `to_dict` wrote (one written before the rise fields
+        were kept resumes without them)."""
+        rise = d.get("rise")
         return cls(tuple(ObservedWindow(**w) for w in d["windows"]), d["since"], float(d["peak_memory_s"]),
-                   d["last_up"], bool(d["down_since_up"]))
+                   d["last_up"], bool(d["down_since_up"]), (float(rise[0]), float(rise[1])) if rise else None,
+                   bool(d.get("short_rises", False)), d.get("rise_start"), bool(d.get("over", False)),
+                   bool(d.get("ride_failed", False)))
 
 
 @dataclass(frozen=True)
@@ -116,15 +139,23 @@ class Replanner:
         self._memory = self.policy.peak_memory_s  # grows to the period of peaks that came back
         self._last_up: float | None = None  # when the load last made the plan grow
         self._down_since_up = False  # whether the plan shrank after that
+        self._rise: tuple[float, float] | None = None  # a scale-up not yet serving: (when, capacity before)
+        self._short_rises = False  # the last rise was over before the capacity added for it served
+        self._rise_start: float | None = None  # when the latest rise over capacity began
+        self._over = False  # whether the latest window was over capacity
+        self._ride_failed = False  # a plan riding out short rises missed the target: follow them again
 
     def memory(self) -> ReplanMemory:
-        return ReplanMemory(tuple(self._windows), self._since, self._memory, self._last_up, self._down_since_up)
+        return ReplanMemory(tuple(self._windows), self._since, self._memory, self._last_up, self._down_since_up,
+                            self._rise, self._short_rises, self._rise_start, self._over, self._ride_failed)
 
     def resume(self, memory: ReplanMemory) -> None:
         """Take up where a Replanner of the same plan left off (before a restart)."""
         self._windows = deque(memory.windows)
         self._since, self._memory = memory.since, memory.peak_memory_s
         self._last_up, self._down_since_up = memory.last_up, memory.down_since_up
+        self._rise, self._short_rises = memory.rise, memory.short_rises
+        self._rise_start, self._over, self._ride_failed = memory.rise_start, memory.over, memory.ride_failed
 
     @classmethod
     def start(cls, request: PlanRequest, policy: ReplanPolicy | None = None) -> Replanner:
@@ -151,27 +182,47 @@ class Replanner:
         windows = list(self._windows)
         estimate, margin = self._estimate(windows)
         planned = estimate + margin
-        if estimate > capacity or missed:
+        self._learn_rise(window)
+        over = estimate > capacity
+        if over and not self._over and self._short_rises:
+            self._remember_return(window.time, ridden=True)
+        self._over = over
+        remembered = [w for w in windows if w.time >= window.time - self._memory]
+        if over or missed:
+            ride = self._rides_out(remembered) if self._short_rises and not self._ride_failed else None
+            if ride is not None:
+                return ReplanDecision(None, f"keep: {self.current.describe()} rides out rises shorter than an "
+                                            f"instance start: {ride}")
             attainment = self.template.slo.attainment
             target = max(planned, provisioned_rate(capacity, self._span(windows), attainment) if missed else 0.0)
-            candidate = self._plan(caps, target)
+            candidate = self._checked(self._plan(caps, target), caps, target, windows)
             if candidate.shape() != self.current.shape() and plan_capacity(candidate, caps) > capacity:
                 why = (f"attainment {window.attainment:.3f} below target {self.template.slo.attainment}"
                        if missed else f"rate {estimate:.2f} req/s over {capacity:.2f}; plans for {planned:.2f}")
                 self._remember_return(window.time)
+                self._rise = (window.time, capacity)
                 return self._adopt(candidate, window, f"scale up: {why}; {candidate.reason}")
             return ReplanDecision(None, f"keep: {self.current.describe()} is the best the budget allows")
 
         span_covered = window.time - self._since >= policy.scale_down_delay_s
-        remembered = [w for w in windows if w.time >= window.time - self._memory]
         peak, peak_planned = self._peak(remembered)
         # Nor below any window in memory with its own margin: the smaller plan must not be scaled straight
         # back up by the next window of the same load (the margin is the hysteresis).
         attainment = self.template.slo.attainment
-        candidate = self._plan(caps, max(peak_planned, *(provisioned_rate(w.requests_per_second,
-                                                                           self._span(remembered, i), attainment)
-                                                          for i, w in enumerate(remembered))))
+        every = max(peak_planned, *(provisioned_rate(w.requests_per_second, self._span(remembered, i), attainment)
+                                    for i, w in enumerate(remembered)))
+        candidate = self._plan(caps, every)
+        if span_covered and self._short_rises:
+            # Rises shorter than an instance start are ridden out, not followed: the busiest minute's plan
+            # (static-peak's sizing, no margin: what it serves is watched), until it misses the target.
+            minute = self._plan(caps, peak)
+            # not in the middle of a rise: the smaller plan would be judged on a burst it never saw begin
+            if (not self._ride_failed and minute.gpus < min(candidate.gpus, self.current.gpus)
+                    and estimate <= plan_capacity(minute, caps) and window.attainment is not None):
+                candidate, every = minute, peak
         if span_covered and candidate.gpus < self.current.gpus:
+            candidate = self._checked(candidate, caps, every, windows)
+        if span_covered and candidate.gpus < self.current.gpus and not candidate.slo_at_risk:
             saved = (self.current.gpus - candidate.gpus) * policy.benefit_horizon_s
             cost = _changed_gpus(self.current, candidate) * policy.change_cost_s
             if saved > cost:
@@ -200,15 +251,81 @@ class Replanner:
         given = windows[i].seconds
         return given if given is not None and given > 0 else self._gap(windows, i)
 
-    def _remember_return(self, now: float) -> None:
+    def _remember_return(self, now: float, ridden: bool = False) -> None:
         """A scale-up after a scale-down means the load came back to a level the plan had let go: from
         then on the plan keeps its capacity through troughs as long as the one just seen (the time since the
-        previous rise, plus one peak window), up to `max_peak_memory_s`."""
+        previous rise, plus one peak window), up to `max_peak_memory_s`. So does a rise the plan rides out
+        (`ridden`) after the one before it: the busiest minute the plan is sized for must be the one of a
+        whole period of such rises."""
+        if ridden:
+            previous, self._rise_start = self._rise_start, now
+            if previous is not None:
+                self._grow_memory(now - previous + self.policy.peak_window_s)
+            return
         if self._last_up is not None and self._down_since_up:
-            period = now - self._last_up + self.policy.peak_window_s
-            self._memory = min(max(self._memory, period), max(self.policy.max_peak_memory_s,
-                                                              self.policy.peak_memory_s))
-        self._last_up, self._down_since_up = now, False
+            self._grow_memory(now - self._last_up + self.policy.peak_window_s)
+        self._last_up, self._down_since_up, self._rise_start = now, False, now
+
+    def _grow_memory(self, period: float) -> None:
+        self._memory = min(max(self._memory, period), max(self.policy.max_peak_memory_s, self.policy.peak_memory_s))
+
+    def _learn_rise(self, window: ObservedWindow) -> None:
+        """Once the capacity of a scale-up serves, whether the rise that asked for it is still there: a rise
+        gone by then (the rate back within the capacity before it, up to its noise) could not be followed,
+        and rises like it are ridden out from then on (while what the plan serves meets the SLO)."""
+        if self._rise is None or window.time < self._rise[0] + self.policy.instance_start_s:
+            return
+        # back within the capacity before, up to the window's own Poisson noise
+        rate, span = window.requests_per_second, self._span([window])
+        self._short_rises = rate - _margin_z(self.template.slo.attainment) * math.sqrt(rate / span) <= self._rise[1]
+        self._rise = None
+
+    def _rides_out(self, remembered: Sequence[ObservedWindow]) -> str | None:
+        """Why the current plan rides out the remembered load, or None when it does not: the requests its
+        own windows report missing (once its instances served; at least `min_requests_for_attainment` of
+        them judged, so windows without attainment never let a rise be ridden out) stay within the miss budget of the whole
+        memory, (1 - attainment) of the requests the remembered windows saw. The SLO counts requests, not
+        windows: a burst that misses is paid for by the troughs of its period, and the memory holds one
+        period of the rises ridden out. What is observed is what the deployment really does; no model of a
+        burst is trusted here (the check's engines collapse under an overload the engines ride out)."""
+        served = self._since + self.policy.instance_start_s if self._since is not None else -math.inf
+        judged = [w for w in remembered if w.attainment is not None and w.time >= served]
+        if sum(w.requests for w in judged) < self.policy.min_requests_for_attainment:
+            return None  # nothing to judge it by (windows without attainment, as vLLM's metrics give): follow
+        missed = sum((1.0 - (w.attainment or 0.0)) * w.requests for w in judged)
+        expected = sum(w.requests_per_second * self._span(remembered, i) for i, w in enumerate(remembered))
+        budget = (1.0 - self.template.slo.attainment) * expected
+        if missed > budget:
+            self._ride_failed = True
+            return None
+        return (f"its windows missed {missed:.0f} requests, within the {budget:.0f} the SLO allows over the "
+                f"last {self._memory:.0f} s")
+
+    def _checked(self, candidate: Plan, caps: InstanceCapacities, rate: float,
+                 windows: Sequence[ObservedWindow]) -> Plan:
+        """The candidate once the check (flotilla.serving.check, on the observed lengths at `rate`) passes it;
+        a candidate that fails gives way to the next larger plan, up to `check_steps` times; when none
+        passes, the last is flagged at risk, with what its check met."""
+        if not self.policy.check or rate <= 0:
+            return candidate
+        workload, slo = self._lengths(windows), self.template.slo
+        failed: list[str] = []
+        for _ in range(max(self.policy.check_steps, 1)):
+            result: CheckResult = check(layout_of(candidate), self.template.profile, workload, rate, slo,
+                                        router=self.template.router)  # type: ignore[arg-type]
+            if result.meets(slo):
+                note = f"; checked at {rate:.2f} req/s: {result.attainment:.1%} meet TTFT and TPOT"
+                if failed:
+                    note += " (failed the check: " + ", ".join(failed) + ")"
+                return replace(candidate, reason=candidate.reason + note)
+            failed.append(f"{candidate.describe()} {result.attainment:.1%}")
+            larger = self._plan(caps, plan_capacity(candidate, caps) * (1 + 1e-6) + 1e-6)
+            if larger.gpus <= candidate.gpus:
+                break
+            candidate = larger
+        return replace(candidate, slo_at_risk=True,
+                       reason=f"SLO at risk: failed the check at {rate:.2f} req/s: " + ", ".join(failed)
+                              + f"; {candidate.reason}")
 
     def _peak(self, windows: Sequence[ObservedWindow]) -> tuple[float, float]:
         """The busiest `peak_window_s` of the windows (their rates pooled over that span, as static-peak

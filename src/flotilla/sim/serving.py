@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import heapq
 import math
+import time
 from collections import deque
 from dataclasses import dataclass
 from typing import Callable, Protocol
@@ -122,13 +123,17 @@ class SimResult:
     plan_changes: int
     modes: dict[str, int]  # plans applied (the first one and every change), by mode
     at_risk_plans: int = 0  # plans applied that were flagged SLO at risk (said they would not meet the load)
+    decision_ms: tuple[float, ...] = ()  # CPU time of each re-planning decision (adaptive policies), the check included
 
     @property
     def gpu_hours(self) -> float:
         return self.mean_gpus * self.duration_s / 3600.0
 
     def to_dict(self) -> dict[str, float | int | str]:
-        return {k: (round(v, 4) if isinstance(v, float) else v) for k, v in self.__dict__.items()}
+        out = {k: (round(v, 4) if isinstance(v, float) else v) for k, v in self.__dict__.items() if k != "decision_ms"}
+        if self.decision_ms:
+            out["decision_p99_ms"] = round(_p99(self.decision_ms), 1)
+        return out
 
 
 class Policy(Protocol):
@@ -332,7 +337,13 @@ class ServingSim:
         return SimResult(self.policy.name, len(requests), duration, met / len(requests), goodput, mean_gpus,
                          self._max_gpus, goodput / mean_gpus if mean_gpus else 0.0,
                          pct(ttft, 50), pct(ttft, 90), pct(ttft, 99), pct(tpot, 50), pct(tpot, 90), pct(tpot, 99),
-                         self.plan_changes, dict(self.modes), self.at_risk_plans)
+                         self.plan_changes, dict(self.modes), self.at_risk_plans,
+                         tuple(getattr(self.policy, "decision_ms", ())))
+
+
+def _p99(values: tuple[float, ...] | list[float]) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, math.ceil(0.99 * len(ordered)) - 1)]
 
 
 def _tpot_s(request: Request) -> float:
@@ -379,6 +390,7 @@ class AdaptivePolicy:
         self.name = name
         self.interval_s = interval_s
         self._evaluated = 0.0
+        self.decision_ms: list[float] = []
         self.replanner = Replanner.start(PlanRequest(first, slo, profile, min_gpus=1, max_gpus=budget,
                                                      allow_colocated=allow_colocated,
                                                      allow_disaggregated=allow_disaggregated), replan_policy)
@@ -391,7 +403,10 @@ class AdaptivePolicy:
         if not (due or self.replanner.short_of_capacity(window)):
             return None
         self._evaluated = window.time
-        return self.replanner.observe(window).plan
+        start = time.process_time()
+        decision = self.replanner.observe(window)
+        self.decision_ms.append((time.process_time() - start) * 1000.0)
+        return decision.plan
 
 
 @dataclass(frozen=True)
