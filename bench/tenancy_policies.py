@@ -56,7 +56,7 @@ class _Flotilla:
         return JobState(key=j.id, submit_time=j.submit, deadline=j.deadline if j.deadline is not None else FAR,
                         total_steps=j.steps, done_steps=jv.done, min_gpus=j.min_gpus, max_gpus=j.max_gpus,
                         gpus_per_worker=1, curve=curve, restore_seconds=j.restore_s,
-                        best_effort=j.deadline is None, placement=placement, verdict=verdict,
+                        best_effort=j.deadline is None or j.best_effort, placement=placement, verdict=verdict,
                         checkpoint_interval_steps=j.checkpoint_every, last_checkpoint_step=jv.last_checkpoint,
                         requested_gpus=j.requested, resumes_at=jv.resumes_at, share=self.share.get(j.id, 0),
                         queue=j.team, priority=j.priority)
