@@ -192,8 +192,10 @@ def _demand(m: _Queue) -> int:
 
 
 def _need(m: _Queue, policy: PoolPolicy, schedulable: set[str], now: float) -> int:
-    """GPUs a queue needs now: its admitted jobs' guaranteed shares (what they hold, if less), the smallest
-    size of each job waiting for GPUs, and its serving's target now."""
+    """GPUs a queue needs now: what its running jobs hold (at least their guaranteed shares), the smallest size of
+    each job waiting for GPUs, and its serving's target now. A waiting job is owed GPUs on top of what the
+    queue's running jobs hold: the queue's own jobs are not shrunk to make room for it while others borrow its
+    nominal (alone on its nominal it would start on the free GPUs)."""
     total = 0
     for j in m.jobs:
         d = m.promised.get(j.key)
@@ -202,7 +204,7 @@ def _need(m: _Queue, policy: PoolPolicy, schedulable: set[str], now: float) -> i
         guaranteed = d.guaranteed_gpus if d is not None else 0
         held = sum(g for n, g in j.placement.items() if n in schedulable)
         sizes = job_sizes(j)[0]
-        total += max(guaranteed, sizes[0] if sizes and not held else 0)
+        total += max(guaranteed, held if held else (sizes[0] if sizes else 0))
     serving = _serving_reserve(m, now, policy, schedulable)
     return total + (serving[0][1] if serving else 0)
 
