@@ -41,6 +41,9 @@ guarantee when the deadline cannot be promised; --deadline-best-effort changes t
 same choice: Flotilla and static-partition run such a job on what guarantees leave, Kueue and KAI run every job
 anyway; the judge counts a deadline job met when it finishes by its deadline, however it ran.
 
+--one-pool also runs a reference that is not a baseline: every team's jobs in one pool with no queues (no
+isolation at all); its ratio over static-partition bounds what sharing the same allocator can gain on a trace.
+
 Seeds 1 and 2 were used to build and tune the traces and policies; the seeds reported (11.., the default) were
 not looked at before.
 """
@@ -57,7 +60,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from tenancy_judge import DEADLINE_BEST_EFFORT, KINDS, Result, make_trace, simulate  # noqa: E402
-from tenancy_policies import POLICIES  # noqa: E402
+from tenancy_policies import POLICIES, REFERENCES  # noqa: E402
 
 QUICK = {"seeds": (11,), "duration_s": 5 * 3600.0, "load": 1.2}
 FULL = {"seeds": (11, 12, 13), "duration_s": 8 * 3600.0, "load": 1.2}
@@ -76,17 +79,18 @@ def run(config: dict, kinds: tuple[str, ...] = KINDS) -> dict:
     unattributed = 0
     vs_static: list[float] = []
     vs_eviction: list[float] = []
-    pooled: dict[str, list[int]] = {p: [0, 0] for p in POLICIES}  # policy -> [met, judged] over every trace
-    util: dict[str, list[float]] = {p: [] for p in POLICIES}
-    lost: dict[str, float] = {p: 0.0 for p in POLICIES}
-    work_lost: dict[str, float] = {p: 0.0 for p in POLICIES}
+    every = {**POLICIES, **REFERENCES}
+    pooled: dict[str, list[int]] = {p: [0, 0] for p in every}  # policy -> [met, judged] over every trace
+    util: dict[str, list[float]] = {p: [] for p in every}
+    lost: dict[str, float] = {p: 0.0 for p in every}
+    work_lost: dict[str, float] = {p: 0.0 for p in every}
     latencies: list[float] = []
     for seed in config["seeds"]:
         for kind in kinds:
             trace = make_trace(kind, seed, duration_s=config["duration_s"], load=config["load"],
                                deadline_best_effort=config.get("deadline_best_effort", DEADLINE_BEST_EFFORT))
             results: dict[str, Result] = {}
-            for name, cls in POLICIES.items():
+            for name, cls in {**POLICIES, **(REFERENCES if config.get("one_pool") else {})}.items():
                 started = time.process_time()
                 results[name] = simulate(trace, cls(trace))
                 r = results[name]
@@ -117,6 +121,11 @@ def run(config: dict, kinds: tuple[str, ...] = KINDS) -> dict:
             vs_static.append(ours.deadline_ratio / max(static.deadline_ratio, 1e-9))
             vs_eviction.append(ours.deadline_ratio / max(results[best].deadline_ratio, 1e-9))
             latencies += ours.reclaim_latency_s
+            if "one-pool" in results:
+                pool = results["one-pool"]
+                print(f"{kind:>14} seed {seed}: reference one-pool (no teams, no isolation)/static-partition "
+                      f"{pool.deadline_ratio / max(static.deadline_ratio, 1e-9):.2f}x, flotilla/one-pool "
+                      f"{ours.deadline_ratio / max(pool.deadline_ratio, 1e-9):.2f}x", flush=True)
             per_team = ", ".join(f"{t.name} {ours.team_ratio(t.name) / max(static.team_ratio(t.name), 1e-9):.2f}x"
                                  for t in trace.teams if static.judged.get(t.name))
             print(f"{kind:>14} seed {seed}: flotilla/static-partition {vs_static[-1]:.2f}x (per team: {per_team}); "
@@ -133,7 +142,12 @@ def run(config: dict, kinds: tuple[str, ...] = KINDS) -> dict:
     def overall(p: str) -> float:
         return pooled[p][0] / max(1, pooled[p][1])
 
+    references = {}
+    if config.get("one_pool"):
+        references = {"one_pool_vs_static_partition": round(overall("one-pool") / max(overall("static-partition"),
+                                                                                      1e-9), 3)}
     return {
+        **references,
         "isolation_violations": violations,
         "within_share_missed_not_deprived": unattributed,
         "deadline_ratio_vs_static_partition": round(overall("flotilla") / max(overall("static-partition"), 1e-9), 3),
@@ -159,9 +173,12 @@ def main() -> int:
     parser.add_argument("--kinds", help=f"comma-separated trace kinds (of {', '.join(KINDS)})")
     parser.add_argument("--deadline-best-effort", type=float, default=DEADLINE_BEST_EFFORT,
                         help="chance that a deadline job's user sets bestEffort (default %(default)s; 0: none does)")
+    parser.add_argument("--one-pool", action="store_true",
+                        help="also run the one-pool reference (every team in one pool, no isolation; not a baseline)")
     args = parser.parse_args()
     config = dict(QUICK if args.quick else FULL)
     config["deadline_best_effort"] = args.deadline_best_effort
+    config["one_pool"] = args.one_pool
     if args.seeds:
         config["seeds"] = tuple(int(s) for s in args.seeds.split(","))
     kinds = tuple(args.kinds.split(",")) if args.kinds else KINDS

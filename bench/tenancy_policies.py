@@ -118,6 +118,23 @@ class StaticPartition(_Flotilla):
         return alloc
 
 
+class OnePool(_Flotilla):
+    """A reference, not a baseline: every team's jobs in one pool, no queues (Flotilla without tenancy: one
+    implicit queue, first come first served across teams). It has no isolation at all; its deadline ratio over
+    static-partition's bounds what any sharing of the same allocator gains on a trace."""
+
+    name = "one-pool"
+
+    def decide(self, view: View) -> Allocation:
+        nodes = tuple(NodeState(n, g) for n, g in view.nodes.items())
+        snap = PoolSnapshot(view.now, nodes, tuple(self.state(jv, view.now) for jv in view.jobs),
+                            tuple(self.serving_state(sv, view.now) for sv in view.serving))
+        d = pool_decide(snap)
+        alloc = Allocation({}, {})
+        self.record(d.jobs, d.serving, alloc)
+        return alloc
+
+
 # ---- eviction baselines ----
 
 SERVING_PRIORITY = 1000
@@ -331,3 +348,4 @@ class KaiSized(KaiLike):
 
 POLICIES = {"flotilla": FlotillaTeams, "static-partition": StaticPartition, "kueue": KueueLike, "kai": KaiLike,
             "kueue-sized": KueueSized, "kai-sized": KaiSized}
+REFERENCES = {"one-pool": OnePool}  # run with --one-pool; never counted as a baseline
