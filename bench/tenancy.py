@@ -109,7 +109,9 @@ def run(config: dict, kinds: tuple[str, ...] = KINDS) -> dict:
             # Refused or late within its team's share, where the team alone on its share (static-partition) met
             # it: other teams' work is what differs. (A within-share job its own partition missed too, say one its
             # team's earlier deadlines crowd out over time, is no isolation failure.)
-            diverged = sorted(ours.violations - static.violations)
+            # (Not `- static.violations`: a job the team alone also missed, but judged not within share there
+            # because its team's other work ran at another pace, would count although the team alone missed it.)
+            diverged = sorted(ours.violations - static.missed_ids)
             # ... and only where another team's work kept its team below its share meanwhile (the judge's
             # `deprived`): a job crowded out by its own team's earlier admissions, after a history that sharing
             # changed, is no isolation failure.
