@@ -125,6 +125,9 @@ class OnePool(_Flotilla):
 
     name = "one-pool"
 
+    def __init__(self, trace: Trace) -> None:
+        super().__init__()
+
     def decide(self, view: View) -> Allocation:
         nodes = tuple(NodeState(n, g) for n, g in view.nodes.items())
         snap = PoolSnapshot(view.now, nodes, tuple(self.state(jv, view.now) for jv in view.jobs),
