@@ -79,7 +79,7 @@ def run(config: dict, kinds: tuple[str, ...] = KINDS) -> dict:
     unattributed = 0
     vs_static: list[float] = []
     vs_eviction: list[float] = []
-    every = {**POLICIES, **REFERENCES}
+    every = {**POLICIES, **(REFERENCES if config.get("one_pool") else {})}
     pooled: dict[str, list[int]] = {p: [0, 0] for p in every}  # policy -> [met, judged] over every trace
     util: dict[str, list[float]] = {p: [] for p in every}
     lost: dict[str, float] = {p: 0.0 for p in every}
@@ -90,7 +90,7 @@ def run(config: dict, kinds: tuple[str, ...] = KINDS) -> dict:
             trace = make_trace(kind, seed, duration_s=config["duration_s"], load=config["load"],
                                deadline_best_effort=config.get("deadline_best_effort", DEADLINE_BEST_EFFORT))
             results: dict[str, Result] = {}
-            for name, cls in {**POLICIES, **(REFERENCES if config.get("one_pool") else {})}.items():
+            for name, cls in every.items():
                 started = time.process_time()
                 results[name] = simulate(trace, cls(trace))
                 r = results[name]
