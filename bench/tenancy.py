@@ -24,7 +24,8 @@ Figures:
 * deadline ratio (deadline jobs met / judged) overall and per team, and flotilla's over static-partition's and
   over the best eviction baseline's (of kueue, kai and their deadline-sized variants, the best per trace, and
   pooled: the best overall);
-* utilisation: GPU-seconds training or serving within demand, over the cluster's;
+* utilisation: GPU-seconds training or serving within demand, over the cluster's; utilization_kept: the same
+  less the work that evictions later discarded (GPU-seconds of steps redone after a restart from a checkpoint);
 * GPU-hours lost to preemption: work since the last checkpoint discarded, plus the restore of every job that
   lost GPUs (a reclaim or a rescale);
 * reclaim latency: submit to training, for jobs that started on GPUs another team gave back.
@@ -82,6 +83,7 @@ def run(config: dict, kinds: tuple[str, ...] = KINDS) -> dict:
     every = {**POLICIES, **(REFERENCES if config.get("one_pool") else {})}
     pooled: dict[str, list[int]] = {p: [0, 0] for p in every}  # policy -> [met, judged] over every trace
     util: dict[str, list[float]] = {p: [] for p in every}
+    kept: dict[str, list[float]] = {p: [] for p in every}  # utilisation less the work evictions discarded
     lost: dict[str, float] = {p: 0.0 for p in every}
     work_lost: dict[str, float] = {p: 0.0 for p in every}
     latencies: list[float] = []
@@ -95,6 +97,7 @@ def run(config: dict, kinds: tuple[str, ...] = KINDS) -> dict:
                 results[name] = simulate(trace, cls(trace))
                 r = results[name]
                 util[name].append(r.utilization)
+                kept[name].append(r.utilization - r.work_lost_gpu_h * 3600 / (trace.gpus * trace.duration_s))
                 lost[name] += r.lost_gpu_h
                 work_lost[name] += r.work_lost_gpu_h
                 pooled[name][0] += sum(r.met.values())
@@ -140,6 +143,7 @@ def run(config: dict, kinds: tuple[str, ...] = KINDS) -> dict:
     best_lost = min(lost[p] for p in EVICTION)
     best_work_lost = min(work_lost[p] for p in EVICTION)
     best_util = max(statistics.fmean(util[p]) for p in POLICIES if p != "flotilla")
+    best_kept = max(statistics.fmean(kept[p]) for p in POLICIES if p != "flotilla")
 
     def overall(p: str) -> float:
         return pooled[p][0] / max(1, pooled[p][1])
@@ -159,6 +163,8 @@ def run(config: dict, kinds: tuple[str, ...] = KINDS) -> dict:
         "deadline_ratio": {p: round(overall(p), 3) for p in POLICIES},
         "utilization": round(statistics.fmean(util["flotilla"]), 3),
         "utilization_best_baseline": round(best_util, 3),
+        "utilization_kept": round(statistics.fmean(kept["flotilla"]), 3),
+        "utilization_kept_best_baseline": round(best_kept, 3),
         "gpu_hours_lost_vs_eviction": round(work_lost["flotilla"] / best_work_lost, 3) if best_work_lost else None,
         "reclaim_cost_vs_eviction": round(lost["flotilla"] / best_lost, 3) if best_lost else None,
         "gpu_hours_work_lost": {p: round(v, 1) for p, v in work_lost.items()},
