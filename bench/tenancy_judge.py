@@ -54,6 +54,9 @@ class Job:
     checkpoint_s: float
     checkpoint_every: int  # steps
     priority: int = 0
+    # The user's choice (TrainingJob spec.bestEffort) for a deadline job: run it, without a guarantee, even when
+    # its deadline cannot be promised. Kueue and KAI run every job anyway; the deadline is judged alike.
+    best_effort: bool = False
 
     def rate(self, gpus: int) -> float:
         return curve_rate(self.curve, gpus)
@@ -458,17 +461,26 @@ CURVES = (
 KINDS = ("steady", "bursty", "deadline-heavy", "serving")
 
 
+# The share of deadline jobs whose users set bestEffort (run without a guarantee if it cannot be given, rather
+# than not at all), chosen before any run, not tuned: half of them. 0 gives the traces of before this field.
+DEADLINE_BEST_EFFORT = 0.5
+
+
 def make_trace(kind: str, seed: int, duration_s: float = 8 * 3600.0, nodes: int = 8, gpus_per_node: int = 8,
-               load: float = 1.1) -> Trace:
+               load: float = 1.1, deadline_best_effort: float = DEADLINE_BEST_EFFORT) -> Trace:
     """A seeded multi-team trace on `nodes` x `gpus_per_node` GPUs, four teams of equal nominal share.
 
     steady: every team submits Poisson arrivals at `load` x its share. bursty: each team is busy for a stretch
     (2x its share) and quiet the rest of the time, at different times. deadline-heavy: steady, with tight
     deadlines (0.6-1.5x the duration at the requested size) and few best-effort jobs. serving: team "web" runs a
-    serving deployment with a daily swing and an unannounced burst, the others train (bursty)."""
+    serving deployment with a daily swing and an unannounced burst, the others train (bursty).
+
+    `deadline_best_effort`: the chance that a deadline job's user sets bestEffort (run without a guarantee when
+    none can be given). It is drawn from a random stream of its own, so the trace is otherwise the same."""
     if kind not in KINDS:
         raise ValueError(f"kind: unknown {kind!r}; choose from {', '.join(KINDS)}")
     rng = random.Random(f"{kind}-{seed}")
+    choice_rng = random.Random(f"{kind}-{seed}-bestEffort")
     gpus = nodes * gpus_per_node
     names = ("web", "nlp", "vision", "research")
     teams = tuple(Team(n, gpus // 4, weight=2.0 if n == "research" else 1.0) for n in names)
@@ -518,7 +530,8 @@ def make_trace(kind: str, seed: int, duration_s: float = 8 * 3600.0, nodes: int 
                             min_gpus=max(1, requested // 2), max_gpus=min(16, requested * 4), requested=requested,
                             restore_s=restore, checkpoint_s=restore / 3,
                             checkpoint_every=max(1, round(900 * curve_rate(curve, requested))),
-                            priority=rng.choice((0, 0, 0, 10))))
+                            priority=rng.choice((0, 0, 0, 10)),
+                            best_effort=deadline is not None and choice_rng.random() < deadline_best_effort))
             i += 1
     ordered = tuple(sorted(jobs, key=lambda j: (j.submit, j.id)))
     return Trace(kind, seed, nodes, gpus_per_node, duration_s, teams, ordered, tuple(serving))

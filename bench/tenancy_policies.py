@@ -56,7 +56,7 @@ class _Flotilla:
         return JobState(key=j.id, submit_time=j.submit, deadline=j.deadline if j.deadline is not None else FAR,
                         total_steps=j.steps, done_steps=jv.done, min_gpus=j.min_gpus, max_gpus=j.max_gpus,
                         gpus_per_worker=1, curve=curve, restore_seconds=j.restore_s,
-                        best_effort=j.deadline is None, placement=placement, verdict=verdict,
+                        best_effort=j.deadline is None or j.best_effort, placement=placement, verdict=verdict,
                         checkpoint_interval_steps=j.checkpoint_every, last_checkpoint_step=jv.last_checkpoint,
                         requested_gpus=j.requested, resumes_at=jv.resumes_at, share=self.share.get(j.id, 0),
                         queue=j.team, priority=j.priority)
@@ -115,6 +115,26 @@ class StaticPartition(_Flotilla):
             serving = tuple(self.serving_state(sv, view.now) for sv in view.serving if sv.serving.team == team)
             d = pool_decide(PoolSnapshot(view.now, nodes, jobs, serving))
             self.record(d.jobs, d.serving, alloc)
+        return alloc
+
+
+class OnePool(_Flotilla):
+    """A reference, not a baseline: every team's jobs in one pool, no queues (Flotilla without tenancy: one
+    implicit queue, first come first served across teams). It has no isolation at all; its deadline ratio over
+    static-partition's bounds what any sharing of the same allocator gains on a trace."""
+
+    name = "one-pool"
+
+    def __init__(self, trace: Trace) -> None:
+        super().__init__()
+
+    def decide(self, view: View) -> Allocation:
+        nodes = tuple(NodeState(n, g) for n, g in view.nodes.items())
+        snap = PoolSnapshot(view.now, nodes, tuple(self.state(jv, view.now) for jv in view.jobs),
+                            tuple(self.serving_state(sv, view.now) for sv in view.serving))
+        d = pool_decide(snap)
+        alloc = Allocation({}, {})
+        self.record(d.jobs, d.serving, alloc)
         return alloc
 
 
@@ -331,3 +351,4 @@ class KaiSized(KaiLike):
 
 POLICIES = {"flotilla": FlotillaTeams, "static-partition": StaticPartition, "kueue": KueueLike, "kai": KaiLike,
             "kueue-sized": KueueSized, "kai-sized": KaiSized}
+REFERENCES = {"one-pool": OnePool}  # run with --one-pool; never counted as a baseline

@@ -1,6 +1,7 @@
 """Teams on the real control plane: two queues with nominal shares; team A's elastic job borrows team B's idle
-GPUs and gives them back through a checkpoint when team B submits a deadline job; a job naming a missing queue
-waits with a condition; a malformed Queue is refused by the API server with the field named."""
+GPUs and gives them back through a checkpoint when team B submits a deadline job; a best-effort job (its deadline
+cannot be promised) runs without a guarantee on borrowed GPUs and gives them back the same way; a job naming a
+missing queue waits with a condition; a malformed Queue is refused by the API server with the field named."""
 
 from __future__ import annotations
 
@@ -112,6 +113,55 @@ def test_a_borrower_gives_gpus_back_through_a_checkpoint_and_the_owner_is_admitt
         print(f"reclaim: team B's job running {reclaim_seconds:.1f} s after it was submitted "
               f"(checkpoint + restore of the borrower included)")
         print(kubectl("get", "queues", a, b).stdout)
+    finally:
+        sim.stop()
+
+
+def test_a_best_effort_job_runs_without_a_guarantee_on_borrowed_gpus_and_gives_them_back(operator, namespace,
+                                                                                         queues, log_dir):
+    total = cluster_gpus()
+    half = total // 2
+    a, b = f"{namespace}-a", f"{namespace}-b"
+    for name, ns in ((a, [namespace]), (b, None)):
+        assert apply_queue(queue(name, half, ns)).returncode == 0
+        queues.append(name)
+    sim = SimulatedWorkersProcess(log_dir / f"simworkers-{namespace}-be.log", namespace).start()
+    try:
+        # Team A's job cannot make its deadline on any number of GPUs: with bestEffort it runs without a guarantee.
+        late = training_job("late", deadlineSeconds=60, totalSteps=10_000_000, bestEffort=True,
+                            elasticity={"minGPUs": 2, "maxGPUs": total, "gpusPerWorker": 2},
+                            throughput=[{"gpus": 1, "stepsPerSecond": 10.0}, {"gpus": total,
+                                                                              "stepsPerSecond": 9.0 * total}],
+                            checkpoint={"intervalSteps": 100, "restoreSeconds": 2})
+        assert apply(late, namespace).returncode == 0
+
+        def tj(name):
+            return (get("trainingjob", name, namespace) or {}).get("status", {})
+
+        def admitted(status):
+            return next((c for c in status.get("conditions") or [] if c["type"] == "Admitted"), None)
+
+        running = wait_for("the best-effort job runs on borrowed GPUs",
+                           lambda: (s := tj("late")).get("phase") == "Running" and s.get("gpus", 0) > half and s,
+                           timeout=90)
+        cond = admitted(running)
+        assert (cond["status"], cond["reason"]) == ("True", "BestEffort"), cond
+        assert "best-effort" in cond["message"] and not running.get("guaranteedShare")
+
+        owner = training_job("owner", deadlineSeconds=1800, totalSteps=20_000, queue=b,
+                             elasticity={"minGPUs": half, "maxGPUs": half, "gpusPerWorker": 2},
+                             throughput=[{"gpus": half, "stepsPerSecond": 20.0}],
+                             checkpoint={"intervalSteps": 100, "restoreSeconds": 2})
+        assert apply(owner, namespace).returncode == 0
+        got = wait_for("team B's guaranteed job running on its share",
+                       lambda: (s := tj("owner")).get("phase") == "Running" and s.get("gpus") == half and s,
+                       timeout=90)
+        assert got["deadlineMet"] is True and admitted(got)["reason"] == "Admitted"
+        gave_back = tj("late")
+        assert gave_back["gpus"] <= total - half and gave_back["reshards"] >= 1
+        assert admitted(gave_back)["reason"] == "BestEffort"  # still without a guarantee: not admitted again
+        reasons = [e["reason"] for e in items("events", namespace) if e["involvedObject"]["name"] == "late"]
+        assert "Reclaimed" in reasons and "ReclaimStops" not in reasons and "RestartFromCheckpoint" not in reasons
     finally:
         sim.stop()
 

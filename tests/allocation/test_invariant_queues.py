@@ -1,6 +1,7 @@
 """The admission invariant across teams' queues (flotilla.tenancy), driven at random: arrivals in several queues,
 progress, completions, node losses, quota changes (nominal raised or lowered, borrowing limits and weights
-changed) and borrowing of idle GPUs between queues.
+changed) and borrowing of idle GPUs between queues, with some jobs best-effort (spec.bestEffort: run without a
+guarantee when the deadline cannot be promised).
 
 After every decision each admitted job still holds a guarantee, unless a node was lost, or its own queue's nominal
 was lowered, since it was admitted; and then, if it lost its guarantee, its reason says so. Each queue's
@@ -8,6 +9,10 @@ guaranteed GPUs stay within its nominal share, whatever the other queues submit.
 loss or cut of its own queue touched finishes by its deadline. Jobs run as in test_invariant: at their curve's rate
 for the GPUs they hold, idle for `restoreSeconds` after any change to a started job's placement (a reclaim
 included).
+
+Best-effort work never delays a guaranteed job: a best-effort job is never refused and never guaranteed (it runs on
+what the guarantees leave and is the first to give GPUs back), and the guaranteed jobs beside it keep every
+promise above.
 """
 
 from __future__ import annotations
@@ -44,6 +49,7 @@ def _queues(nominal: dict[str, int], borrowing: dict[str, int | None], weight: d
 @pytest.mark.parametrize("seed", SEEDS)
 def test_only_a_node_loss_or_a_cut_of_its_own_queue_breaks_a_guarantee(seed: int) -> None:
     rng = random.Random(1000 + seed)
+    chooses = random.Random(2000 + seed)  # which arrivals are best-effort (apart, so the events stay as they were)
     node_list = list(nodes(*([8] * rng.choice((3, 4)))))
     capacity = sum(n.total_gpus for n in node_list)
     nominal = {t: capacity // 4 for t in TEAMS}  # a quarter each, a quarter in no queue's nominal
@@ -55,6 +61,7 @@ def test_only_a_node_loss_or_a_cut_of_its_own_queue_breaks_a_guarantee(seed: int
     lost_node_at = -math.inf
     now, arrived, borrowed_seen = 0.0, 0, 0
     said_lost: set[str] = set()  # admitted jobs whose reason said at some decision that their guarantee broke
+    best_effort_seen: set[str] = set()  # best-effort jobs that ran or waited without a guarantee
 
     def touched(r: Running) -> bool:
         assert r.admitted_at is not None
@@ -72,6 +79,12 @@ def test_only_a_node_loss_or_a_cut_of_its_own_queue_breaks_a_guarantee(seed: int
             jd = d.pool.jobs[key]
             for node, g in jd.placement.items():
                 used[node] = used.get(node, 0) + g
+            if r.state.best_effort:
+                assert jd.verdict is not Verdict.REJECTED, f"{key} is best-effort, yet refused: {jd.reason}"
+                if jd.verdict is Verdict.BEST_EFFORT:
+                    assert jd.guaranteed_gpus == 0, (key, jd)
+                    assert r.admitted_at is None, f"{key} was admitted, then made best-effort: {jd.reason}"
+                    best_effort_seen.add(key)
             if jd.verdict is Verdict.REJECTED:
                 assert r.admitted_at is None, f"{key} was admitted, then rejected"
                 del jobs[key]
@@ -96,7 +109,8 @@ def test_only_a_node_loss_or_a_cut_of_its_own_queue_breaks_a_guarantee(seed: int
             r = _new_job(rng, arrived, now, capacity)
             team = rng.choice(TEAMS)
             r.state = dataclasses.replace(r.state, key=f"{team}/j{arrived}", queue=team,
-                                          priority=rng.choice((0, 0, 5)), checkpoint_interval_steps=1)
+                                          priority=rng.choice((0, 0, 5)), checkpoint_interval_steps=1,
+                                          best_effort=chooses.random() < 0.3)
             jobs[r.state.key] = r
             arrived += 1
         elif event < 0.43 and lost_node_at == -math.inf:
@@ -130,6 +144,7 @@ def test_only_a_node_loss_or_a_cut_of_its_own_queue_breaks_a_guarantee(seed: int
     admitted = [r for r in done_jobs + list(jobs.values()) if r.admitted_at is not None]  # (some never finish)
     assert admitted, "the random run admitted nothing: it tests nothing"
     assert borrowed_seen, "no queue ever borrowed: the run tests no borrowing"
+    assert best_effort_seen, "no job ran best-effort: the run tests no best-effort work"
     for r in admitted:
         late = r.finish is None or r.finish > r.state.deadline + 1e-6
         if not touched(r):

@@ -265,6 +265,26 @@ def test_pending_rejected_quiet_and_finished():
     assert done.step(admitted({"n0": 2})).step is Step.SUCCEED and done.status["phase"] == "Succeeded"
 
 
+def test_a_best_effort_job_says_it_runs_without_a_guarantee_waiting_or_running_and_is_not_admitted_again():
+    c = Cluster()
+    c.body["spec"]["bestEffort"] = True
+    c.now = T0 + QUIET_SECONDS + 1
+    best_effort = JobDecision("ns/job", Verdict.BEST_EFFORT, {}, "best-effort, no guarantee: too late; no GPUs now")
+    assert c.step(best_effort).step is Step.WAIT_FOR_GPUS
+    cond = next(x for x in c.status["conditions"] if x["type"] == "Admitted")
+    assert (c.status["phase"], cond["status"], cond["reason"]) == ("Pending", "True", "BestEffort")
+    assert job_state(c.body).verdict is Verdict.BEST_EFFORT  # admission is not tried again in the next pass
+    assert "conditions" not in c.plan(best_effort).status  # said once
+    c.step(JobDecision("ns/job", Verdict.BEST_EFFORT, {"n0": 2}, "best-effort, no guarantee: starts on 2 GPUs"))
+    c.tick()
+    c.step(JobDecision("ns/job", Verdict.BEST_EFFORT, {"n0": 2}, "best-effort"))
+    assert c.status["phase"] in ("Admitted", "Running")
+    assert job_state(c.body).verdict is Verdict.BEST_EFFORT
+    # Without spec.bestEffort the same condition is not read as best-effort (a job cannot become one later).
+    c.body["spec"]["bestEffort"] = False
+    assert job_state(c.body).verdict is Verdict.ADMITTED
+
+
 def test_a_shrink_for_serving_is_recorded_as_a_loan_and_paid_back():
     c = running_job({"n0": 4})
     c.step(admitted({"n0": 2}), lending={"ns/chat": 2})

@@ -106,6 +106,37 @@ def test_lowest_priority_furthest_above_its_guarantee_shrinks_first() -> None:
     assert d.pool.jobs["a/hi"].gpus == 8 and d.pool.jobs["b/j"].gpus == 4
 
 
+def test_best_effort_work_gives_back_before_a_guaranteed_job_further_above_its_guarantee() -> None:
+    g = job("a/g", "a", 10 * 3000, 10_000, max_gpus=10)
+    d0 = decide(PoolSnapshot(0.0, nodes(), (g,), ()), TEAMS)
+    assert d0.pool.jobs["a/g"].verdict is Verdict.ADMITTED and 0 < d0.pool.jobs["a/g"].guaranteed_gpus <= 4
+    g_run = replace(running(d0, g), placement={"n0": 8, "n1": 2}, done_steps=300, last_checkpoint_step=300)
+    be = job("a/be", "a", 16 * 1000, 200.0, best_effort=True, verdict=Verdict.BEST_EFFORT, placement={"n1": 4})
+    b = job("b/j", "b", 4 * 900, 1000.0, max_gpus=4, submit_time=10.0)
+    snap = PoolSnapshot(10.0, nodes(), (g_run, be, b), ())
+    d = decide(snap, TEAMS)
+    assert_fits(snap, d)
+    # a/g is 6 GPUs above its guarantee, a/be 4 above none: the job without a guarantee gives back first.
+    assert [r.job for r in d.reclaims] == ["a/be"]
+    assert d.pool.jobs["a/g"].gpus == 10 and d.pool.jobs["b/j"].gpus == 4
+    assert d.pool.jobs["a/be"].verdict is Verdict.BEST_EFFORT and d.pool.jobs["a/be"].guaranteed_gpus == 0
+
+
+def test_a_waiting_job_gets_gpus_back_from_borrowers_not_from_its_own_queues_running_jobs() -> None:
+    # b runs b/g on 4 of its 8 GPUs (guaranteed fewer), a borrows the other 4. b/new waits: b's running job is
+    # not expected to shrink for it while a borrows b's nominal; a gives GPUs back, as b alone would start b/new.
+    a = job("a/big", "a", 16 * 3000, 10_000, placement={"n0": 8, "n1": 4}, verdict=Verdict.ADMITTED, share=8)
+    g = job("b/g", "b", 4 * 1000, 10_000, max_gpus=4, placement={"n1": 4}, verdict=Verdict.ADMITTED, share=1,
+            done_steps=100, last_checkpoint_step=100)
+    new = job("b/new", "b", 4 * 1000, 30 * 86400.0, best_effort=True, verdict=Verdict.BEST_EFFORT, min_gpus=2,
+              max_gpus=4, submit_time=50.0)
+    snap = PoolSnapshot(60.0, nodes(), (a, g, new), ())
+    d = decide(snap, TEAMS)
+    assert_fits(snap, d)
+    assert d.pool.jobs["b/g"].gpus == 4 and d.pool.jobs["b/new"].gpus >= 2
+    assert [r.job for r in d.reclaims] == ["a/big"] and d.reclaims[0].to_queue == "b"
+
+
 def test_another_queues_burst_of_deadlines_cannot_take_a_queues_share() -> None:
     burst = [job(f"a/d{i}", "a", 8 * 1000, 1200.0, max_gpus=8) for i in range(4)]
     d0 = decide(PoolSnapshot(0.0, nodes(), tuple(burst), ()), TEAMS)

@@ -85,9 +85,9 @@ def job_state(body: Body) -> JobState:
     verdict = _VERDICT_OF_PHASE.get(job.phase or "")
     if verdict is None and job.guaranteed_share:
         verdict = Verdict.ADMITTED  # admitted, waiting for its GPUs (phase Pending): admission is decided once
-    if verdict is Verdict.ADMITTED and job.best_effort and job.condition(names.COND_ADMITTED,
-                                                                          "reason") == "BestEffort":
-        verdict = Verdict.BEST_EFFORT
+    if verdict is not Verdict.REJECTED and job.best_effort and job.condition(
+            names.COND_ADMITTED, "reason") == names.Reason.BEST_EFFORT:
+        verdict = Verdict.BEST_EFFORT  # running or waiting without a guarantee: not admitted again
     curve = ScalingCurve.of(list(job.throughput))
     placement = {node: gpus for node, gpus in job.placement.items() if gpus}
     measured, gpus = float(progress.get("stepsPerSecond") or 0.0), sum(placement.values())

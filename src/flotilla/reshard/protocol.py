@@ -242,15 +242,23 @@ def _unplaced(p: _Pass, by_set: Mapping[int, list[WorkerPod]], verdict: Verdict,
         return p.done(Step.REJECT)
     if want:
         p.patch["phase"] = phases.ADMITTED
-        admitted = "BestEffort" if verdict is Verdict.BEST_EFFORT else names.Reason.ADMITTED
+        admitted = names.Reason.BEST_EFFORT if verdict is Verdict.BEST_EFFORT else names.Reason.ADMITTED
         p.condition(names.COND_ADMITTED, "True", admitted, reason)
         _switch(p, by_set, want, p.job.worker_set, reason, Cause.PLACE)
         return p.done(Step.PLACE)
     if not status.get("phase") and p.now - p.job.created < QUIET_SECONDS:
         return Transition(Step.IDLE)  # it may be placed in a moment: one write then, admitted and placed
+    if verdict is Verdict.BEST_EFFORT and _admitted_reason(status) != names.Reason.BEST_EFFORT:
+        # Admission is decided once: a best-effort job waiting for idle GPUs says so, and stays best-effort.
+        p.condition(names.COND_ADMITTED, "True", names.Reason.BEST_EFFORT, reason)
     if status.get("phase") != phases.PENDING or status.get("message") != reason:
         p.patch.update(phase=phases.PENDING, message=reason, gpus=0)
     return p.done(Step.WAIT_FOR_GPUS)
+
+
+def _admitted_reason(status: Mapping[str, Any]) -> str | None:
+    return next((c.get("reason") for c in status.get("conditions") or () if c.get("type") == names.COND_ADMITTED),
+                None)
 
 
 def _move(p: _Pass, by_set: Mapping[int, list[WorkerPod]], want: Mapping[str, int], reason: str) -> Transition:

@@ -94,6 +94,9 @@ class Reason:
     """Event and condition reasons (CamelCase, as Kubernetes users expect)."""
 
     ADMITTED = "Admitted"
+    # Admitted without a deadline guarantee (spec.bestEffort, its deadline could not be promised): it runs on GPUs
+    # no guarantee needs, and is the first to give them back, through a checkpoint.
+    BEST_EFFORT = "BestEffort"
     REJECTED = "Rejected"
     PLACED = "Placed"
     RESHARDING = "Resharding"

@@ -7,10 +7,10 @@
 2. Budgets. Each queue may hold its nominal as far as its jobs and deployments want it; idle GPUs (others' unused
    nominal, within lending limits) go to the queues that want more by weight, within borrowing limits, down the
    queue tree (shares.split_tree). Borrowed GPUs are taken back only to give a queue its nominal (shares.settle).
-3. Reclaim. A queue holding more than it may now gives GPUs back: its training jobs shrink, lowest priority and
-   furthest above its own guarantee first, never below that guarantee; the shrink is an ordinary smaller
-   JobDecision that the resharding protocol carries out (checkpoint, smaller worker set, or a pause at a
-   checkpoint). Each is named in a Reclaim.
+3. Reclaim. A queue holding more than it may now gives GPUs back: its training jobs shrink, lowest priority,
+   best-effort (no guarantee) before guaranteed, and furthest above its own guarantee first, never below that
+   guarantee; the shrink is an ordinary smaller JobDecision that the resharding protocol carries out
+   (checkpoint, smaller worker set, or a pause at a checkpoint). Each is named in a Reclaim.
 4. Within each queue the pool arbiter decides as it does for the whole cluster today (serving first, training by
    the allocator's marginal gain, borrowing for serving), on the GPUs of its budget: the others' GPUs are hidden
    from it as foreign GPUs, one queue after another, so that no GPU is given twice. The verdicts and shares of
@@ -192,8 +192,10 @@ def _demand(m: _Queue) -> int:
 
 
 def _need(m: _Queue, policy: PoolPolicy, schedulable: set[str], now: float) -> int:
-    """GPUs a queue needs now: its admitted jobs' guaranteed shares (what they hold, if less), the smallest
-    size of each job waiting for GPUs, and its serving's target now."""
+    """GPUs a queue needs now: what its running jobs hold (at least their guaranteed shares), the smallest size of
+    each job waiting for GPUs, and its serving's target now. A waiting job is owed GPUs on top of what the
+    queue's running jobs hold: the queue's own jobs are not shrunk to make room for it while others borrow its
+    nominal (alone on its nominal it would start on the free GPUs)."""
     total = 0
     for j in m.jobs:
         d = m.promised.get(j.key)
@@ -202,7 +204,7 @@ def _need(m: _Queue, policy: PoolPolicy, schedulable: set[str], now: float) -> i
         guaranteed = d.guaranteed_gpus if d is not None else 0
         held = sum(g for n, g in j.placement.items() if n in schedulable)
         sizes = job_sizes(j)[0]
-        total += max(guaranteed, sizes[0] if sizes and not held else 0)
+        total += max(guaranteed, held if held else (sizes[0] if sizes else 0))
     serving = _serving_reserve(m, now, policy, schedulable)
     return total + (serving[0][1] if serving else 0)
 
@@ -299,7 +301,8 @@ def _promised_state(job: JobState, promised: JobDecision | None) -> JobState:
 
 def _reclaim(members: Mapping[str, _Queue],
              schedulable: set[str]) -> tuple[dict[str, JobState], list[Reclaim]]:
-    """Shrink borrowers of queues above their budget: lowest priority, furthest above its guarantee first."""
+    """Shrink borrowers of queues above their budget: lowest priority, best-effort, furthest above its guarantee
+    first."""
     deficit = {n: m.budget - m.holds for n, m in members.items() if m.budget > m.holds}
     shrunk: dict[str, JobState] = {}
     reclaims: list[Reclaim] = []
@@ -314,7 +317,12 @@ def _reclaim(members: Mapping[str, _Queue],
             d = m.promised.get(j.key)
             return d.guaranteed_gpus if d is not None else 0
 
-        for job in sorted(running, key=lambda j: (j.priority, -(j.gpus - floor(j)), j.key)):
+        def guaranteed(j: JobState) -> bool:
+            d = m.promised.get(j.key)
+            return d is not None and d.verdict is Verdict.ADMITTED
+
+        # Within a priority, work that runs without a guarantee (best-effort) gives back first, whole.
+        for job in sorted(running, key=lambda j: (j.priority, guaranteed(j), -(j.gpus - floor(j)), j.key)):
             if excess <= 0:
                 break
             keep = max(floor(job), job.gpus - excess)
