@@ -10,7 +10,12 @@ on 10,000 requests at that rate:
 * the pick's goodput per GPU at rate r is r / its GPUs when the judge meets r (0 otherwise); the best
   the judge finds at r is r / the fewest GPUs of any layout the judge meets r with. The judge searches
   the layouts with one GPU fewer than the pick (every split of every TP degree, in a fixed order that
-  knows nothing of the planner, on `--search-requests` requests): vs_best = best / pick.
+  knows nothing of the planner: 1,000 requests drop what is far short, then `--search-requests`, then
+  all), and one fewer again while a level has a layout it meets: vs_best = best / pick.
+* `--judge-seeds`: where a layout smaller than the pick is met on the judge's seed, it is judged on these
+  other request samples too, and so is the pick. A layout the judge meets on its seed but not on others
+  sits on the knife edge of the SLO, and is a target only by the luck of that seed: the row also says
+  the fewest-GPU layout met on every seed (the robust best, vs_robust_best).
 * the sweep stops after the first rate the planner flags at risk; there the judge searches every
   layout of the full budget, so the table says whether the planner gave up below the best layout's
   capacity.
@@ -159,10 +164,14 @@ def run(distserve: str, budgets: list[int], rates: dict[int, list[float]], seed:
     profile = judge_engine_profile()
     slo = SLO_SWEEP
 
+    runs: list[list[Any]] = []  # the row's judge runs: [layout, seed, requests, joint attainment]
+
     def judge(lay: JudgeLayout, rate: float, count: int, s: int = seed) -> float:
         unit, prompts, outputs = judged[s]
-        return attainment(lay, [t / rate for t in unit[:count]], prompts[:count], outputs[:count], slo.ttft_ms,
-                          slo.tpot_ms)
+        a = attainment(lay, [t / rate for t in unit[:count]], prompts[:count], outputs[:count], slo.ttft_ms,
+                       slo.tpot_ms)
+        runs.append([lay.describe(), s, count, round(a, 4)])
+        return a
 
     def meets(lay: JudgeLayout, rate: float, s: int = seed) -> bool:
         """Met on `requests` of seed s; runs on fewer first drop what is far short or short (a search)."""
@@ -171,8 +180,9 @@ def run(distserve: str, budgets: list[int], rates: dict[int, list[float]], seed:
                 and judge(lay, rate, requests, s) >= slo.attainment)
 
     seeds_text = f"seed {seed}" + (f"; best also on seeds {', '.join(map(str, other_seeds))}" if other_seeds else "")
-    rows = []
+    rows: list[dict[str, Any]] = []
     plan_ms: list[float] = []
+    plan_cpu_ms: list[float] = []
     print(f"judge: DistServe simulator, {requests} requests ({seeds_text}), OPT-13B A100, TTFT {slo.ttft_ms:g} / "
           f"TPOT {slo.tpot_ms:g} ms, {slo.attainment:.0%} joint; planner profile {profile.name}", flush=True)
     print(f"{'GPUs':>4} {'rate':>6}  {'pick':34} {'claim':>5} {'judged':>7} {'met':>4}  {'best judged':34} "
@@ -180,11 +190,13 @@ def run(distserve: str, budgets: list[int], rates: dict[int, list[float]], seed:
           flush=True)
     for budget in budgets:
         for rate in rates[budget]:
-            start = time.perf_counter()
+            runs.clear()
+            start, cpu = time.perf_counter(), time.process_time()
             # the router deployed in front of the judge's engines is its own scheduler: ties to the first
             chosen = plan(PlanRequest(observed.at_rate(rate), slo, profile, min_gpus=0, max_gpus=budget,
                                       router="queue-first"))
             plan_ms.append((time.perf_counter() - start) * 1000.0)
+            plan_cpu_ms.append((time.process_time() - cpu) * 1000.0)
             pick = _judge_layout(chosen)
             claimed = not chosen.slo_at_risk
             att = judge(pick, rate, requests)
@@ -197,8 +209,11 @@ def run(distserve: str, budgets: list[int], rates: dict[int, list[float]], seed:
                                          else meets(lay, rate, s) for s in other_seeds)
                 return elsewhere[lay]
 
+            def met_here(lay: JudgeLayout, rate: float = rate) -> bool:
+                return meets(lay, rate)
+
             best, robust = search_best(pick, met, pick.gpus - 1 if claimed else budget, claimed, layouts_with,
-                                       lambda lay, rate=rate: meets(lay, rate), met_elsewhere)
+                                       met_here, met_elsewhere)
             if other_seeds and met and best is not None and best.gpus < pick.gpus:
                 met_elsewhere(pick)  # the target is below the pick here: does the pick hold on the others?
             vs_best = (best.gpus / pick.gpus if met else 0.0) if best is not None else None
@@ -207,13 +222,15 @@ def run(distserve: str, budgets: list[int], rates: dict[int, list[float]], seed:
             row = {"gpus": budget, "rate": rate, "pick": pick.describe(), "pick_gpus": pick.gpus, "claimed": claimed,
                    "judged_attainment": round(att, 4), "met": met,
                    "best": best.describe() if best else None, "best_gpus": best.gpus if best else None,
-                   "vs_best": None if vs_best is None else round(vs_best, 3), "plan_ms": round(plan_ms[-1], 1)}
+                   "vs_best": None if vs_best is None else round(vs_best, 3), "plan_ms": round(plan_ms[-1], 1),
+                   "plan_cpu_ms": round(plan_cpu_ms[-1], 1)}
             if other_seeds:
                 row.update({"robust_best": robust.describe() if robust else None,
                             "robust_best_gpus": robust.gpus if robust else None,
                             "vs_robust_best": None if vs_robust is None else round(vs_robust, 3),
                             "pick_met_on_other_seeds": pick_robust,
                             "met_on_other_seeds": {lay.describe(): ok for lay, ok in elsewhere.items()}})
+            row["judge_runs"] = [list(r) for r in runs]
             rows.append(row)
             print(f"{budget:4d} {rate:6.1f}  {pick.describe():34} {'yes' if claimed else 'risk':>5} {att:7.3f} "
                   f"{'yes' if met else 'NO':>4}  {row['best'] or '-':34} "
@@ -233,6 +250,7 @@ def run(distserve: str, budgets: list[int], rates: dict[int, list[float]], seed:
         "at_risk_but_a_layout_meets": sum(1 for r in rows if not r["claimed"] and r["best"] is not None),
         "plan_ms_median": round(statistics.median(plan_ms), 1),
         "plan_ms_max": round(ordered[-1], 1),
+        "plan_cpu_ms_max": round(max(plan_cpu_ms), 1),
     }
     if other_seeds:
         robust_ratios = [r["vs_robust_best"] for r in claims if r["vs_robust_best"] is not None]
