@@ -10,8 +10,9 @@ on 10,000 requests at that rate:
 * the pick's goodput per GPU at rate r is r / its GPUs when the judge meets r (0 otherwise); the best
   the judge finds at r is r / the fewest GPUs of any layout the judge meets r with. The judge searches
   the layouts with one GPU fewer than the pick (every split of every TP degree, in a fixed order that
-  knows nothing of the planner: 1,000 requests drop what is far short, then `--search-requests`, then
-  all), and one fewer again while a level has a layout it meets: vs_best = best / pick.
+  knows nothing of the planner: 1,000 requests drop what is under 0.8, `--search-requests` what is 2
+  points under the target, and all must meet it), and one fewer again while a level has a layout it
+  meets: vs_best = best / pick.
 * `--judge-seeds`: where a layout smaller than the pick is met on the judge's seed, it is judged on these
   other request samples too, and so is the pick. A layout the judge meets on its seed but not on others
   sits on the knife edge of the SLO, and is a target only by the luck of that seed: the row also says
@@ -113,6 +114,10 @@ def _judge_layout(p: Plan) -> JudgeLayout:
 
 SCREEN_REQUESTS = 1000  # the judge's search first runs a layout on this many requests ...
 SCREEN_FLOOR = 0.8  # ... and drops it only when fewer than this share meet the SLO (far from the target)
+# then on --search-requests, dropping it only this far below the target: on 4,000 requests a layout at
+# its limit is 0.01-0.02 off its 10,000-request attainment (1x1 prefill + 2x1 decode at 14 req/s,
+# seed 12: 0.899 on 4,000, 0.917 on 10,000), and what is met on 10,000 is what counts
+SEARCH_SLACK = 0.02
 
 
 def search_best(pick: JudgeLayout, pick_met: bool, start: int, descend: bool,
@@ -174,9 +179,9 @@ def run(distserve: str, budgets: list[int], rates: dict[int, list[float]], seed:
         return a
 
     def meets(lay: JudgeLayout, rate: float, s: int = seed) -> bool:
-        """Met on `requests` of seed s; runs on fewer first drop what is far short or short (a search)."""
+        """Met on `requests` of seed s; runs on fewer first drop what falls far short (a search)."""
         return (judge(lay, rate, SCREEN_REQUESTS, s) >= SCREEN_FLOOR
-                and judge(lay, rate, search_requests, s) >= slo.attainment
+                and judge(lay, rate, search_requests, s) >= slo.attainment - SEARCH_SLACK
                 and judge(lay, rate, requests, s) >= slo.attainment)
 
     seeds_text = f"seed {seed}" + (f"; best also on seeds {', '.join(map(str, other_seeds))}" if other_seeds else "")
