@@ -233,12 +233,17 @@ def main() -> None:
     parser.add_argument("--requests", type=int, default=10000, help="--sweep: requests per judged run")
     parser.add_argument("--search-requests", type=int, default=4000,
                         help="--sweep: requests per run while the judge searches for a smaller layout")
+    parser.add_argument("--judge-seeds", type=int, nargs="*", default=[],
+                        help="--sweep: more judge seeds (request samples) besides --seed; where a layout smaller "
+                             "than the pick is met on --seed, it is judged on these too, with the pick, and the "
+                             "row says the fewest-GPU layout met on every seed (robust best)")
     args = parser.parse_args()
     if args.sweep:
         from distserve_sweep import DEFAULT_RATES, run
 
         rates = {b: args.rates or DEFAULT_RATES.get(b, [2.0 * b * i / 4 for i in range(1, 10)]) for b in args.budgets}
-        run(args.distserve, args.budgets, rates, args.seed, args.requests, args.search_requests)
+        run(args.distserve, args.budgets, rates, args.seed, args.requests, args.search_requests,
+            tuple(args.judge_seeds))
         return
     sys.path.insert(0, args.distserve)
 

@@ -146,3 +146,15 @@ def test_the_queue_router_breaks_ties_at_random_and_queue_first_to_the_first():
     first = check(Layout(colocated=(4, 1)), OPT_13B_A100, CHAT, 14.0, slo, router="queue-first")
     spread = check(Layout(colocated=(4, 1)), OPT_13B_A100, CHAT, 14.0, slo, router="queue")
     assert spread.meets(slo) and not first.meets(slo)
+
+
+def test_a_random_tie_goes_to_one_of_the_least_loaded_each_alike():
+    from flotilla.serving.check import _Prefill, _Sim
+
+    sim = _Sim(Layout((5, 1), (1, 1)), OPT_13B_A100, [100] * 10, [10] * 10, "queue", seed=3)
+    for engine, waiting in zip(sim.front, (1, 0, 2, 0, 0)):
+        assert isinstance(engine, _Prefill)
+        engine.queue.extend(range(waiting))
+    picked = [sim.front.index(sim._pick(sim.front)) for _ in range(3000)]
+    assert set(picked) == {1, 3, 4}
+    assert all(900 < picked.count(i) < 1100 for i in (1, 3, 4))

@@ -209,10 +209,14 @@ class _Sim:
             return min(engines, key=kind.waiting_load)
         if self.router == "queue+kv":
             return min(engines, key=lambda e: (kind.waiting_load(e), e.kv_use()))
-        loads = [kind.waiting_load(e) for e in engines]
+        loads = list(map(kind.waiting_load, engines))
         least = min(loads)
-        tied = [e for e, load in zip(engines, loads) if load == least]
-        return tied[0] if len(tied) == 1 else tied[self.ties.randrange(len(tied))]
+        tied = loads.count(least)
+        at = loads.index(least)
+        if tied > 1:  # the k-th of the tied, k at random (the same draw as picking from a list of them)
+            for _ in range(self.ties.randrange(tied)):
+                at = loads.index(least, at + 1)
+        return engines[at]
 
     def first_token(self, request: int, now: float) -> None:
         self.ttft[request] = now - self.arrival[request]
