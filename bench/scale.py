@@ -19,8 +19,9 @@ and the same job mix:
   rank 0, reporting progress through the API server until the job has done its steps (`--workers simulated`).
 
 Latencies come from the bench's own watches (receive times, millisecond resolution, the same on both paths);
-the API server's 1 s timestamps give the secondary figures. The operator's re-plan time and request count
-come from its per-pass log line; its CPU seconds and peak RSS, and the API server's CPU seconds, from /proc;
+the API server's 1 s timestamps give the secondary figures. The operator's re-plan time, passes, writes,
+throttling, admissions and rejections come from its own Prometheus metrics (scraped over HTTP before the first
+job and after the last, docs/operator-metrics.md); its CPU seconds and peak RSS, and the API server's CPU seconds, from /proc;
 who wrote pods' status, and how far KWOK was behind (`kwok`), from the API server's audit log. Writes a JSON report and a PNG plot into --out and
 prints, as its last line:
 {"nodes", "jobs", "rate", "admit_per_s", "p99_create_to_running_s", "p99_vs_direct", "operator_rss_mb",
@@ -59,7 +60,7 @@ sys.path.insert(0, str(ROOT / "src"))
 from flotilla import GROUP, VERSION  # noqa: E402
 from flotilla.allocation import policies  # noqa: E402
 from flotilla.resources import names  # noqa: E402
-from flotilla.testing.services import stop_process  # noqa: E402
+from flotilla.testing.services import free_port, stop_process  # noqa: E402
 
 import scale_kueue  # noqa: E402
 
@@ -718,24 +719,107 @@ def gpus_in_use(pods: list[PodTimes], origin: float, end: float) -> list[tuple[f
     return out
 
 
-PASS_LINE = re.compile(r"reconcile pass: jobs=(\d+) plan_ms=([\d.]+) actions=(\d+) objects=(\d+) "
-                       r"deferred=(\d+) in_flight=(\d+) api_requests=(\d+)(?:.*? plan_cpu_ms=([\d.]+))?")
-
-
 def last_logged(log_path: Path, what: str) -> dict[str, float]:
     """The last "<what> so far: {...}" the operator logged."""
     found = re.findall(re.escape(what) + r" so far: (\{.*\})", log_path.read_text())
     return json.loads(found[-1]) if found else {}
 
 
-def operator_passes(log_path: Path) -> list[dict[str, float]]:
-    out = []
-    for m in PASS_LINE.finditer(log_path.read_text()):
-        jobs, plan_ms, actions, objects, deferred, in_flight, requests, plan_cpu_ms = m.groups()
-        out.append({"jobs": int(jobs), "plan_ms": float(plan_ms), "actions": int(actions),
-                    "deferred": int(deferred), "in_flight": int(in_flight), "api_requests": int(requests),
-                    "plan_cpu_ms": float(plan_cpu_ms or 0.0)})
-    return out
+# The operator's own Prometheus metrics (docs/operator-metrics.md), read over HTTP as Prometheus would: the
+# bench measures the operator through its endpoint and imports none of its code.
+Samples = dict[tuple[str, tuple[tuple[str, str], ...]], float]
+
+
+def scrape(url: str, timeout: float = 10.0) -> Samples:
+    from urllib.request import urlopen
+
+    from prometheus_client.parser import text_string_to_metric_families
+
+    with urlopen(url, timeout=timeout) as response:
+        text = response.read().decode()
+    return {(s.name, tuple(sorted(s.labels.items()))): s.value
+            for family in text_string_to_metric_families(text) for s in family.samples}
+
+
+def wait_scrape(url: str, proc: subprocess.Popen, timeout: float = 60.0) -> Samples:
+    """The first scrape that answers (the operator serves /metrics a second or two after it starts)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            return scrape(url)
+        except OSError:
+            if proc.poll() is not None or time.monotonic() > deadline:
+                raise SystemExit(f"the operator's metrics at {url} did not answer (see operator.log)") from None
+            time.sleep(0.2)
+
+
+def sample(samples: Samples, name: str, **labels: str) -> float:
+    return samples.get((name, tuple(sorted(labels.items()))), 0.0)
+
+
+def labelled(samples: Samples, name: str, label: str) -> dict[str, float]:
+    return {dict(labels)[label]: v for (n, labels), v in samples.items() if n == name and label in dict(labels)}
+
+
+def total(samples: Samples, name: str) -> float:
+    """A metric summed over all its labels."""
+    return sum(v for (n, _), v in samples.items() if n == name)
+
+
+def histogram_quantile(q: float, buckets: dict[float, float]) -> float | None:
+    """As PromQL's histogram_quantile: linear within the bucket the q-th observation falls in (cumulative counts
+    by upper bound; an observation beyond the last finite bound reads as that bound)."""
+    bounds = sorted(buckets)
+    total = buckets[bounds[-1]] if bounds else 0.0
+    if total <= 0:
+        return None
+    rank, lower, below = q * total, 0.0, 0.0
+    for le in bounds:
+        if buckets[le] >= rank:
+            if le == float("inf"):
+                return lower
+            return lower + (le - lower) * (rank - below) / max(buckets[le] - below, 1e-12)
+        lower, below = le, buckets[le]
+    return lower
+
+
+def operator_figures(before: Samples, after: Samples) -> dict[str, Any]:
+    """The operator's pass and write figures over a phase, from two scrapes of its /metrics."""
+    def delta(name: str, **labels: str) -> float:
+        return sample(after, name, **labels) - sample(before, name, **labels)
+
+    hist = "flotilla_operator_pass_duration_seconds"
+    buckets = {float(le): v - labelled(before, f"{hist}_bucket", "le").get(le, 0.0)
+               for le, v in labelled(after, f"{hist}_bucket", "le").items()}
+    passes = delta(f"{hist}_count")
+    quantile = {f"p{round(q * 100)}": (round(v * 1e3, 1) if (v := histogram_quantile(q, buckets)) is not None else None)
+                for q in (0.5, 0.9, 0.99)}
+    # The slowest pass: in the bucket up to the smallest bound that holds every pass.
+    busiest = min((le for le, n in buckets.items() if n >= passes), default=None) if passes else None
+    return {
+        "passes": int(passes),
+        "passes_by_kind": {k: int(v - labelled(before, "flotilla_operator_passes_total", "kind").get(k, 0.0))
+                           for k, v in labelled(after, "flotilla_operator_passes_total", "kind").items()},
+        # histogram_quantile over the pass-duration buckets (2-2.5x apart): a bucket-interpolated figure.
+        "replan_ms": {**quantile, "count": int(passes)},
+        "replan_ms_mean": round(delta(f"{hist}_sum") * 1e3 / passes, 1) if passes else None,
+        "replan_ms_max_bucket": (None if busiest is None else "+Inf" if busiest == float("inf")
+                                 else round(busiest * 1e3, 1)),
+        "planned_objects_per_pass": round(delta("flotilla_operator_pass_planned_objects_sum") / passes, 1)
+        if passes else None,
+        "planning_cpu_s": round(delta("flotilla_operator_plan_cpu_seconds_total"), 2),
+        "api_requests": int(delta("flotilla_operator_api_requests_total")),
+        "api_errors": {k: int(v) for k, v in labelled(after, "flotilla_operator_api_errors_total", "reason").items()},
+        "throttled_s": round(delta("flotilla_operator_throttled_seconds_total"), 2),
+        "deferred": int(delta("flotilla_operator_deferred_total")),
+        "admissions": {k: int(v - labelled(before, "flotilla_operator_admissions_total", "guarantee").get(k, 0.0))
+                       for k, v in labelled(after, "flotilla_operator_admissions_total", "guarantee").items()},
+        "rejections": {k: int(n) for k, v in labelled(after, "flotilla_operator_rejections_total", "reason").items()
+                       if (n := v - labelled(before, "flotilla_operator_rejections_total", "reason").get(k, 0.0))},
+        "watch_events": int(total(after, "flotilla_operator_watch_events_total")
+                            - total(before, "flotilla_operator_watch_events_total")),
+        "relists": int(total(after, "flotilla_operator_relists_total") - total(before, "flotilla_operator_relists_total")),
+    }
 
 
 # --- the two phases -------------------------------------------------------------------------------------
@@ -975,8 +1059,10 @@ def run_flotilla(api: Any, namespace: str, jobs: list[Job], cluster: Cluster, ou
     from kubernetes import client
 
     core, custom = client.CoreV1Api(api), client.CustomObjectsApi(api)
+    metrics_url = f"http://127.0.0.1:{free_port()}/metrics"
     operator = Process(out / "operator.log", cluster.kubeconfig, "operator", "--liveness", "", "--policy",
                        args.policy, "--concurrency", str(args.operator_concurrency),
+                       "--metrics-port", metrics_url.rsplit(":", 1)[1].split("/")[0],
                        *(("--batch-seconds", str(args.operator_batch_seconds))
                          if args.operator_batch_seconds is not None else ()),
                        profile=out / "operator.prof" if args.profile_operator else None)
@@ -989,6 +1075,7 @@ def run_flotilla(api: Any, namespace: str, jobs: list[Job], cluster: Cluster, ou
             custom.create_namespaced_custom_object(GROUP, VERSION, namespace, "servingdeployments",
                                                    servingdeployment(i))
         time.sleep(3)  # the operator lists what exists before the first job arrives
+        scraped = wait_scrape(metrics_url, operator.proc)
         log(f"flotilla: {len(jobs)} TrainingJobs at {args.rate} jobs/s, policy {args.policy}")
         watches = (start_watch(api, f"/api/v1/namespaces/{namespace}/pods", WORKERS),
                    start_watch(api, f"/apis/{GROUP}/{VERSION}/namespaces/{namespace}/trainingjobs"))
@@ -1006,6 +1093,8 @@ def run_flotilla(api: Any, namespace: str, jobs: list[Job], cluster: Cluster, ou
 
         wait_until("the TrainingJobs to finish", finished, args.timeout, 1.0)
         usage = operator.usage()
+        final = scrape(metrics_url)  # after usage(): the scrape's own CPU is not counted
+        figures = operator_figures(scraped, final)
         cpu, until = cpu_during(args.state, cpu), time.time()
         if workers:
             cpu["simworkers"] = round(cpu_seconds(workers.proc.pid), 1)
@@ -1026,9 +1115,8 @@ def run_flotilla(api: Any, namespace: str, jobs: list[Job], cluster: Cluster, ou
     job_admitted = [t - ts(j["metadata"]["creationTimestamp"]) for j in items
                     if (t := condition_time(j.get("status") or {}, names.COND_ADMITTED))]
     first, end = min(created), max(ended or [time.time()])
-    passes = operator_passes(out / "operator.log")
-    busy = [p for p in passes if p["actions"]]
-    requests = passes[-1]["api_requests"] if passes else 0
+    # All its writes since it started, as before: the ServingDeployments' objects too.
+    requests = int(sample(final, "flotilla_operator_api_requests_total"))
     phases: dict[str, int] = {}
     for j in items:
         phases[j["status"]["phase"]] = phases.get(j["status"]["phase"], 0) + 1
@@ -1047,15 +1135,17 @@ def run_flotilla(api: Any, namespace: str, jobs: list[Job], cluster: Cluster, ou
         "job_create_to_running_api_s": percentiles(job_latency_flotilla(items, pods)),
         "job_create_to_recorded_running_s": percentiles(job_recorded_running),
         "job_create_to_admitted_s": percentiles(job_admitted),
-        "replan_ms": percentiles([p["plan_ms"] for p in passes if p["jobs"]]),
-        # The planning thread's CPU seconds over the run: the share of the operator's CPU that planning took.
-        "planning_cpu_s": round(sum(p["plan_cpu_ms"] for p in passes) / 1e3, 2),
-        "replan_ms_max": max((p["plan_ms"] for p in passes), default=None),
-        # Objects with writes on their way after each pass that acted (a pass does not wait for them).
-        "objects_in_flight": percentiles([p["in_flight"] for p in busy]),
-        "passes": len(passes),
+        # From the operator's /metrics, scraped before the first job and once all are done (operator_figures):
+        # re-plan time (bucket-interpolated), passes, the planning thread's CPU seconds (the share of the
+        # operator's CPU that planning took), its writes, throttling, admissions and rejections.
+        "replan_ms": figures["replan_ms"],
+        "planning_cpu_s": figures["planning_cpu_s"],
+        "replan_ms_max": figures["replan_ms_max_bucket"],
+        "passes": figures["passes"],
+        "operator_metrics": figures,
         "operator": {**usage, "cpu_s_by_thread": last_logged(out / "operator.log", "CPU seconds by thread"),
                      "cpu_s_before_jobs": round(started_cpu, 2), "api_requests": requests,
+                     "throttled_s": figures["throttled_s"],
                      "api_requests_per_job": round(requests / len(jobs), 2)},
         "control_plane_cpu_s": cpu,
         "api_server_requests": busiest(api_requests),
@@ -1324,7 +1414,7 @@ def main() -> int:
     print(f"flotilla: {flo['phases']}, submit->Admitted {flo['job_create_to_admitted_s']}, "
           f"submit->recorded Running {flo['job_create_to_recorded_running_s']}, "
           f"admitted {flo['admit_per_s']} jobs/s (all in {flo['admission_wall_s']} s), "
-          f"re-plan {flo['replan_ms']} ms (max {flo['replan_ms_max']}), operator {flo['operator']}, "
+          f"re-plan {flo['replan_ms']} ms (max <= {flo['replan_ms_max']}), operator {flo['operator']}, "
           f"of which planning {flo['planning_cpu_s']} CPU-s in {flo['passes']} passes")
     if report["ramp"]:
         print(f"ramp (direct path, p99 target {args.target_p99} s): {report['ramp']} -> {args.rate:g} jobs/s; "
