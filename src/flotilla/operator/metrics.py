@@ -28,6 +28,7 @@ error. docs/operator-metrics.md documents each metric, label by label, with exam
 | flotilla_operator_watch_lists_total | counter | kind (the first list, and one per watch that could not resume) |
 | flotilla_operator_relists_total | counter | kind (periodic full re-lists), result: ok, failed |
 | flotilla_operator_relist_ghosts_total | counter | kind (objects a list lacked: deleted while no watch looked) |
+| process_cpu_seconds_total, process_resident_memory_bytes, ... | | (prometheus_client's process collector) |
 """
 
 from __future__ import annotations
@@ -35,7 +36,7 @@ from __future__ import annotations
 import logging
 from typing import TYPE_CHECKING, Any, Callable, Iterable
 
-from prometheus_client import CollectorRegistry, Counter, Histogram
+from prometheus_client import CollectorRegistry, Counter, Histogram, ProcessCollector
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
@@ -134,6 +135,7 @@ class OperatorMetrics:
     def __init__(self, source: Callable[[], Operator | None] = lambda: None) -> None:
         self.registry = r = CollectorRegistry()
         r.register(StateCollector(source))
+        ProcessCollector(registry=r)  # process_cpu_seconds_total, process_resident_memory_bytes (read at scrape)
         self.pass_duration = Histogram("flotilla_operator_pass_duration_seconds",
                                        "A reconcile pass: the view's copy and the plan, not its writes",
                                        buckets=PASS_BUCKETS, registry=r)
