@@ -818,7 +818,8 @@ def operator_figures(before: Samples, after: Samples) -> dict[str, Any]:
                        if (n := v - labelled(before, "flotilla_operator_rejections_total", "reason").get(k, 0.0))},
         "watch_events": int(total(after, "flotilla_operator_watch_events_total")
                             - total(before, "flotilla_operator_watch_events_total")),
-        "relists": int(total(after, "flotilla_operator_relists_total") - total(before, "flotilla_operator_relists_total")),
+        "relists": int(total(after, "flotilla_operator_relists_total")
+                       - total(before, "flotilla_operator_relists_total")),
     }
 
 

@@ -209,7 +209,8 @@ def test_the_operator_serves_its_metrics_admissions_rejections_and_passes(log_di
     from flotilla.testing.services import free_port
 
     port = free_port()
-    op = OperatorProcess(log_dir / "operator-metrics.log", "--namespace", namespace, "--metrics-port", str(port)).start()
+    op = OperatorProcess(log_dir / "operator-metrics.log", "--namespace", namespace,
+                         "--metrics-port", str(port)).start()
 
     def scrape() -> dict:
         try:

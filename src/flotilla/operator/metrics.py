@@ -8,16 +8,17 @@ error. docs/operator-metrics.md documents each metric, label by label, with exam
 
 | metric | type | labels |
 |---|---|---|
-| flotilla_operator_pass_duration_seconds | histogram | (a reconcile pass: the view's copy and the plan, not its writes) |
+| flotilla_operator_pass_duration_seconds | histogram | (a pass: the view's copy and the plan, not its writes) |
 | flotilla_operator_pass_planned_objects | histogram | (jobs, ServingDeployments and Queues a pass planned) |
 | flotilla_operator_passes_total | counter | kind: incremental, first, time, nodes, spec, inference-pools |
 | flotilla_operator_plan_cpu_seconds_total | counter | (the planning thread's CPU) |
 | flotilla_operator_actions_total | counter | (writes planned; an object's chain counts all its actions) |
 | flotilla_operator_deferred_total | counter | (objects planned while their earlier writes were still on their way) |
 | flotilla_operator_admissions_total | counter | guarantee: deadline, best-effort |
-| flotilla_operator_rejections_total | counter | reason: deadline-passed, no-size-fits, capacity, breaks-guarantee, headroom, other |
+| flotilla_operator_rejections_total | counter | reason: capacity, breaks-guarantee, headroom, deadline-passed, |
+|   |   | no-size-fits, other |
 | flotilla_operator_reshards_total | counter | (TrainingJob status.reshards increments written) |
-| flotilla_operator_reclaims_total, flotilla_operator_reclaimed_gpus_total | counter | queue (the owner), from_queue (the borrower) |
+| flotilla_operator_reclaims_total, _reclaimed_gpus_total | counter | queue (the owner), from_queue (the borrower) |
 | flotilla_operator_api_requests_total | counter | (writes sent: patches, creates, deletes, applies, Events) |
 | flotilla_operator_api_errors_total | counter | reason: timeout, not-leader, http-<status>, other |
 | flotilla_operator_throttled_seconds_total | counter | (waits imposed by --qps/--burst) |
