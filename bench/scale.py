@@ -616,6 +616,11 @@ def submit_in_waves(jobs: list[Job], waves: int, gap: float, submit: Callable[[J
                 time.sleep(max(0.0, gap - (time.monotonic() - started)))
 
 
+# How often the bench looks at its own watches for the end of a phase: a phase's CPU and requests are read
+# within this much of its last job's end (the same on every path; kept as measured before issue 35's last round).
+POLL_SECONDS = 1.0
+
+
 def wait_until(what: str, done: Callable[[], tuple[bool, str]], timeout: float, interval: float = 2.0) -> None:
     deadline = time.monotonic() + timeout
     while True:
@@ -844,7 +849,7 @@ def run_direct(api: Any, namespace: str, jobs: list[Job], args: argparse.Namespa
         counts = phase_counts(watch)
         return counts.get("Succeeded", 0) + counts.get("Failed", 0) >= total, str(counts)
 
-    wait_until("the direct pods to finish", finished, args.timeout, 1.0)
+    wait_until("the direct pods to finish", finished, args.timeout, POLL_SECONDS)
     cpu, requests, until = cpu_during(args.state, cpu), requests_during(api, requests), time.time()
     watch.stop()
     pods = pod_times(core, namespace)
@@ -858,7 +863,7 @@ def run_direct(api: Any, namespace: str, jobs: list[Job], args: argparse.Namespa
                                                                   f"({names.ROLE_PREFILL},{names.ROLE_DECODE})").items
         return not left, f"{len(left)} left"
 
-    wait_until("the direct path's serving pods to go", servers_gone, args.timeout)
+    wait_until("the direct path's serving pods to go", servers_gone, args.timeout, 0.5)
     end = max((p.finished or time.time()) for p in pods)
     return {
         "pods": len(pods),
@@ -899,7 +904,7 @@ def clear_pods(core: Any, namespace: str, timeout: float) -> None:
             deleting[0] = False
         return not core.list_namespaced_pod(namespace, limit=1).items, "some left"
 
-    wait_until(f"the pods in {namespace} to go", gone, timeout, 1.0)
+    wait_until(f"the pods in {namespace} to go", gone, timeout, 0.5)
 
 
 def kueue_job(job: Job) -> dict[str, Any]:
@@ -974,16 +979,16 @@ def queues_ready(api: Any, kueue: scale_kueue.KueueProcess, cluster: Cluster, na
     wait_until("Kueue's ClusterQueue to be Active", active, 60, 0.5)
 
 
-def run_kueue(api: Any, namespace: str, jobs: list[Job], cluster: Cluster, kueue_dir: Path, out: Path,
-              args: argparse.Namespace) -> dict[str, Any]:
-    """The same jobs as batch/v1 Jobs that Kueue admits against a ClusterQueue of every GPU; kube-controller-
-    manager's Job controller creates their pods, kube-scheduler places them, KWOK ends them as on the other paths.
-    Kueue stops at the end, once the Jobs and their pods are deleted (the next phase starts from an empty
-    cluster)."""
+def run_kueue(api: Any, namespace: str, jobs: list[Job], kueue: scale_kueue.KueueProcess,
+              args: argparse.Namespace, measured: Callable[[], Any] = lambda: None) -> dict[str, Any]:
+    """The same jobs as batch/v1 Jobs that Kueue (started by `start_kueue`) admits against a ClusterQueue of every
+    GPU; kube-controller-manager's Job controller creates their pods, kube-scheduler places them, KWOK ends them as
+    on the other paths. Once everything is measured, `measured()` runs (the next phase's admission layer may start
+    meanwhile); Kueue stops at the end, once the Jobs and their pods are deleted (the next phase starts from an
+    empty cluster)."""
     from kubernetes import client
 
     core, batch, custom = client.CoreV1Api(api), client.BatchV1Api(api), client.CustomObjectsApi(api)
-    kueue = start_kueue(api, cluster, kueue_dir, namespace, out, args)
     watches: tuple[WatchLog, ...] = ()
     throttled: int | None = None
     try:
@@ -999,7 +1004,7 @@ def run_kueue(api: Any, namespace: str, jobs: list[Job], cluster: Cluster, kueue
             counts = phase_counts(watches[1])
             return sum(counts.get(p, 0) for p in FINAL) >= len(jobs), str(counts)
 
-        wait_until("the Kueue Jobs to finish", finished, args.timeout, 1.0)
+        wait_until("the Kueue Jobs to finish", finished, args.timeout, POLL_SECONDS)
         admission = admission_usage(kueue.cpu_s() - started_cpu, kueue.peak_rss_mb(), len(jobs))
         cpu, until = cpu_during(args.state, cpu), time.time()
         api_requests = requests_during(api, api_requests)
@@ -1007,6 +1012,9 @@ def run_kueue(api: Any, namespace: str, jobs: list[Job], cluster: Cluster, kueue
         workloads: list[dict[str, Any]] = custom.list_namespaced_custom_object(  # type: ignore[index]
             scale_kueue.KUEUE_GROUP, scale_kueue.KUEUE_API, namespace, "workloads")["items"]
         pods = pod_times(core, namespace)
+        for w in watches:
+            w.stop()
+        measured()
         batch.delete_collection_namespaced_job(namespace, propagation_policy="Background")
         clear_pods(core, namespace, args.timeout)
     finally:
@@ -1055,19 +1063,76 @@ def run_kueue(api: Any, namespace: str, jobs: list[Job], cluster: Cluster, kueue
     }
 
 
+@dataclass
+class Operator:
+    """`flotilla operator` as the bench runs it, its /metrics on a port of its own."""
+
+    process: Process
+    metrics_url: str
+
+
+def start_operator(cluster: Cluster, out: Path, args: argparse.Namespace) -> Operator:
+    """Started while the previous phase's objects are deleted: its start-up (imports, first lists) is not
+    measured (its CPU is counted from the first submission), only waited for."""
+    port = free_port()
+    process = Process(out / "operator.log", cluster.kubeconfig, "operator", "--liveness", "", "--policy",
+                      args.policy, "--concurrency", str(args.operator_concurrency), "--metrics-port", str(port),
+                      *(("--batch-seconds", str(args.operator_batch_seconds))
+                        if args.operator_batch_seconds is not None else ()),
+                      profile=out / "operator.prof" if args.profile_operator else None)
+    return Operator(process, f"http://127.0.0.1:{port}/metrics")
+
+
+def operator_settled(url: str, proc: subprocess.Popen, servings: int, timeout: float) -> Samples:
+    """Wait until the operator sees the `servings` ServingDeployments, has planned a pass since (every pass plans
+    every ServingDeployment), and has no write on its way: their Deployments are written before the first job, as
+    a fixed 3 s sleep used to allow on a quiet machine. Returns that scrape."""
+    scraped: list[Samples] = []
+    all_seen_at: list[float] = []  # the passes so far when every ServingDeployment was first seen
+
+    def settled() -> tuple[bool, str]:
+        m = wait_scrape(url, proc)
+        scraped[:] = [m]
+        passes = total(m, "flotilla_operator_passes_total")
+        seen = sample(m, "flotilla_operator_view_objects", kind="servings")
+        busy = sample(m, "flotilla_operator_objects_in_flight")
+        if seen >= servings and not all_seen_at:
+            all_seen_at.append(passes)
+        ok = bool(all_seen_at) and passes > all_seen_at[0] and busy == 0
+        return ok, f"{passes:.0f} passes, {seen:.0f} of {servings} ServingDeployments seen, {busy:.0f} writing"
+
+    wait_until("the operator to settle before the first job", settled, timeout, 0.25)
+    return scraped[0]
+
+
+T = TypeVar("T")
+
+
+def start_beside(start: Callable[[], T], work: Callable[[], Any], stop: Callable[[T], Any]) -> T:
+    """`start()` in a thread of its own while `work()` runs here; its result once both are done. Should either
+    fail, what `start` started is stopped."""
+    with ThreadPoolExecutor(1) as pool:
+        starting = pool.submit(start)
+        try:
+            work()
+        except BaseException:
+            try:
+                stop(starting.result())
+            except BaseException:
+                pass  # it failed too: the first failure is the one to report
+            raise
+        return starting.result()
+
+
 def run_flotilla(api: Any, namespace: str, jobs: list[Job], cluster: Cluster, out: Path,
-                 args: argparse.Namespace) -> dict[str, Any]:
+                 args: argparse.Namespace, started: Operator | None = None) -> dict[str, Any]:
     from kubernetes import client
 
     core, custom = client.CoreV1Api(api), client.CustomObjectsApi(api)
-    metrics_url = f"http://127.0.0.1:{free_port()}/metrics"
-    operator = Process(out / "operator.log", cluster.kubeconfig, "operator", "--liveness", "", "--policy",
-                       args.policy, "--concurrency", str(args.operator_concurrency),
-                       "--metrics-port", metrics_url.rsplit(":", 1)[1].split("/")[0],
-                       *(("--batch-seconds", str(args.operator_batch_seconds))
-                         if args.operator_batch_seconds is not None else ()),
-                       profile=out / "operator.prof" if args.profile_operator else None)
+    op = started or start_operator(cluster, out, args)
+    operator, metrics_url = op.process, op.metrics_url
     kwok_exit = args.workers == "kwok"
+    watches: tuple[WatchLog, ...] = ()
     workers = None if kwok_exit else Process(
         out / "simworkers.log", cluster.kubeconfig, "simworkers", "--namespace", namespace,
         "--speed", str(args.speed), "--interval", str(args.sim_interval))
@@ -1075,8 +1140,7 @@ def run_flotilla(api: Any, namespace: str, jobs: list[Job], cluster: Cluster, ou
         for i in range(args.servings):
             custom.create_namespaced_custom_object(GROUP, VERSION, namespace, "servingdeployments",
                                                    servingdeployment(i))
-        time.sleep(3)  # the operator lists what exists before the first job arrives
-        scraped = wait_scrape(metrics_url, operator.proc)
+        scraped = operator_settled(metrics_url, operator.proc, args.servings, 120)
         log(f"flotilla: {len(jobs)} TrainingJobs at {args.rate} jobs/s, policy {args.policy}")
         watches = (start_watch(api, f"/api/v1/namespaces/{namespace}/pods", WORKERS),
                    start_watch(api, f"/apis/{GROUP}/{VERSION}/namespaces/{namespace}/trainingjobs"))
@@ -1092,7 +1156,7 @@ def run_flotilla(api: Any, namespace: str, jobs: list[Job], cluster: Cluster, ou
             counts = phase_counts(watches[1])
             return sum(counts.get(p, 0) for p in FINAL) >= len(jobs), str(counts)
 
-        wait_until("the TrainingJobs to finish", finished, args.timeout, 1.0)
+        wait_until("the TrainingJobs to finish", finished, args.timeout, POLL_SECONDS)
         usage = operator.usage()
         final = scrape(metrics_url)  # after usage(): the scrape's own CPU is not counted
         figures = operator_figures(scraped, final)
@@ -1347,6 +1411,8 @@ def main() -> int:
     kueue_dir = scale_kueue.build(ROOT) if args.against == "kueue" else None  # before the cluster: it may fail
     cluster = Cluster(args.state, args.port_base, args.nodes, args.node_lease_seconds, args.kwok_pod_workers)
     run_id = time.strftime("%H%M%S")
+    operators: list[Operator] = []
+    measured, downing = False, None
     phases = ("direct", "kueue", "flotilla") if kueue_dir else ("direct", "flotilla")
     spaces = {phase: f"scale-{phase}-{run_id}" for phase in phases}
     try:
@@ -1376,22 +1442,50 @@ def main() -> int:
                                   "load_avg_1m": round(os.getloadavg()[0], 2)}
         report["direct"] = run_direct(api, spaces["direct"], jobs, args)
         log(f"direct: done in {report['direct']['wall_s']} s")
-        clear_pods(core, spaces["direct"], args.timeout)
+        # The next phase's admission layer starts while the last phase's objects are deleted: nothing is measured
+        # then (each phase's figures are taken from its first submission on, and it starts from an empty cluster).
         if kueue_dir:
-            report["kueue"] = run_kueue(api, spaces["kueue"], jobs, cluster, kueue_dir, args.out, args)
+            kueue = start_beside(lambda: start_kueue(api, cluster, kueue_dir, spaces["kueue"], args.out, args),
+                                 lambda: clear_pods(core, spaces["direct"], args.timeout),
+                                 lambda k: k.stop())
+            report["kueue"] = run_kueue(api, spaces["kueue"], jobs, kueue, args,
+                                        measured=lambda: operators.append(start_operator(cluster, args.out, args)))
             report["kueue"].update(version=scale_kueue.KUEUE_VERSION, qps=args.kueue_qps,
                                    workers=args.kueue_concurrency)
             log(f"kueue: done in {report['kueue']['wall_s']} s")
-        report["flotilla"] = run_flotilla(api, spaces["flotilla"], jobs, cluster, args.out, args)
+        else:
+            operators.append(start_operator(cluster, args.out, args))
+            clear_pods(core, spaces["direct"], args.timeout)
+        report["flotilla"] = run_flotilla(api, spaces["flotilla"], jobs, cluster, args.out, args, operators[0])
         log(f"flotilla: done in {report['flotilla']['wall_s']} s")
+        measured = True
     finally:
-        if cluster.started and not args.keep_cluster:
+        for op in operators:  # run_flotilla stops it; not when an earlier step failed
+            op.process.stop()
+        if cluster.started and not args.keep_cluster and measured:
+            # Everything is measured: the cluster goes down while the report is written (joined before the
+            # last line).
+            downing = threading.Thread(target=cluster.down, name="cluster-down")
+            downing.start()
+        elif cluster.started and not args.keep_cluster:
             cluster.down()
         elif cluster.kubectl:  # a cluster that stays must not keep this run's pods holding GPUs
             for ns in spaces.values():
                 subprocess.run([*cluster.kubectl, "delete", "namespace", ns, "--ignore-not-found", "--wait=false"],
                                capture_output=True)
 
+    try:
+        last = report_out(report, phases, args, nodes, jobs)
+    finally:
+        if downing is not None:
+            downing.join()
+    print(last)
+    return 0
+
+
+def report_out(report: dict[str, Any], phases: tuple[str, ...], args: argparse.Namespace, nodes: int,
+               jobs: list[Job]) -> str:
+    """Writes the report and the plot, prints the summary; returns the last line to print."""
     flo, direct = report["flotilla"], report["direct"]
     # Submission to Running: a Flotilla pod is created only once its job is placed, so the pods' own
     # create-to-Running (in the report too) leaves out the time the job waits for the operator.
@@ -1438,16 +1532,14 @@ def main() -> int:
     print(f"the operator's TrainingJob status patches per job, by what they set: {flo['status_patches_per_job']}")
     print(f"report: {args.out / 'scale.json'}, plot: {args.out / 'scale.png'}")
     if "kueue" in report:
-        print(json.dumps(report["side_by_side"]))
-        return 0
-    print(json.dumps({"nodes": nodes, "jobs": len(jobs), "rate": args.rate, "admit_per_s": flo["admit_per_s"],
+        return json.dumps(report["side_by_side"])
+    return json.dumps({"nodes": nodes, "jobs": len(jobs), "rate": args.rate, "admit_per_s": flo["admit_per_s"],
                       "p99_create_to_running_s": p99, "p99_vs_direct": report["p99_vs_direct"],
                       "operator_rss_mb": flo["operator"]["peak_rss_mb"],
                       "writes_per_job": flo["operator"]["api_requests_per_job"],
                       "apiserver_s_per_job_vs_direct": report["apiserver_s_per_job_vs_direct"],
                       "apiserver_latency_s_per_job_vs_direct": report["apiserver_latency_s_per_job_vs_direct"],
-                      "operator_cpu_s_per_1000_jobs": round(flo["operator"]["cpu_s"] * 1000 / len(jobs), 1)}))
-    return 0
+                      "operator_cpu_s_per_1000_jobs": round(flo["operator"]["cpu_s"] * 1000 / len(jobs), 1)})
 
 
 if __name__ == "__main__":
