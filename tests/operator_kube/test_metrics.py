@@ -100,6 +100,7 @@ def test_a_pass_a_reshard_and_a_reclaim():
 
 def test_what_the_operator_counts_anyway_is_read_at_scrape_time():
     op = operator()
+    assert samples(op)[("flotilla_operator_leader", ())] == 0  # its loop has not started: a standby
     kube = Kube(client.ApiClient(), concurrency=4)
     op.kube = kube
     kube.requests, kube.throttled_seconds, kube.in_flight = 41, 2.5, 3
@@ -115,6 +116,20 @@ def test_what_the_operator_counts_anyway_is_read_at_scrape_time():
     assert got[("flotilla_operator_view_objects", (("kind", "jobs"),))] == 2
     assert got[("flotilla_operator_view_objects", (("kind", "nodes"),))] == 1
     assert got[("flotilla_operator_objects_in_flight", ())] == 0
+    assert got[("flotilla_operator_leader", ())] == 1
+
+
+def test_a_replica_whose_lease_lapsed_is_no_longer_the_leader():
+    from flotilla.operator.leader import LeaseFence
+
+    now = [100.0]
+    fence = LeaseFence(15, 10, clock=lambda: now[0])
+    op = Operator(Settings(allocator=policies.get(policies.DEFAULT), fence=fence))
+    op.kube = Kube(client.ApiClient(), concurrency=1)
+    fence.renewed(95.0)
+    assert samples(op)[("flotilla_operator_leader", ())] == 1
+    now[0] = 106.0  # 11 s since the last renewal: past the 10 s renew deadline
+    assert samples(op)[("flotilla_operator_leader", ())] == 0
 
 
 def test_served_over_http_and_a_taken_port_is_refused_by_name():

@@ -22,6 +22,7 @@ error. docs/operator-metrics.md documents each metric, label by label, with exam
 | flotilla_operator_api_requests_total | counter | (writes sent: patches, creates, deletes, applies, Events) |
 | flotilla_operator_api_errors_total | counter | reason: timeout, not-leader, http-<status>, other |
 | flotilla_operator_throttled_seconds_total | counter | (waits imposed by --qps/--burst) |
+| flotilla_operator_leader | gauge | (1 while this replica acts: it holds the Lease, or runs without election) |
 | flotilla_operator_writes_in_flight | gauge | (API writes sent and not answered; at most --concurrency) |
 | flotilla_operator_objects_in_flight | gauge | (objects whose write chain is on its way) |
 | flotilla_operator_view_objects | gauge | kind: nodes, jobs, servings, deployments, pods, queues |
@@ -85,6 +86,13 @@ class StateCollector(Collector):
         if op is None:
             return
         kube, informers, relister = op.kube, op.informers, op.relister
+        # Acting: its reconcile loop runs (with --leader-elect, only once it holds the Lease) and, when fenced,
+        # the Lease is still certainly its own.
+        fence = op.settings.fence
+        acting = kube is not None and (fence is None or getattr(fence, "lapse", lambda: None)() is None)
+        yield GaugeMetricFamily("flotilla_operator_leader",
+                                "1 while this replica acts (holds the Lease, or runs without election)",
+                                value=1 if acting else 0)
         yield CounterMetricFamily("flotilla_operator_api_requests", "API writes sent",
                                   value=kube.requests if kube else 0)
         yield CounterMetricFamily("flotilla_operator_throttled_seconds",
