@@ -241,7 +241,16 @@ class Cluster:
                        check=True, capture_output=True)
 
     def down(self) -> None:
-        self._sh("down", check=False)
+        """e2e/cluster.sh down; logs how long each component took to stop."""
+        started, took = time.monotonic(), []
+        proc = subprocess.Popen([str(ROOT / "e2e" / "cluster.sh"), "down"], env=self.env, stdout=subprocess.PIPE,
+                                stderr=subprocess.STDOUT, text=True)
+        assert proc.stdout is not None
+        for line in proc.stdout:
+            if (m := re.search(r"stopped (\S+) ", line)):
+                took.append(f"{m.group(1)} at {time.monotonic() - started:.1f} s")
+        proc.wait()
+        log(f"cluster down in {time.monotonic() - started:.1f} s ({', '.join(took)})")
 
     def kwok_pod_workers(self) -> int | None:
         """KWOK's podPlayStageParallelism as e2e/cluster.sh configured it (None: a cluster from before that)."""
