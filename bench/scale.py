@@ -477,6 +477,7 @@ class WatchLog(threading.Thread):
         self.events = 0
         self.stopped = threading.Event()
         self.ready = threading.Event()  # the first watch request is open
+        self._response: Any = None  # the watch request open now
 
     def run(self) -> None:
         from kubernetes.watch.watch import iter_resp_lines
@@ -491,7 +492,10 @@ class WatchLog(threading.Thread):
                 query["labelSelector"] = self.selector
             url = self.api.configuration.host + self.path + "?" + urlencode(query)
             try:
-                response = self.api.call_api("GET", url, header_params=auth, _request_timeout=(10, 300)).response
+                response = self._response = self.api.call_api("GET", url, header_params=auth,
+                                                              _request_timeout=(10, 300)).response
+                if self.stopped.is_set():
+                    response.shutdown()
                 self.ready.set()
                 for line in iter_resp_lines(response):
                     now = time.time()
@@ -527,7 +531,14 @@ class WatchLog(threading.Thread):
                 seen.running = now
 
     def stop(self) -> None:
+        """Stops it and closes its watch request: an open watch held kube-apiserver's shutdown at the end of a
+        run for 30 s, until e2e/cluster.sh killed it."""
         self.stopped.set()
+        if self._response is not None:
+            try:
+                self._response.shutdown()
+            except Exception:  # noqa: BLE001 - closed already
+                pass
 
 
 WORKERS = f"{names.LABEL_ROLE}={names.ROLE_WORKER}"
