@@ -198,4 +198,3 @@ def test_restarting_the_operator_mid_way_creates_no_duplicate_pods(log_dir: Path
         assert all(get("trainingjob", f"r{i}", namespace)["status"].get("reshards", 0) == 0 for i in range(3))
     finally:
         op.stop()
-
