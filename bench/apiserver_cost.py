@@ -81,6 +81,9 @@ def main() -> int:
     parser.add_argument("--state", type=Path, default=ROOT / ".flotilla" / "scale" / "cluster")
     parser.add_argument("--port-base", type=int, default=19440)
     parser.add_argument("--keep-cluster", action="store_true")
+    parser.add_argument("--only", choices=("all", "heartbeats"), default="all",
+                        help="heartbeats: only a node Lease's renewal and a node's status heartbeat (what every "
+                             "node costs the API server whatever runs on it; docs/scale.md, 10,000 nodes)")
     args = parser.parse_args()
 
     from kubernetes import client, config
@@ -114,6 +117,38 @@ def main() -> int:
                         GROUP, VERSION, ns, PLURAL, j.name, {"status": {"message": f"running {j.name}"}}), jobs)
             core.delete_namespace(ns)
 
+        def heartbeats() -> None:
+            """A kubelet's two periodic writes, each on an object of its own (as each node renews its own):
+            its Lease's renewTime (every 10 s by default) and a status patch of its Ready condition's heartbeat
+            (when anything changed, else every 5 min). The Nodes are the bench's own, small and unmanaged."""
+            ns = f"apicost-leases-{int(time.time())}"
+            core.create_namespace({"metadata": {"name": ns}})
+            coord = client.CoordinationV1Api(api)
+            nodes = [f"apicost-hb-{i:05d}" for i in range(args.count)]
+
+            def micro(i: int) -> str:
+                return f"2026-01-01T00:{i // 60 % 60:02d}:{i % 60:02d}.{i + 1:06d}Z"  # never .000000: dropped
+
+            for n in nodes:
+                coord.create_namespaced_lease(ns, {"metadata": {"name": n}, "spec": {
+                    "holderIdentity": n, "leaseDurationSeconds": 40, "renewTime": micro(0)}})
+                core.create_node({"metadata": {"name": n, "labels": {scale.BENCH_LABEL: "cost"}}})
+            try:
+                measure("renew a node Lease", lambda n: coord.patch_namespaced_lease(
+                    n, ns, {"spec": {"renewTime": micro(int(time.time()) % 3600)}}), nodes)
+                measure("node status heartbeat patch", lambda n: core.patch_node_status(n, {"status": {
+                    "conditions": [{"type": "Ready", "status": "True", "reason": "KubeletReady",
+                                    "message": "kubelet is posting ready status", "lastTransitionTime": NOW,
+                                    "lastHeartbeatTime": micro(int(time.time()) % 3600).split(".")[0] + "Z"}]}}),
+                        nodes)
+            finally:
+                core.delete_namespace(ns)
+                core.delete_collection_node(label_selector=f"{scale.BENCH_LABEL}=cost")
+
+        if args.only == "heartbeats":
+            heartbeats()
+            print(json.dumps({"ms_per_request": results}))
+            return 0
         trainingjob_writes("")
         ns = f"apicost-pods-{int(time.time())}"
         core.create_namespace({"metadata": {"name": ns}})
@@ -148,6 +183,7 @@ def main() -> int:
         finally:
             subprocess.run([*cluster.kubectl, "apply", "--server-side", "--force-conflicts", "-f", str(crd_path)],
                            check=True, capture_output=True)
+        heartbeats()
     finally:
         if cluster.started and not args.keep_cluster:
             cluster.down()

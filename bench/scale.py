@@ -19,8 +19,9 @@ and the same job mix:
   rank 0, reporting progress through the API server until the job has done its steps (`--workers simulated`).
 
 Latencies come from the bench's own watches (receive times, millisecond resolution, the same on both paths);
-the API server's 1 s timestamps give the secondary figures. The operator's re-plan time and request count
-come from its per-pass log line; its CPU seconds and peak RSS, and the API server's CPU seconds, from /proc;
+the API server's 1 s timestamps give the secondary figures. The operator's re-plan time, passes, writes,
+throttling, admissions and rejections come from its own Prometheus metrics (scraped over HTTP before the first
+job and after the last, docs/operator-metrics.md); its CPU seconds and peak RSS, and the API server's CPU seconds, from /proc;
 who wrote pods' status, and how far KWOK was behind (`kwok`), from the API server's audit log. Writes a JSON report and a PNG plot into --out and
 prints, as its last line:
 {"nodes", "jobs", "rate", "admit_per_s", "p99_create_to_running_s", "p99_vs_direct", "operator_rss_mb",
@@ -59,7 +60,7 @@ sys.path.insert(0, str(ROOT / "src"))
 from flotilla import GROUP, VERSION  # noqa: E402
 from flotilla.allocation import policies  # noqa: E402
 from flotilla.resources import names  # noqa: E402
-from flotilla.testing.services import stop_process  # noqa: E402
+from flotilla.testing.services import free_port, stop_process  # noqa: E402
 
 import scale_kueue  # noqa: E402
 
@@ -240,7 +241,16 @@ class Cluster:
                        check=True, capture_output=True)
 
     def down(self) -> None:
-        self._sh("down", check=False)
+        """e2e/cluster.sh down; logs how long each component took to stop."""
+        started, took = time.monotonic(), []
+        proc = subprocess.Popen([str(ROOT / "e2e" / "cluster.sh"), "down"], env=self.env, stdout=subprocess.PIPE,
+                                stderr=subprocess.STDOUT, text=True)
+        assert proc.stdout is not None
+        for line in proc.stdout:
+            if (m := re.search(r"stopped (\S+) ", line)):
+                took.append(f"{m.group(1)} at {time.monotonic() - started:.1f} s")
+        proc.wait()
+        log(f"cluster down in {time.monotonic() - started:.1f} s ({', '.join(took)})")
 
     def kwok_pod_workers(self) -> int | None:
         """KWOK's podPlayStageParallelism as e2e/cluster.sh configured it (None: a cluster from before that)."""
@@ -467,6 +477,7 @@ class WatchLog(threading.Thread):
         self.events = 0
         self.stopped = threading.Event()
         self.ready = threading.Event()  # the first watch request is open
+        self._response: Any = None  # the watch request open now
 
     def run(self) -> None:
         from kubernetes.watch.watch import iter_resp_lines
@@ -481,7 +492,10 @@ class WatchLog(threading.Thread):
                 query["labelSelector"] = self.selector
             url = self.api.configuration.host + self.path + "?" + urlencode(query)
             try:
-                response = self.api.call_api("GET", url, header_params=auth, _request_timeout=(10, 300)).response
+                response = self._response = self.api.call_api("GET", url, header_params=auth,
+                                                              _request_timeout=(10, 300)).response
+                if self.stopped.is_set():
+                    response.shutdown()
                 self.ready.set()
                 for line in iter_resp_lines(response):
                     now = time.time()
@@ -517,7 +531,14 @@ class WatchLog(threading.Thread):
                 seen.running = now
 
     def stop(self) -> None:
+        """Stops it and closes its watch request: an open watch held kube-apiserver's shutdown at the end of a
+        run for 30 s, until e2e/cluster.sh killed it."""
         self.stopped.set()
+        if self._response is not None:
+            try:
+                self._response.shutdown()
+            except Exception:  # noqa: BLE001 - closed already
+                pass
 
 
 WORKERS = f"{names.LABEL_ROLE}={names.ROLE_WORKER}"
@@ -613,6 +634,11 @@ def submit_in_waves(jobs: list[Job], waves: int, gap: float, submit: Callable[[J
             list(pool.map(submit, jobs[w * size:(w + 1) * size]))
             if w < waves - 1:
                 time.sleep(max(0.0, gap - (time.monotonic() - started)))
+
+
+# How often the bench looks at its own watches for the end of a phase: a phase's CPU and requests are read
+# within this much of its last job's end (the same on every path; kept as measured before issue 35's last round).
+POLL_SECONDS = 1.0
 
 
 def wait_until(what: str, done: Callable[[], tuple[bool, str]], timeout: float, interval: float = 2.0) -> None:
@@ -718,24 +744,108 @@ def gpus_in_use(pods: list[PodTimes], origin: float, end: float) -> list[tuple[f
     return out
 
 
-PASS_LINE = re.compile(r"reconcile pass: jobs=(\d+) plan_ms=([\d.]+) actions=(\d+) objects=(\d+) "
-                       r"deferred=(\d+) in_flight=(\d+) api_requests=(\d+)(?:.*? plan_cpu_ms=([\d.]+))?")
-
-
 def last_logged(log_path: Path, what: str) -> dict[str, float]:
     """The last "<what> so far: {...}" the operator logged."""
     found = re.findall(re.escape(what) + r" so far: (\{.*\})", log_path.read_text())
     return json.loads(found[-1]) if found else {}
 
 
-def operator_passes(log_path: Path) -> list[dict[str, float]]:
-    out = []
-    for m in PASS_LINE.finditer(log_path.read_text()):
-        jobs, plan_ms, actions, objects, deferred, in_flight, requests, plan_cpu_ms = m.groups()
-        out.append({"jobs": int(jobs), "plan_ms": float(plan_ms), "actions": int(actions),
-                    "deferred": int(deferred), "in_flight": int(in_flight), "api_requests": int(requests),
-                    "plan_cpu_ms": float(plan_cpu_ms or 0.0)})
-    return out
+# The operator's own Prometheus metrics (docs/operator-metrics.md), read over HTTP as Prometheus would: the
+# bench measures the operator through its endpoint and imports none of its code.
+Samples = dict[tuple[str, tuple[tuple[str, str], ...]], float]
+
+
+def scrape(url: str, timeout: float = 10.0) -> Samples:
+    from urllib.request import urlopen
+
+    from prometheus_client.parser import text_string_to_metric_families
+
+    with urlopen(url, timeout=timeout) as response:
+        text = response.read().decode()
+    return {(s.name, tuple(sorted(s.labels.items()))): s.value
+            for family in text_string_to_metric_families(text) for s in family.samples}
+
+
+def wait_scrape(url: str, proc: subprocess.Popen, timeout: float = 60.0) -> Samples:
+    """The first scrape that answers (the operator serves /metrics a second or two after it starts)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            return scrape(url)
+        except OSError:
+            if proc.poll() is not None or time.monotonic() > deadline:
+                raise SystemExit(f"the operator's metrics at {url} did not answer (see operator.log)") from None
+            time.sleep(0.2)
+
+
+def sample(samples: Samples, name: str, **labels: str) -> float:
+    return samples.get((name, tuple(sorted(labels.items()))), 0.0)
+
+
+def labelled(samples: Samples, name: str, label: str) -> dict[str, float]:
+    return {dict(labels)[label]: v for (n, labels), v in samples.items() if n == name and label in dict(labels)}
+
+
+def total(samples: Samples, name: str) -> float:
+    """A metric summed over all its labels."""
+    return sum(v for (n, _), v in samples.items() if n == name)
+
+
+def histogram_quantile(q: float, buckets: dict[float, float]) -> float | None:
+    """As PromQL's histogram_quantile: linear within the bucket the q-th observation falls in (cumulative counts
+    by upper bound; an observation beyond the last finite bound reads as that bound)."""
+    bounds = sorted(buckets)
+    total = buckets[bounds[-1]] if bounds else 0.0
+    if total <= 0:
+        return None
+    rank, lower, below = q * total, 0.0, 0.0
+    for le in bounds:
+        if buckets[le] >= rank:
+            if le == float("inf"):
+                return lower
+            return lower + (le - lower) * (rank - below) / max(buckets[le] - below, 1e-12)
+        lower, below = le, buckets[le]
+    return lower
+
+
+def operator_figures(before: Samples, after: Samples) -> dict[str, Any]:
+    """The operator's pass and write figures over a phase, from two scrapes of its /metrics."""
+    def delta(name: str, **labels: str) -> float:
+        return sample(after, name, **labels) - sample(before, name, **labels)
+
+    hist = "flotilla_operator_pass_duration_seconds"
+    buckets = {float(le): v - labelled(before, f"{hist}_bucket", "le").get(le, 0.0)
+               for le, v in labelled(after, f"{hist}_bucket", "le").items()}
+    passes = delta(f"{hist}_count")
+    quantile = {f"p{round(q * 100)}": (round(v * 1e3, 1) if (v := histogram_quantile(q, buckets)) is not None else None)
+                for q in (0.5, 0.9, 0.99)}
+    # The slowest pass: in the bucket up to the smallest bound that holds every pass.
+    busiest = min((le for le, n in buckets.items() if n >= passes), default=None) if passes else None
+    return {
+        "passes": int(passes),
+        "passes_by_kind": {k: int(v - labelled(before, "flotilla_operator_passes_total", "kind").get(k, 0.0))
+                           for k, v in labelled(after, "flotilla_operator_passes_total", "kind").items()},
+        # histogram_quantile over the pass-duration buckets (2-2.5x apart): a bucket-interpolated figure.
+        "replan_ms": {**quantile, "count": int(passes)},
+        "replan_ms_mean": round(delta(f"{hist}_sum") * 1e3 / passes, 1) if passes else None,
+        "replan_ms_max_bucket": (None if busiest is None else "+Inf" if busiest == float("inf")
+                                 else round(busiest * 1e3, 1)),
+        "planned_objects_per_pass": round(delta("flotilla_operator_pass_planned_objects_sum") / passes, 1)
+        if passes else None,
+        "planning_cpu_s": round(delta("flotilla_operator_plan_cpu_seconds_total"), 2),
+        "api_requests": int(delta("flotilla_operator_api_requests_total")),
+        "api_errors": {k: int(v) for k, v in labelled(after, "flotilla_operator_api_errors_total", "reason").items()},
+        "throttled_s": round(delta("flotilla_operator_throttled_seconds_total"), 2),
+        "deferred": int(delta("flotilla_operator_deferred_total")),
+        "admissions": {k: int(v - labelled(before, "flotilla_operator_admissions_total", "guarantee").get(k, 0.0))
+                       for k, v in labelled(after, "flotilla_operator_admissions_total", "guarantee").items()},
+        "rejections": {k: int(n) for k, v in labelled(after, "flotilla_operator_rejections_total", "reason").items()
+                       if (n := v - labelled(before, "flotilla_operator_rejections_total", "reason").get(k, 0.0))},
+        "watch_events": int(total(after, "flotilla_operator_watch_events_total")
+                            - total(before, "flotilla_operator_watch_events_total")),
+        "relists": int(total(after, "flotilla_operator_relists_total")
+                       - total(before, "flotilla_operator_relists_total")),
+    }
 
 
 # --- the two phases -------------------------------------------------------------------------------------
@@ -759,7 +869,7 @@ def run_direct(api: Any, namespace: str, jobs: list[Job], args: argparse.Namespa
         counts = phase_counts(watch)
         return counts.get("Succeeded", 0) + counts.get("Failed", 0) >= total, str(counts)
 
-    wait_until("the direct pods to finish", finished, args.timeout, 1.0)
+    wait_until("the direct pods to finish", finished, args.timeout, POLL_SECONDS)
     cpu, requests, until = cpu_during(args.state, cpu), requests_during(api, requests), time.time()
     watch.stop()
     pods = pod_times(core, namespace)
@@ -773,7 +883,7 @@ def run_direct(api: Any, namespace: str, jobs: list[Job], args: argparse.Namespa
                                                                   f"({names.ROLE_PREFILL},{names.ROLE_DECODE})").items
         return not left, f"{len(left)} left"
 
-    wait_until("the direct path's serving pods to go", servers_gone, args.timeout)
+    wait_until("the direct path's serving pods to go", servers_gone, args.timeout, 0.5)
     end = max((p.finished or time.time()) for p in pods)
     return {
         "pods": len(pods),
@@ -823,7 +933,7 @@ def clear_pods(core: Any, namespace: str, timeout: float) -> None:
             deleting[0] = False
         return not core.list_namespaced_pod(namespace, limit=1).items, "some left"
 
-    wait_until(f"the pods in {namespace} to go", gone, timeout, 1.0)
+    wait_until(f"the pods in {namespace} to go", gone, timeout, 0.5)
 
 
 def kueue_job(job: Job) -> dict[str, Any]:
@@ -898,16 +1008,16 @@ def queues_ready(api: Any, kueue: scale_kueue.KueueProcess, cluster: Cluster, na
     wait_until("Kueue's ClusterQueue to be Active", active, 60, 0.5)
 
 
-def run_kueue(api: Any, namespace: str, jobs: list[Job], cluster: Cluster, kueue_dir: Path, out: Path,
-              args: argparse.Namespace) -> dict[str, Any]:
-    """The same jobs as batch/v1 Jobs that Kueue admits against a ClusterQueue of every GPU; kube-controller-
-    manager's Job controller creates their pods, kube-scheduler places them, KWOK ends them as on the other paths.
-    Kueue stops at the end, once the Jobs and their pods are deleted (the next phase starts from an empty
-    cluster)."""
+def run_kueue(api: Any, namespace: str, jobs: list[Job], kueue: scale_kueue.KueueProcess,
+              args: argparse.Namespace, measured: Callable[[], Any] = lambda: None) -> dict[str, Any]:
+    """The same jobs as batch/v1 Jobs that Kueue (started by `start_kueue`) admits against a ClusterQueue of every
+    GPU; kube-controller-manager's Job controller creates their pods, kube-scheduler places them, KWOK ends them as
+    on the other paths. Once everything is measured, `measured()` runs (the next phase's admission layer may start
+    meanwhile); Kueue stops at the end, once the Jobs and their pods are deleted (the next phase starts from an
+    empty cluster)."""
     from kubernetes import client
 
     core, batch, custom = client.CoreV1Api(api), client.BatchV1Api(api), client.CustomObjectsApi(api)
-    kueue = start_kueue(api, cluster, kueue_dir, namespace, out, args)
     watches: tuple[WatchLog, ...] = ()
     throttled: int | None = None
     try:
@@ -923,7 +1033,7 @@ def run_kueue(api: Any, namespace: str, jobs: list[Job], cluster: Cluster, kueue
             counts = phase_counts(watches[1])
             return sum(counts.get(p, 0) for p in FINAL) >= len(jobs), str(counts)
 
-        wait_until("the Kueue Jobs to finish", finished, args.timeout, 1.0)
+        wait_until("the Kueue Jobs to finish", finished, args.timeout, POLL_SECONDS)
         admission = admission_usage(kueue.cpu_s() - started_cpu, kueue.peak_rss_mb(), len(jobs))
         cpu, until = cpu_during(args.state, cpu), time.time()
         api_requests = requests_during(api, api_requests)
@@ -931,6 +1041,9 @@ def run_kueue(api: Any, namespace: str, jobs: list[Job], cluster: Cluster, kueue
         workloads: list[dict[str, Any]] = custom.list_namespaced_custom_object(  # type: ignore[index]
             scale_kueue.KUEUE_GROUP, scale_kueue.KUEUE_API, namespace, "workloads")["items"]
         pods = pod_times(core, namespace)
+        for w in watches:
+            w.stop()
+        measured()
         batch.delete_collection_namespaced_job(namespace, propagation_policy="Background")
         clear_pods(core, namespace, args.timeout)
     finally:
@@ -979,17 +1092,76 @@ def run_kueue(api: Any, namespace: str, jobs: list[Job], cluster: Cluster, kueue
     }
 
 
+@dataclass
+class Operator:
+    """`flotilla operator` as the bench runs it, its /metrics on a port of its own."""
+
+    process: Process
+    metrics_url: str
+
+
+def start_operator(cluster: Cluster, out: Path, args: argparse.Namespace) -> Operator:
+    """Started while the previous phase's objects are deleted: its start-up (imports, first lists) is not
+    measured (its CPU is counted from the first submission), only waited for."""
+    port = free_port()
+    process = Process(out / "operator.log", cluster.kubeconfig, "operator", "--liveness", "", "--policy",
+                      args.policy, "--concurrency", str(args.operator_concurrency), "--metrics-port", str(port),
+                      *(("--batch-seconds", str(args.operator_batch_seconds))
+                        if args.operator_batch_seconds is not None else ()),
+                      profile=out / "operator.prof" if args.profile_operator else None)
+    return Operator(process, f"http://127.0.0.1:{port}/metrics")
+
+
+def operator_settled(url: str, proc: subprocess.Popen, servings: int, timeout: float) -> Samples:
+    """Wait until the operator sees the `servings` ServingDeployments, has planned a pass since (every pass plans
+    every ServingDeployment), and has no write on its way: their Deployments are written before the first job, as
+    a fixed 3 s sleep used to allow on a quiet machine. Returns that scrape."""
+    scraped: list[Samples] = []
+    all_seen_at: list[float] = []  # the passes so far when every ServingDeployment was first seen
+
+    def settled() -> tuple[bool, str]:
+        m = wait_scrape(url, proc)
+        scraped[:] = [m]
+        passes = total(m, "flotilla_operator_passes_total")
+        seen = sample(m, "flotilla_operator_view_objects", kind="servings")
+        busy = sample(m, "flotilla_operator_objects_in_flight")
+        if seen >= servings and not all_seen_at:
+            all_seen_at.append(passes)
+        ok = bool(all_seen_at) and passes > all_seen_at[0] and busy == 0
+        return ok, f"{passes:.0f} passes, {seen:.0f} of {servings} ServingDeployments seen, {busy:.0f} writing"
+
+    wait_until("the operator to settle before the first job", settled, timeout, 0.25)
+    return scraped[0]
+
+
+T = TypeVar("T")
+
+
+def start_beside(start: Callable[[], T], work: Callable[[], Any], stop: Callable[[T], Any]) -> T:
+    """`start()` in a thread of its own while `work()` runs here; its result once both are done. Should either
+    fail, what `start` started is stopped."""
+    with ThreadPoolExecutor(1) as pool:
+        starting = pool.submit(start)
+        try:
+            work()
+        except BaseException:
+            try:
+                stop(starting.result())
+            except BaseException:
+                pass  # it failed too: the first failure is the one to report
+            raise
+        return starting.result()
+
+
 def run_flotilla(api: Any, namespace: str, jobs: list[Job], cluster: Cluster, out: Path,
-                 args: argparse.Namespace) -> dict[str, Any]:
+                 args: argparse.Namespace, started: Operator | None = None) -> dict[str, Any]:
     from kubernetes import client
 
     core, custom = client.CoreV1Api(api), client.CustomObjectsApi(api)
-    operator = Process(out / "operator.log", cluster.kubeconfig, "operator", "--liveness", "", "--policy",
-                       args.policy, "--concurrency", str(args.operator_concurrency),
-                       *(("--batch-seconds", str(args.operator_batch_seconds))
-                         if args.operator_batch_seconds is not None else ()),
-                       profile=out / "operator.prof" if args.profile_operator else None)
+    op = started or start_operator(cluster, out, args)
+    operator, metrics_url = op.process, op.metrics_url
     kwok_exit = args.workers == "kwok"
+    watches: tuple[WatchLog, ...] = ()
     workers = None if kwok_exit else Process(
         out / "simworkers.log", cluster.kubeconfig, "simworkers", "--namespace", namespace,
         "--speed", str(args.speed), "--interval", str(args.sim_interval))
@@ -997,7 +1169,7 @@ def run_flotilla(api: Any, namespace: str, jobs: list[Job], cluster: Cluster, ou
         for i in range(args.servings):
             custom.create_namespaced_custom_object(GROUP, VERSION, namespace, "servingdeployments",
                                                    servingdeployment(i))
-        time.sleep(3)  # the operator lists what exists before the first job arrives
+        scraped = operator_settled(metrics_url, operator.proc, args.servings, 120)
         log(f"flotilla: {len(jobs)} TrainingJobs at {args.rate} jobs/s, policy {args.policy}")
         watches = (start_watch(api, f"/api/v1/namespaces/{namespace}/pods", WORKERS),
                    start_watch(api, f"/apis/{GROUP}/{VERSION}/namespaces/{namespace}/trainingjobs"))
@@ -1013,8 +1185,10 @@ def run_flotilla(api: Any, namespace: str, jobs: list[Job], cluster: Cluster, ou
             counts = phase_counts(watches[1])
             return sum(counts.get(p, 0) for p in FINAL) >= len(jobs), str(counts)
 
-        wait_until("the TrainingJobs to finish", finished, args.timeout, 1.0)
+        wait_until("the TrainingJobs to finish", finished, args.timeout, POLL_SECONDS)
         usage = operator.usage()
+        final = scrape(metrics_url)  # after usage(): the scrape's own CPU is not counted
+        figures = operator_figures(scraped, final)
         cpu, until = cpu_during(args.state, cpu), time.time()
         if workers:
             cpu["simworkers"] = round(cpu_seconds(workers.proc.pid), 1)
@@ -1035,9 +1209,8 @@ def run_flotilla(api: Any, namespace: str, jobs: list[Job], cluster: Cluster, ou
     job_admitted = [t - ts(j["metadata"]["creationTimestamp"]) for j in items
                     if (t := condition_time(j.get("status") or {}, names.COND_ADMITTED))]
     first, end = min(created), max(ended or [time.time()])
-    passes = operator_passes(out / "operator.log")
-    busy = [p for p in passes if p["actions"]]
-    requests = passes[-1]["api_requests"] if passes else 0
+    # All its writes since it started, as before: the ServingDeployments' objects too.
+    requests = int(sample(final, "flotilla_operator_api_requests_total"))
     phases: dict[str, int] = {}
     for j in items:
         phases[j["status"]["phase"]] = phases.get(j["status"]["phase"], 0) + 1
@@ -1056,15 +1229,17 @@ def run_flotilla(api: Any, namespace: str, jobs: list[Job], cluster: Cluster, ou
         "job_create_to_running_api_s": percentiles(job_latency_flotilla(items, pods)),
         "job_create_to_recorded_running_s": percentiles(job_recorded_running),
         "job_create_to_admitted_s": percentiles(job_admitted),
-        "replan_ms": percentiles([p["plan_ms"] for p in passes if p["jobs"]]),
-        # The planning thread's CPU seconds over the run: the share of the operator's CPU that planning took.
-        "planning_cpu_s": round(sum(p["plan_cpu_ms"] for p in passes) / 1e3, 2),
-        "replan_ms_max": max((p["plan_ms"] for p in passes), default=None),
-        # Objects with writes on their way after each pass that acted (a pass does not wait for them).
-        "objects_in_flight": percentiles([p["in_flight"] for p in busy]),
-        "passes": len(passes),
+        # From the operator's /metrics, scraped before the first job and once all are done (operator_figures):
+        # re-plan time (bucket-interpolated), passes, the planning thread's CPU seconds (the share of the
+        # operator's CPU that planning took), its writes, throttling, admissions and rejections.
+        "replan_ms": figures["replan_ms"],
+        "planning_cpu_s": figures["planning_cpu_s"],
+        "replan_ms_max": figures["replan_ms_max_bucket"],
+        "passes": figures["passes"],
+        "operator_metrics": figures,
         "operator": {**usage, "cpu_s_by_thread": last_logged(out / "operator.log", "CPU seconds by thread"),
                      "cpu_s_before_jobs": round(started_cpu, 2), "api_requests": requests,
+                     "throttled_s": figures["throttled_s"],
                      "api_requests_per_job": round(requests / len(jobs), 2)},
         "control_plane_cpu_s": cpu,
         "api_server_requests": busiest(api_requests),
@@ -1265,6 +1440,8 @@ def main() -> int:
     kueue_dir = scale_kueue.build(ROOT) if args.against == "kueue" else None  # before the cluster: it may fail
     cluster = Cluster(args.state, args.port_base, args.nodes, args.node_lease_seconds, args.kwok_pod_workers)
     run_id = time.strftime("%H%M%S")
+    operators: list[Operator] = []
+    measured, downing = False, None
     phases = ("direct", "kueue", "flotilla") if kueue_dir else ("direct", "flotilla")
     spaces = {phase: f"scale-{phase}-{run_id}" for phase in phases}
     try:
@@ -1295,23 +1472,51 @@ def main() -> int:
         report["direct"] = run_direct(api, spaces["direct"], jobs, args)
         log(f"direct: done in {report['direct']['wall_s']} s")
         keep_partial(report, args.out)
-        clear_pods(core, spaces["direct"], args.timeout)
+        # The next phase's admission layer starts while the last phase's objects are deleted: nothing is measured
+        # then (each phase's figures are taken from its first submission on, and it starts from an empty cluster).
         if kueue_dir:
-            report["kueue"] = run_kueue(api, spaces["kueue"], jobs, cluster, kueue_dir, args.out, args)
+            kueue = start_beside(lambda: start_kueue(api, cluster, kueue_dir, spaces["kueue"], args.out, args),
+                                 lambda: clear_pods(core, spaces["direct"], args.timeout),
+                                 lambda k: k.stop())
+            report["kueue"] = run_kueue(api, spaces["kueue"], jobs, kueue, args,
+                                        measured=lambda: operators.append(start_operator(cluster, args.out, args)))
             report["kueue"].update(version=scale_kueue.KUEUE_VERSION, qps=args.kueue_qps,
                                    workers=args.kueue_concurrency)
             log(f"kueue: done in {report['kueue']['wall_s']} s")
             keep_partial(report, args.out)
-        report["flotilla"] = run_flotilla(api, spaces["flotilla"], jobs, cluster, args.out, args)
+        else:
+            operators.append(start_operator(cluster, args.out, args))
+            clear_pods(core, spaces["direct"], args.timeout)
+        report["flotilla"] = run_flotilla(api, spaces["flotilla"], jobs, cluster, args.out, args, operators[0])
         log(f"flotilla: done in {report['flotilla']['wall_s']} s")
+        measured = True
     finally:
-        if cluster.started and not args.keep_cluster:
+        for op in operators:  # run_flotilla stops it; not when an earlier step failed
+            op.process.stop()
+        if cluster.started and not args.keep_cluster and measured:
+            # Everything is measured: the cluster goes down while the report is written (joined before the
+            # last line).
+            downing = threading.Thread(target=cluster.down, name="cluster-down")
+            downing.start()
+        elif cluster.started and not args.keep_cluster:
             cluster.down()
         elif cluster.kubectl:  # a cluster that stays must not keep this run's pods holding GPUs
             for ns in spaces.values():
                 subprocess.run([*cluster.kubectl, "delete", "namespace", ns, "--ignore-not-found", "--wait=false"],
                                capture_output=True)
 
+    try:
+        last = report_out(report, phases, args, nodes, jobs)
+    finally:
+        if downing is not None:
+            downing.join()
+    print(last)
+    return 0
+
+
+def report_out(report: dict[str, Any], phases: tuple[str, ...], args: argparse.Namespace, nodes: int,
+               jobs: list[Job]) -> str:
+    """Writes the report and the plot, prints the summary; returns the last line to print."""
     flo, direct = report["flotilla"], report["direct"]
     # Submission to Running: a Flotilla pod is created only once its job is placed, so the pods' own
     # create-to-Running (in the report too) leaves out the time the job waits for the operator.
@@ -1335,7 +1540,7 @@ def main() -> int:
     print(f"flotilla: {flo['phases']}, submit->Admitted {flo['job_create_to_admitted_s']}, "
           f"submit->recorded Running {flo['job_create_to_recorded_running_s']}, "
           f"admitted {flo['admit_per_s']} jobs/s (all in {flo['admission_wall_s']} s), "
-          f"re-plan {flo['replan_ms']} ms (max {flo['replan_ms_max']}), operator {flo['operator']}, "
+          f"re-plan {flo['replan_ms']} ms (max <= {flo['replan_ms_max']}), operator {flo['operator']}, "
           f"of which planning {flo['planning_cpu_s']} CPU-s in {flo['passes']} passes")
     if report["ramp"]:
         print(f"ramp (direct path, p99 target {args.target_p99} s): {report['ramp']} -> {args.rate:g} jobs/s; "
@@ -1358,16 +1563,14 @@ def main() -> int:
     print(f"the operator's TrainingJob status patches per job, by what they set: {flo['status_patches_per_job']}")
     print(f"report: {args.out / 'scale.json'}, plot: {args.out / 'scale.png'}")
     if "kueue" in report:
-        print(json.dumps(report["side_by_side"]))
-        return 0
-    print(json.dumps({"nodes": nodes, "jobs": len(jobs), "rate": args.rate, "admit_per_s": flo["admit_per_s"],
+        return json.dumps(report["side_by_side"])
+    return json.dumps({"nodes": nodes, "jobs": len(jobs), "rate": args.rate, "admit_per_s": flo["admit_per_s"],
                       "p99_create_to_running_s": p99, "p99_vs_direct": report["p99_vs_direct"],
                       "operator_rss_mb": flo["operator"]["peak_rss_mb"],
                       "writes_per_job": flo["operator"]["api_requests_per_job"],
                       "apiserver_s_per_job_vs_direct": report["apiserver_s_per_job_vs_direct"],
                       "apiserver_latency_s_per_job_vs_direct": report["apiserver_latency_s_per_job_vs_direct"],
-                      "operator_cpu_s_per_1000_jobs": round(flo["operator"]["cpu_s"] * 1000 / len(jobs), 1)}))
-    return 0
+                      "operator_cpu_s_per_1000_jobs": round(flo["operator"]["cpu_s"] * 1000 / len(jobs), 1)})
 
 
 if __name__ == "__main__":

@@ -150,7 +150,10 @@ def controller_api(log_dir: Path, state: Path, *extra: str, more_tokens: str = "
 
 
 def OperatorProcess(log_path: Path, *extra: str, env: dict[str, str] | None = None) -> FlotillaProcess:
-    return FlotillaProcess(log_path, "operator", "--liveness", "", "--resync", "2", *extra, env=env)
+    """No liveness endpoint, and no metrics unless `extra` asks for them on a port of its own (tests run
+    several operators side by side)."""
+    metrics = () if any(a.startswith("--metrics-port") for a in extra) else ("--metrics-port", "0")
+    return FlotillaProcess(log_path, "operator", "--liveness", "", "--resync", "2", *metrics, *extra, env=env)
 
 
 def SimulatedWorkersProcess(log_path: Path, namespace: str, speed: float = 1.0) -> FlotillaProcess:

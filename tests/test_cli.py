@@ -75,6 +75,7 @@ def test_demo_console_tokens_are_made_once_owner_only_and_accepted_by_the_contro
     (["controller", "--no-kubernetes", "--tokens-file", "{tokens}", "--db-url", "sqlite:///{db}"],
      "{tokens} line 1: token must be at least 16 characters"),
     (["operator", "--pool-policy", "{missing}"], "--pool-policy {missing}: [Errno 2] No such file or directory"),
+    (["operator", "--metrics-port", "70000"], "--metrics-port must be at most 65535, got 70000"),
 ])
 def test_a_configuration_error_at_start_up_is_one_line_and_exit_2(tmp_path, argv, message):
     paths = {"tokens": tmp_path / "tokens", "db": tmp_path / "c.db", "missing": tmp_path / "none.yaml"}

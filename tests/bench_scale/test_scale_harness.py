@@ -155,3 +155,40 @@ def test_a_deletion_of_a_phases_pods_that_loses_its_connection_is_sent_again():
 def test_each_finished_phase_is_kept_before_the_next_starts(tmp_path):
     scale.keep_partial({"nodes": 3, "direct": {"wall_s": 1.5}}, tmp_path)
     assert json.loads((tmp_path / "scale-partial.json").read_text())["direct"]["wall_s"] == 1.5
+
+
+def test_the_operators_figures_come_from_two_scrapes_of_its_metrics_endpoint():
+    import socket
+
+    from flotilla.operator.metrics import OperatorMetrics, serve
+
+    metrics = OperatorMetrics()
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    server = serve(metrics, port, "127.0.0.1")
+    try:
+        url = f"http://127.0.0.1:{port}/metrics"
+        metrics.passed(3.0, 1, 0, 0, 0.5, "first")  # before the jobs: left out
+        before = scale.scrape(url)
+        for seconds in (0.004, 0.004, 0.015, 0.015, 0.3):
+            metrics.passed(seconds, 10, 4, 1, 0.01, None)
+        metrics.job_status_written(None, {"phase": "Rejected", "message": "rejected: deadline passed 3 s ago"})
+        figures = scale.operator_figures(before, scale.scrape(url))
+    finally:
+        server.shutdown()
+        server.server_close()
+    assert figures["passes"] == 5 and figures["passes_by_kind"]["incremental"] == 5
+    assert figures["passes_by_kind"]["first"] == 0
+    assert figures["replan_ms"]["p50"] == 12.5  # in the 10-20 ms bucket, half-way through its passes
+    assert figures["replan_ms_max_bucket"] == 500.0
+    assert figures["replan_ms_mean"] == round(0.338 / 5 * 1e3, 1)
+    assert figures["planned_objects_per_pass"] == 10 and figures["deferred"] == 5
+    assert figures["planning_cpu_s"] == 0.05
+    assert figures["rejections"] == {"deadline-passed": 1}
+
+
+def test_histogram_quantile_interpolates_within_the_bucket_as_promql_does():
+    assert scale.histogram_quantile(0.5, {0.01: 2, 0.02: 6, 0.05: 10, float("inf"): 10}) == 0.0175
+    assert scale.histogram_quantile(0.99, {0.01: 0, 0.02: 0, float("inf"): 3}) == 0.02  # beyond the last bound
+    assert scale.histogram_quantile(0.5, {0.01: 0, float("inf"): 0}) is None

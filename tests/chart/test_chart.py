@@ -264,6 +264,25 @@ def test_service_monitor_scrapes_with_the_read_token(render):
     assert endpoint["authorization"]["credentials"] == {"name": "rel-flotilla-tokens", "key": "metrics-token"}
 
 
+def test_the_operators_metrics_port_is_served_and_scraped(render):
+    o = render(*OPTIONS["service-monitor"])
+    c = container(o, "Deployment", OP)
+    assert "--metrics-port=8082" in c["args"]
+    assert {"name": "metrics", "containerPort": 8082} in c["ports"]
+    svc = o[("Service", f"{OP}-metrics")]
+    assert svc["spec"]["ports"] == [{"name": "metrics", "port": 8082, "targetPort": "metrics"}]
+    assert svc["metadata"]["annotations"] == {"prometheus.io/scrape": "true", "prometheus.io/port": "8082",
+                                              "prometheus.io/path": "/metrics"}
+    assert svc["spec"]["selector"] == o[("Deployment", OP)]["spec"]["selector"]["matchLabels"]
+    sm = o[("ServiceMonitor", OP)]
+    assert sm["spec"]["endpoints"][0]["port"] == "metrics" and "authorization" not in sm["spec"]["endpoints"][0]
+    off = render("--set", "operator.metricsPort=0")
+    assert "--metrics-port=0" in container(off, "Deployment", OP)["args"]
+    assert ("Service", f"{OP}-metrics") not in off
+    only = render("--set", "controller.enabled=false,agent.enabled=false,metrics.serviceMonitor.enabled=true")
+    assert ("ServiceMonitor", OP) in only and ("ServiceMonitor", CTL) not in only
+
+
 def test_single_operator_without_election(render):
     o = render(*OPTIONS["single-operator"])
     assert o[("Deployment", OP)]["spec"]["replicas"] == 1
@@ -319,7 +338,7 @@ def test_component_options(render):
     assert render(*OPTIONS["service-nodeport"])[("Service", CTL)]["spec"]["type"] == "NodePort"
 
     o = render(*OPTIONS["operator-only"])
-    assert {name for _, name in o} == {OP, f"{OP}-leader-election", f"{OP}-pool"}
+    assert {name for _, name in o} == {OP, f"{OP}-leader-election", f"{OP}-pool", f"{OP}-metrics"}
 
 
 # Bad values and the message `helm install` gives for each.
@@ -354,8 +373,9 @@ INVALID = [
     (["--set", "agent.tokenExpirationSeconds=60"], "at '/agent/tokenExpirationSeconds'"),
     (["--set", "controller.ingestAuth=shared,controller.statsPosters={serving/router}"],
      "controller.statsPosters needs controller.ingestAuth=tokenreview"),
-    (["--set", "controller.enabled=false,agent.enabled=false,metrics.serviceMonitor.enabled=true"],
-     "metrics.serviceMonitor.enabled needs controller.enabled"),
+    (["--set", "controller.enabled=false,agent.enabled=false,operator.metricsPort=0,metrics.serviceMonitor.enabled=true"],
+     "metrics.serviceMonitor.enabled needs controller.enabled or operator.metricsPort"),
+    (["--set", "operator.metricsPort=70000"], "at '/operator/metricsPort'"),
     (["--set", "queues[0].name=a,queues[0].nominal=-1"], "at '/queues/0/nominal'"),
     (["--set", "queues[0].name=Team_A,queues[0].nominal=1"], "at '/queues/0/name'"),
     (["--set", "queues[0].name=a,queues[0].nominal=1,queues[0].weight=0"], "at '/queues/0/weight'"),

@@ -92,7 +92,12 @@ helm.sh/chart: {{ printf "%s-%s" .root.Chart.Name .root.Chart.Version }}
 {{- if and .Values.controller.tokenReview.enabled (not .Values.controller.tokenReview.admins) -}}
 {{- fail "controller.tokenReview.enabled needs controller.tokenReview.admins (usernames that get the admin role)" -}}
 {{- end -}}
-{{- if and .Values.metrics.serviceMonitor.enabled (not .Values.controller.enabled) -}}
-{{- fail "metrics.serviceMonitor.enabled needs controller.enabled: the controller serves /metrics" -}}
+{{- if and .Values.metrics.serviceMonitor.enabled (not .Values.controller.enabled) (not (include "flotilla.operatorMetrics" .)) -}}
+{{- fail "metrics.serviceMonitor.enabled needs controller.enabled or operator.metricsPort: nothing else serves /metrics" -}}
 {{- end -}}
+{{- end -}}
+
+{{/* "true" when the operator serves its /metrics. */}}
+{{- define "flotilla.operatorMetrics" -}}
+{{- if and .Values.operator.enabled (gt (int .Values.operator.metricsPort) 0) -}}true{{- end -}}
 {{- end -}}

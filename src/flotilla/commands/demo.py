@@ -260,7 +260,7 @@ def run(args: argparse.Namespace) -> int:
     pool_policy = demo.state / "pool-policy.yaml"
     pool_policy.write_text(POOL_POLICY)
     try:
-        demo.start("operator", "operator", "--liveness", "", "--pool-policy", str(pool_policy))
+        demo.start("operator", "operator", "--liveness", "", "--metrics-port", "0", "--pool-policy", str(pool_policy))
         demo.start("controller", "controller", "--db-url", f"sqlite:///{demo.state / 'controller.db'}",
                    "--tokens-file", str(tokens), "--port", str(args.port), *CONTROLLER_ARGS)
         demo.start("simworkers", "simworkers", "--speed", str(args.speed))

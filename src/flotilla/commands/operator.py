@@ -67,6 +67,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "FLOTILLA_AGENT_PORT (default %(default)s; the chart sets agent.stepPort)")
     parser.add_argument("--liveness", default="http://0.0.0.0:8081/healthz",
                         help="liveness endpoint URL, or '' for none (default: %(default)s)")
+    parser.add_argument("--metrics-port", type=int, default=names.OPERATOR_METRICS_PORT, metavar="PORT",
+                        help="serve Prometheus metrics on http://0.0.0.0:PORT/metrics (docs/operator-metrics.md), "
+                             "standby replicas too; 0: not served (default: %(default)s)")
     lease = parser.add_argument_group("leader election (for several replicas: exactly one acts)")
     lease.add_argument("--leader-elect", action="store_true",
                        help="act only while holding a coordination.k8s.io Lease; wait for it otherwise")
@@ -88,18 +91,25 @@ def run(args: argparse.Namespace) -> int:
     for flag, value, least in (("--concurrency", args.concurrency, 1), ("--qps", args.qps, 0),
                                ("--burst", args.burst, 1), ("--api-timeout", args.api_timeout, 0.1),
                                ("--relist-seconds", args.relist_seconds, 1), ("--agent-port", args.agent_port, 1),
-                               ("--batch-seconds", args.batch_seconds, 0)):
+                               ("--batch-seconds", args.batch_seconds, 0), ("--metrics-port", args.metrics_port, 0)):
         if value < least:
             raise SystemExit(f"{flag} must be at least {least}, got {value}")
+    if args.metrics_port > 65535:
+        raise SystemExit(f"--metrics-port must be at most 65535, got {args.metrics_port}")
     elector = _elector(args) if args.leader_elect else None
     identity = elector.identity if elector else kubeapi.default_identity()
-    handlers.configure(handlers.Settings(allocator=policies.get(args.policy), resync_seconds=args.resync,
-                                         batch_seconds=args.batch_seconds,
-                                         concurrency=args.concurrency, qps=args.qps, burst=args.burst,
-                                         max_restarts=args.max_restarts, pool=pool_policy(args),
-                                         api_timeout=args.api_timeout, relist_seconds=args.relist_seconds,
-                                         namespaces=list(args.namespace), identity=identity,
-                                         fence=elector.fence if elector else None, agent_port=args.agent_port))
+    op = handlers.configure(handlers.Settings(allocator=policies.get(args.policy), resync_seconds=args.resync,
+                                              batch_seconds=args.batch_seconds,
+                                              concurrency=args.concurrency, qps=args.qps, burst=args.burst,
+                                              max_restarts=args.max_restarts, pool=pool_policy(args),
+                                              api_timeout=args.api_timeout, relist_seconds=args.relist_seconds,
+                                              namespaces=list(args.namespace), identity=identity,
+                                              fence=elector.fence if elector else None,
+                                              agent_port=args.agent_port))
+    if args.metrics_port:
+        from flotilla.operator.metrics import serve
+
+        serve(op.metrics, args.metrics_port)
     logging.getLogger("kopf.objects").setLevel(logging.WARNING)
     log.info("operator %s: requests carry User-Agent %s/%s", identity, handlers.USER_AGENT, identity)
 

@@ -32,6 +32,7 @@ from flotilla import GROUP, VERSION, kubeapi
 from flotilla.allocation import Allocator
 from flotilla.operator.actions import Action, ApplyObject, CreatePod, PatchAnnotations, PatchStatus
 from flotilla.operator.kube import Kube, RateLimiter, inference_pools_served
+from flotilla.operator.metrics import OperatorMetrics
 from flotilla.operator.reconcile import Planner
 from flotilla.operator import relist, watch
 from flotilla.operator.relist import Lister, Relister
@@ -82,9 +83,15 @@ class Operator:
     # benchmarks (each costs the API server more than any other request of the operator's).
     status_patches: Counter[str] = field(default_factory=Counter)
     status_patches_logged: tuple[float, int] = (0.0, 0)  # when, and how many there were then
+    # What the metrics read at scrape time (flotilla.operator.metrics), set once the loop starts.
+    kube: Kube | None = None
+    informers: list[watch.Informer] = field(default_factory=list)
+    relister: Relister | None = None
+    metrics: OperatorMetrics = field(init=False)
 
     def __post_init__(self) -> None:
         self.planner.full_every = self.settings.resync_seconds
+        self.metrics = OperatorMetrics(lambda: self)
 
 
 # The operator kopf's handlers (login, startup, cleanup) run: set by `configure`.
@@ -172,6 +179,7 @@ async def _loop(op: Operator) -> None:
     for w in watches:
         w.start()
     relister = Relister(view, lister, s.relist_seconds)
+    op.kube, op.informers, op.relister = kube, watches, relister
     # The first decision waits for a full list of every kind: a new leader starts from what is, not a cache.
     await asyncio.gather(*(w.synced.wait() for w in watches))
     relisting = asyncio.get_running_loop().create_task(relister.run())
@@ -278,9 +286,16 @@ async def _reconcile_once(op: Operator, kube: Kube) -> float:
             deferred += 1
             continue
         view.expect(kind, key, [a for a in acts if isinstance(a, (PatchStatus, PatchAnnotations))])
-        in_flight[(kind, key)] = asyncio.get_running_loop().create_task(_write(op, kube, kind, key, acts))
+        # The job's phase as planned: what its status patch changes it from (admissions, rejections).
+        before = (jobs[key].get("status") or {}).get("phase") if kind == "jobs" and key in jobs else None
+        in_flight[(kind, key)] = asyncio.get_running_loop().create_task(_write(op, kube, kind, key, acts, before))
         dispatched += 1
-    # One line per pass (INFO when it acted), parsed by bench/scale.py: re-plan time and API requests so far.
+    op.metrics.passed(planned - started, len(plans), actions, deferred, plan_cpu,
+                      planner.full_reason if planner.full_passes > full_passes else None)
+    for r in planner.reclaims_announced:
+        op.metrics.reclaimed(r.to_queue, r.from_queue, r.gpus)
+    # One line per pass (INFO when it acted): re-plan time and API requests so far (the same figures as the
+    # operator's metrics, which bench/scale.py reads).
     log.log(logging.INFO if actions else logging.DEBUG,
             "reconcile pass: jobs=%d plan_ms=%.1f actions=%d objects=%d deferred=%d in_flight=%d api_requests=%d "
             "throttled_s=%.1f plan_cpu_ms=%.1f planned=%d full=%d%s", len(view.jobs), (planned - started) * 1e3,
@@ -327,7 +342,9 @@ def _timed(fn: Callable[..., Any], *args: Any) -> tuple[Any, float]:
     return fn(*args), time.thread_time() - started
 
 
-async def _write(op: Operator, kube: Kube, kind: str, key: str, actions: list[Action]) -> None:
+async def _write(op: Operator, kube: Kube, kind: str, key: str, actions: list[Action],
+                 before: str | None = None) -> None:
+    """`before`: a job's phase when its actions were planned."""
     view, answer = op.view, None
     try:
         for action, result in await kube.apply(actions):
@@ -335,6 +352,7 @@ async def _write(op: Operator, kube: Kube, kind: str, key: str, actions: list[Ac
                 answer = result
                 if isinstance(action, PatchStatus) and kind == "jobs":
                     op.status_patches[status_patch_kind(action.status)] += 1
+                    op.metrics.job_status_written(before, action.status)
             elif isinstance(action, CreatePod):
                 view.created(key_of(action.manifest), time.monotonic())
             elif isinstance(action, ApplyObject):

@@ -6,6 +6,7 @@ import asyncio
 import json
 import logging
 import time
+from collections import Counter
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Callable
 
@@ -97,8 +98,11 @@ class Kube:
         self._limiter = limiter or RateLimiter(0, 0)
         self.timeout = timeout
         self.events = EventRecorder(EventsApi(self.wire), FIELD_MANAGER, request_timeout=timeout)
+        # Read by the operator's metrics at scrape time (flotilla.operator.metrics).
         self.requests = 0
         self.throttled_seconds = 0.0
+        self.in_flight = 0  # sent, not answered
+        self.errors: Counter[str] = Counter()  # failed writes by `metrics.api_error_reason`
 
     async def apply(self, actions: list[Action]) -> list[tuple[Action, Any]]:
         """Runs different objects' chains concurrently; within a chain, the status and annotation
@@ -132,6 +136,7 @@ class Kube:
                 self.throttled_seconds += wait
                 await asyncio.sleep(wait)
             self.requests += 1
+            self.in_flight += 1
             try:
                 failpoints.hit("before", action)
                 call = asyncio.get_running_loop().run_in_executor(self._pool, self._call, action)
@@ -139,17 +144,23 @@ class Kube:
                 failpoints.hit("after", action)
                 return result
             except NotLeader as e:  # fenced: not sent
+                self.errors["not-leader"] += 1
                 log.warning("%s not sent: %s", type(action).__name__, e)
             except TimeoutError as e:  # the client's (ApiTimeout) or, should it not keep it, ours
+                self.errors["timeout"] += 1
                 log.warning("%s %s timed out (%s); it is planned again on a later pass", type(action).__name__,
                             _target(action), e or f"no answer within {self.timeout + self.TIMEOUT_GRACE_SECONDS:.0f} s")
             except ApiException as e:
+                self.errors[f"http-{e.status}"] += 1
                 message = _api_message(e)
                 # Objects in a namespace being deleted: expected while it goes, not worth a warning.
                 level = logging.DEBUG if e.status == 403 and "being terminated" in message else logging.WARNING
                 log.log(level, "%s failed: %s %s", type(action).__name__, e.status, message)
             except Exception:  # a network fault must not kill the reconcile loop
+                self.errors["other"] += 1
                 log.exception("%s failed", type(action).__name__)
+            finally:
+                self.in_flight -= 1
             return None
 
     def _call(self, a: Action) -> Any:

@@ -314,6 +314,7 @@ class Glue:
     reclaims: tuple[Any, ...] = ()
     emptied: frozenset[str] = frozenset()  # reclaimed jobs the decision leaves with no GPUs
     announced: set[tuple[str, str, str, int]] = field(default_factory=set)
+    fresh: tuple[Any, ...] = ()  # the reclaims the last `finish` announced (their Events are in its actions)
 
     def decided(self, tenant: Any | None) -> None:
         """A new decision (a `flotilla.tenancy.TenantDecision`, or None when the queues took no part)."""
@@ -330,6 +331,7 @@ class Glue:
         Queues' status."""
         if tenancy is None:
             self.announced.clear()
+            self.fresh = ()
             return out
         busy = set(busy)
         index = {(kind, key): i for i, (kind, key, _) in enumerate(out)}
@@ -353,6 +355,7 @@ class Glue:
         self.announced &= current
         new = [r for r in self.reclaims if reclaim_key(r) not in self.announced and r.job not in busy]
         events = reclaim_events(new, jobs, servings, self.emptied)
+        self.fresh = tuple(r for r in new if r.job in events)
         for r in self.reclaims:
             if r.job in events:
                 self.announced.add(reclaim_key(r))

@@ -189,6 +189,11 @@ class Planner:
         self._last_decisions, self._last_lending = decisions, lending
         return out
 
+    @property
+    def reclaims_announced(self) -> tuple[Any, ...]:
+        """The reclaims (`flotilla.tenancy` Reclaim: job, from_queue, to_queue, gpus) the last pass announced."""
+        return self._queues.fresh
+
     def _snapshot(self, now: float, jobs: Mapping[str, Body], nodes: Mapping[str, Body], pods: Mapping[str, Body]
                   ) -> tuple[dict[str, JobState], ClusterSnapshot]:
         """The jobs' states (made again only for the objects that changed) and the allocator's snapshot of them."""

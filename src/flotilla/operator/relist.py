@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+from collections import Counter
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Callable
 
@@ -112,6 +113,9 @@ class Relister:
     def __init__(self, view: View, lister: Lister, every_s: float):
         self.view, self.lister, self.every_s = view, lister, every_s
         self._thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="relist")
+        # For the operator's metrics: lists by (kind, ok | failed), and ghosts dropped by kind.
+        self.counts: Counter[tuple[str, str]] = Counter()
+        self.ghosts: Counter[str] = Counter()
 
     async def relist(self, kinds: tuple[str, ...] = KINDS) -> list[str]:
         """Lists and reconciles each kind; returns the kinds whose list failed (logged)."""
@@ -123,8 +127,11 @@ class Relister:
             except Exception as e:  # the API server is down or slow: the watches keep what they have
                 log.warning("could not re-list %s (%s); trying again in %.0f s", kind, _reason(e), RETRY_SECONDS)
                 failed.append(kind)
+                self.counts[(kind, "failed")] += 1
                 continue
             dropped = self.view.relisted(kind, objects, requested_at)
+            self.counts[(kind, "ok")] += 1
+            self.ghosts[kind] += len(dropped)
             level = logging.WARNING if dropped else logging.DEBUG
             log.log(level, "re-listed %s: %d listed, %d ghosts dropped%s", kind, len(objects), len(dropped),
                     f" ({', '.join(dropped[:5])}{', ...' if len(dropped) > 5 else ''})" if dropped else "")

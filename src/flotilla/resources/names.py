@@ -29,6 +29,7 @@ ENV_AGENT_HOST = "FLOTILLA_AGENT_HOST"  # the node's IP (downward API status.hos
 ENV_AGENT_PORT = "FLOTILLA_AGENT_PORT"
 ENV_ROLE = "FLOTILLA_ROLE"  # "pp<stage>/<stages>", when spec.parallelism says the stages
 DEFAULT_AGENT_PORT = 9477
+OPERATOR_METRICS_PORT = 8082  # the operator's /metrics, beside its liveness endpoint's 8081 (the controller serves 8080)
 
 # Annotations.
 ANNOTATION_CHECKPOINT_REQUEST = f"{GROUP}/checkpoint-request"  # JSON, see design.md
