@@ -1,13 +1,17 @@
 """The check before a promise (flotilla.serving.check): a simulation of a layout's engines and router."""
 
+import sys
 from dataclasses import replace
+from pathlib import Path
 
 import pytest
 
-from flotilla.serving.check import Layout, check
+from flotilla.serving import search
+from flotilla.serving.check import CONFIRM_REQUESTS, Layout, check
 from flotilla.serving.profile import Profile, ProfileError
 from flotilla.serving.shipped_profiles import OPT_13B_A100
 from flotilla.serving.workload import SLO, Workload
+from flotilla.sim.serving_trace import generate
 
 CHAT = Workload.from_means(1.0, 300.0, 200.0)
 SLO_LOOSE = SLO(400.0, 100.0, 0.9)
@@ -158,3 +162,45 @@ def test_a_random_tie_goes_to_one_of_the_least_loaded_each_alike():
     picked = [sim.front.index(sim._pick(sim.front)) for _ in range(3000)]
     assert set(picked) == {1, 3, 4}
     assert all(900 < picked.count(i) < 1100 for i in (1, 3, 4))
+
+
+# The sweep's engine (DistServe's OPT-13B A100 as its simulator runs it) and the planner's observed lengths
+# there: the layouts below sit where docs/serving.md ("Fourth pass") measured them on the planner's samples.
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))
+from distserve_sweep import SLO_SWEEP, judge_engine_profile  # noqa: E402
+
+_SEEN = generate("steady", "chat", 1.0, 6000.0, 1011)
+OBSERVED = Workload(1.0, tuple(int(x) for x in _SEEN.prompt_tokens[:2000]),
+                    tuple(int(x) for x in _SEEN.output_tokens[:2000]))
+
+
+def _counting_checks(monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    seeds: list[int] = []
+
+    def counted(*args, **kwargs):  # type: ignore[no-untyped-def]
+        seeds.append(kwargs["seed"])
+        return check(*args, **kwargs)
+
+    monkeypatch.setattr(search, "check", counted)
+    return seeds
+
+
+def test_a_layout_that_passes_one_sample_and_collapses_on_another_is_refused(monkeypatch: pytest.MonkeyPatch):
+    # one colocated GPU at 6 req/s without chunked prefill: metastable (its decode batch grows until TPOT
+    # collapses on some samples); its first confirming sample passes near the target
+    layout, rate, profile = Layout(colocated=(1, 1)), 6.0, judge_engine_profile()
+    workload = OBSERVED.at_rate(rate)
+    first = check(layout, profile, workload, rate, SLO_SWEEP, requests=CONFIRM_REQUESTS, seed=1, router="queue-first")
+    assert first.meets(SLO_SWEEP) and not first.clearly_meets(SLO_SWEEP)
+    seeds = _counting_checks(monkeypatch)
+    result = search._confirmed(layout, profile, workload, rate, SLO_SWEEP, "queue-first", seed=0)
+    assert seeds == [0, 1, 2]  # screen, first confirming sample, second
+    assert not result.meets(SLO_SWEEP)
+
+
+def test_a_layout_clearly_above_the_target_runs_one_confirming_sample(monkeypatch: pytest.MonkeyPatch):
+    layout, rate, profile = Layout((1, 2), (2, 1)), 14.0, judge_engine_profile()
+    seeds = _counting_checks(monkeypatch)
+    result = search._confirmed(layout, profile, OBSERVED.at_rate(rate), rate, SLO_SWEEP, "queue-first", seed=0)
+    assert seeds == [0, 1]
+    assert result.clearly_meets(SLO_SWEEP) and result.requests == CONFIRM_REQUESTS - int(CONFIRM_REQUESTS * 0.1)
