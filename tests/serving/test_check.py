@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from flotilla.serving import search
-from flotilla.serving.check import CONFIRM_REQUESTS, Layout, check
+from flotilla.serving.check import CHECK_MARGIN, CONFIRM_REQUESTS, Layout, check
 from flotilla.serving.profile import Profile, ProfileError
 from flotilla.serving.shipped_profiles import OPT_13B_A100
 from flotilla.serving.workload import SLO, Workload
@@ -144,6 +144,28 @@ def test_a_check_stops_once_its_misses_rule_a_pass_out():
     assert not passing.stopped_early and passing.meets(SLO_LOOSE)
 
 
+def test_a_check_stops_once_its_last_third_rules_a_pass_out_and_decides_as_a_full_run_does():
+    slo = SLO(ttft_ms=400.0, tpot_ms=60.0, attainment=0.9)
+    three = Layout(colocated=(3, 1))
+    # 3 colocated instances at 20 req/s, seed 3: 0.891 in all, its last third 0.762 (a queue building)
+    full = check(three, OPT_13B_A100, CHAT, 20.0, slo, requests=3000, seed=3)
+    assert full.attainment > 0.85 and full.last_third < slo.attainment
+    whole_only = check(three, OPT_13B_A100, CHAT, 20.0, slo, requests=3000, seed=3, pass_at=0.85)
+    assert not whole_only.stopped_early
+    both = check(three, OPT_13B_A100, CHAT, 20.0, slo, requests=3000, seed=3, pass_at=0.85, last_third_at=0.9)
+    assert both.stopped_early and not both.meets(slo)
+    # the stop changes how long a failing run takes, never what is decided
+    decided = set()
+    for n, rate, seed in [(4, 26.0, 2), (4, 27.0, 1), (4, 27.0, 2), (3, 20.0, 1), (3, 20.0, 4)]:
+        w = Workload.from_means(rate, 300.0, 200.0)
+        whole = check(Layout(colocated=(n, 1)), OPT_13B_A100, w, rate, slo, requests=3000, seed=seed)
+        fast = check(Layout(colocated=(n, 1)), OPT_13B_A100, w, rate, slo, requests=3000, seed=seed,
+                     pass_at=slo.attainment + CHECK_MARGIN, last_third_at=slo.attainment)
+        assert fast.meets(slo) == whole.meets(slo)
+        decided.add(whole.meets(slo))
+    assert decided == {True, False}
+
+
 def test_the_queue_router_breaks_ties_at_random_and_queue_first_to_the_first():
     # behind ties-to-the-first the first colocated replica takes most of a light load; random ties spread it
     slo = SLO(400.0, 40.0, 0.9)
@@ -159,7 +181,8 @@ def test_a_random_tie_goes_to_one_of_the_least_loaded_each_alike():
     for engine, waiting in zip(sim.front, (1, 0, 2, 0, 0)):
         assert isinstance(engine, _Prefill)
         engine.queue.extend(range(waiting))
-    picked = [sim.front.index(sim._pick(sim.front)) for _ in range(3000)]
+        engine.loads[engine.slot] = engine.waiting_load()
+    picked = [sim.front.index(sim._pick(sim.front, sim.front_loads)) for _ in range(3000)]
     assert set(picked) == {1, 3, 4}
     assert all(900 < picked.count(i) < 1100 for i in (1, 3, 4))
 

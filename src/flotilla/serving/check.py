@@ -128,12 +128,14 @@ class CheckResult:
 
 def check(layout: Layout, profile: Profile, workload: Workload, rate: float, slo: SLO,
           requests: int = CHECK_REQUESTS, seed: int = 0, router: Router = "queue",
-          pass_at: float | None = None) -> CheckResult:
+          pass_at: float | None = None, last_third_at: float | None = None) -> CheckResult:
     """Simulate `layout` fed Poisson arrivals at `rate` req/s with lengths drawn from the workload's
     sample (seeded: the same seed gives the same requests, scaled in time with the rate).
 
     `pass_at`: the joint attainment a pass needs; the simulation stops as soon as the counted requests'
-    misses already rule it out (a layout far short of the rate costs a fraction of a full run)."""
+    misses already rule it out (a layout far short of the rate costs a fraction of a full run).
+    `last_third_at` (with `pass_at`): the attainment the last third needs as well (CheckResult.meets asks
+    for the SLO's own): misses there past that share stop the run too."""
     if rate <= 0:
         raise ValueError(f"rate: must be > 0, got {rate}")
     if router not in ROUTERS:
@@ -146,7 +148,9 @@ def check(layout: Layout, profile: Profile, workload: Workload, rate: float, slo
     first = int(requests * WARMUP_SHARE)
     sim = _Sim(layout, profile, prompts, outputs, router, seed)
     if pass_at is not None:
-        sim.watch(first, slo, int((1.0 - pass_at) * (requests - first)))
+        third = max((requests - first) // 3, 1)
+        allowed_there = third if last_third_at is None else math.floor((1.0 - last_third_at) * third + 1e-9)
+        sim.watch(first, slo, int((1.0 - pass_at) * (requests - first)), requests - third, allowed_there)
     ttft, tpot = sim.run(arrivals)
     if sim.stopped:
         n = requests - first
@@ -184,13 +188,23 @@ class _Sim:
             self.back = [_Decode(self, len(self.front) + i, profile.decode_fit(layout.decode[1]))
                          for i in range(layout.decode[0])]
         self.engines: list[_Engine] = [*self.front, *self.back]
+        # what each engine reports waiting, kept as it changes (after an arrival is enqueued, after an
+        # iteration ends, after a hand-off) so that a pick reads one list instead of asking every instance
+        self.front_loads = [0] * len(self.front)
+        self.back_loads = [0] * len(self.back)
+        for pool, loads in ((self.front, self.front_loads), (self.back, self.back_loads)):
+            for slot, engine in enumerate(pool):
+                engine.loads, engine.slot = loads, slot
+                engine.loads[slot] = engine.waiting_load()
         self.watched, self.allowed = n, n  # requests from `watched` on are counted; stop past `allowed` misses
+        self.last_third, self.allowed_there, self.misses_there = n, n, 0  # and past `allowed_there` from `last_third`
         self.ttft_ms = self.tpot_ms = math.inf
         self.ttft_misses = self.tpot_misses = self.joint_misses = 0
         self.stopped = False
 
-    def watch(self, first: int, slo: SLO, allowed_misses: int) -> None:
+    def watch(self, first: int, slo: SLO, allowed_misses: int, last_third: int, allowed_there: int) -> None:
         self.watched, self.allowed = first, allowed_misses
+        self.last_third, self.allowed_there = last_third, allowed_there
         self.ttft_ms, self.tpot_ms = slo.ttft_ms, slo.tpot_ms
 
     def at(self, time: float, engine: _Engine) -> None:
@@ -205,24 +219,26 @@ class _Sim:
             if i < n and (not events or arrivals[i] <= events[0][0]):
                 now = arrivals[i]
                 self.arrival[i] = now
-                self._pick(self.front).enqueue(i, now)
+                engine = self._pick(self.front, self.front_loads)
+                engine.enqueue(i, now)
+                engine.loads[engine.slot] = engine.waiting_load()
                 i += 1
                 continue
             now, _, index, version = heapq.heappop(events)
             engine = self.engines[index]
             if version == engine.version:
                 engine.iteration_done(now)
+                engine.loads[engine.slot] = engine.waiting_load()
         return self.ttft, self.tpot
 
-    def _pick(self, engines: list[_Engine]) -> _Engine:
+    def _pick(self, engines: list[_Engine], loads: list[int]) -> _Engine:
+        """`loads`: the pool's waiting loads, as kept by run() and to_decode()."""
         if len(engines) == 1:
             return engines[0]
-        kind = type(engines[0])  # a pool is of one kind: its method as the key spares a lambda per instance
         if self.router == "queue-first":
-            return min(engines, key=kind.waiting_load)
+            return engines[loads.index(min(loads))]
         if self.router == "queue+kv":
-            return min(engines, key=lambda e: (kind.waiting_load(e), e.kv_use()))
-        loads = list(map(kind.waiting_load, engines))
+            return min(engines, key=lambda e: (loads[e.slot], e.kv_use()))
         least = min(loads)
         tied = loads.count(least)
         at = loads.index(least)
@@ -238,28 +254,34 @@ class _Sim:
             self.tpot[request] = 0.0
         if request >= self.watched and self.ttft[request] > self.ttft_ms:
             self.ttft_misses += 1
-            self._missed()
+            self._missed(request)
 
     def to_decode(self, request: int, now: float) -> None:
         if self.outputs[request] > 1:
-            self._pick(self.back).enqueue(request, now)  # type: ignore[arg-type]
+            engine = self._pick(self.back, self.back_loads)
+            engine.enqueue(request, now)
+            engine.loads[engine.slot] = engine.waiting_load()
 
     def finished(self, request: int, now: float) -> None:
         self.tpot[request] = (now - self.handoff[request]) / (self.outputs[request] - 1)
         if request >= self.watched and self.tpot[request] > self.tpot_ms:
             self.tpot_misses += 1
             if self.ttft[request] <= self.ttft_ms:
-                self._missed()
+                self._missed(request)
 
-    def _missed(self) -> None:
+    def _missed(self, request: int) -> None:
         self.joint_misses += 1
-        if self.joint_misses > self.allowed:
+        if request >= self.last_third:
+            self.misses_there += 1
+        if self.joint_misses > self.allowed or self.misses_there > self.allowed_there:
             self.stopped = True
 
 
 class _Engine:
     index: int
     version: int = 0
+    loads: list[int]  # its pool's waiting loads (the sim's), and its place there
+    slot: int
 
     def enqueue(self, request: int, now: float) -> None:
         raise NotImplementedError
@@ -309,6 +331,15 @@ class _Decode(_Engine):
     def __init__(self, sim: _Sim, index: int, fit: DecodeFit) -> None:
         self.sim, self.index, self.fit = sim, index, fit
         self.cap = float(fit.batch_token_cap)  # context tokens one iteration runs
+        # the fit's pieces, looked up once (DecodeFit._piece's choice, on the hot path)
+        self.small = (fit.constant_ms, fit.per_request_ms, fit.per_context_token_ms)
+        self.large_from = math.inf
+        self.large = self.small
+        if (fit.large_batch_from is not None and fit.large_batch_constant_ms is not None
+                and fit.large_batch_per_request_ms is not None and fit.large_batch_per_context_token_ms is not None):
+            self.large_from = fit.large_batch_from
+            self.large = (fit.large_batch_constant_ms, fit.large_batch_per_request_ms,
+                          fit.large_batch_per_context_token_ms)
         self.kv = float(fit.kv_cache_tokens)  # context tokens the admitted requests may hold
         self.waiting: deque[int] = deque()
         self.running: list[tuple[float, int]] = []  # heap of (step at which it finishes, request)
@@ -350,11 +381,12 @@ class _Decode(_Engine):
             heapq.heappush(self.running, (self.steps + outputs[r] - 1, r))
 
     def _step_ms(self, extra_fixed_ms: float = 0.0, extra_ms: float = 0.0) -> float:
-        fit = self.fit
-        self.share = min(1.0, self.cap / self.context) if self.context > 0 else 1.0
-        batch = self.share * len(self.running)  # the requests this iteration runs
-        constant = fit.constant_at(batch)
-        return max(constant, extra_fixed_ms) - constant + extra_ms + fit.step_ms(batch, self.share * self.context)
+        context = self.context
+        share = self.share = min(1.0, self.cap / context) if context > 0 else 1.0
+        batch = share * len(self.running)  # the requests this iteration runs
+        constant, per_request, per_token = self.large if batch >= self.large_from else self.small
+        step = constant + per_request * batch + per_token * (share * context)  # DecodeFit.step_ms
+        return max(constant, extra_fixed_ms) - constant + extra_ms + step
 
     def _start(self, now: float) -> None:
         if self.waiting:
@@ -376,7 +408,9 @@ class _Decode(_Engine):
         steps = min(steps, int((self.cap - self.context) // batch) + 1)  # every step within the cap
         if steps <= 1:
             return first
-        growth = self.fit.step_ms(batch, self.context + batch) - self.fit.step_ms(batch, self.context)
+        constant, per_request, per_token = self.large if batch >= self.large_from else self.small
+        base = constant + per_request * batch
+        growth = (base + per_token * (self.context + batch)) - (base + per_token * self.context)
         self.pending, self.jump = steps, (now, first, growth, steps)
         return steps * first + growth * steps * (steps - 1) / 2
 
@@ -444,17 +478,18 @@ class _Colocated(_Decode):
         self.in_prefill = []
         if self.chunked:
             budget = self.prefill.max_batch_tokens - len(self.running)
+            per_token, per_square = self.prefill.per_token_ms, self.prefill.per_token_squared_ms
+            done_tokens = self.done_tokens
             for r in self.prompts:
                 if budget <= 0:
                     break
-                start = self.done_tokens.get(r, 0)
+                start = done_tokens.get(r, 0) if done_tokens else 0
                 end = min(prompts[r], start + budget)
                 self.in_prefill.append((r, start, end))
+                work += per_token * (end - start) + per_square * (end * end - start * start)
                 budget -= end - start
             if self.in_prefill:
                 fixed = self.prefill.constant_ms
-                work = sum(self.prefill.per_token_ms * (e - s) + self.prefill.per_token_squared_ms * (e * e - s * s)
-                           for _, s, e in self.in_prefill)
             self.decoding = bool(self.running)
             if not (self.in_prefill or self.running):
                 self.busy = False

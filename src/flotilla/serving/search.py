@@ -224,13 +224,13 @@ def _confirmed(layout: Layout, profile: Profile, workload: Workload, rate: float
     if screen.stopped_early or screen.attainment < slo.attainment - SCREEN_SLACK:
         return screen
     first = check(layout, profile, workload, rate, slo, requests=CONFIRM_REQUESTS, seed=seed + 1, router=router,
-                  pass_at=slo.attainment + CHECK_MARGIN)
+                  pass_at=slo.attainment + CHECK_MARGIN, last_third_at=slo.attainment)
     if not first.meets(slo) or first.clearly_meets(slo):
         return first
     # near the target, or its last third falling: a metastable edge passes some samples and collapses
     # on others, so an independent sample must pass as well
     second = check(layout, profile, workload, rate, slo, requests=CONFIRM_REQUESTS, seed=seed + 2, router=router,
-                   pass_at=slo.attainment + CHECK_MARGIN)
+                   pass_at=slo.attainment + CHECK_MARGIN, last_third_at=slo.attainment)
     return second if not second.meets(slo) or second.attainment < first.attainment else first
 
 
@@ -239,7 +239,7 @@ def served_rate(layout: Layout, profile: Profile, workload: Workload, slo: SLO, 
     """About the highest rate at which the check passes `layout` (a short bisection on coarser checks)."""
     def passes(r: float) -> bool:
         return check(layout, profile, workload, r, slo, requests=AT_RISK_REQUESTS, seed=seed, router=router,
-                     pass_at=slo.attainment + CHECK_MARGIN).meets(slo)
+                     pass_at=slo.attainment + CHECK_MARGIN, last_third_at=slo.attainment).meets(slo)
 
     lo, hi = 0.0, max(guess, 1e-3) * 1.25
     for _ in range(AT_RISK_STEPS):
