@@ -915,6 +915,14 @@ def clear_pods(core: Any, namespace: str, timeout: float) -> None:
     replays every pod of a node it takes over; a label-selected list, such as the operator's re-list every
     minute, still filters through all of them), and the Flotilla phase, run after the direct one, would pay
     for the direct phase's pods (15,000 of them in the full run)."""
+    delete_all(f"the pods in {namespace}", lambda: core.delete_collection_namespaced_pod(namespace, grace_period_seconds=0),
+               lambda: bool(core.list_namespaced_pod(namespace, limit=1).items), timeout)
+
+
+def delete_all(what: str, send: Callable[[], Any], left: Callable[[], bool], timeout: float) -> None:
+    """Send a deletion of a whole collection (`send`) until one is answered, then wait until `left()` says none is
+    left. At 1,000 nodes the API server may give up on such a deletion partway (504) or close its connection
+    (15,500 pods, then 15,000 Jobs, 2026-11-28): what it had deleted stays deleted, and the deletion is sent again."""
     from kubernetes.client.exceptions import ApiException
     from urllib3.exceptions import HTTPError
 
@@ -923,17 +931,17 @@ def clear_pods(core: Any, namespace: str, timeout: float) -> None:
     def gone() -> tuple[bool, str]:
         if deleting[0]:
             try:
-                core.delete_collection_namespaced_pod(namespace, grace_period_seconds=0)
-            except ApiException as e:  # 504: the API server gave up partway (15,000 pods on a busy machine)
+                send()
+            except ApiException as e:
                 if e.status != 504:
                     raise
                 return False, "504 from a deletion of them all"
-            except HTTPError as e:  # the API server closed the connection partway (15,500 pods, 2026-11-28)
+            except HTTPError as e:
                 return False, f"a deletion of them all dropped: {type(e).__name__}"
             deleting[0] = False
-        return not core.list_namespaced_pod(namespace, limit=1).items, "some left"
+        return not left(), "some left"
 
-    wait_until(f"the pods in {namespace} to go", gone, timeout, 0.5)
+    wait_until(f"{what} to go", gone, timeout, 0.5)
 
 
 def kueue_job(job: Job) -> dict[str, Any]:
@@ -1044,7 +1052,9 @@ def run_kueue(api: Any, namespace: str, jobs: list[Job], kueue: scale_kueue.Kueu
         for w in watches:
             w.stop()
         measured()
-        batch.delete_collection_namespaced_job(namespace, propagation_policy="Background")
+        delete_all(f"the Jobs in {namespace}",
+                   lambda: batch.delete_collection_namespaced_job(namespace, propagation_policy="Background"),
+                   lambda: bool(batch.list_namespaced_job(namespace, limit=1).items), args.timeout)
         clear_pods(core, namespace, args.timeout)
     finally:
         for w in watches:

@@ -6,6 +6,8 @@ import json
 import sys
 from pathlib import Path
 
+import pytest
+
 BENCH = Path(__file__).resolve().parents[2] / "bench"
 sys.path.insert(0, str(BENCH))
 
@@ -150,6 +152,27 @@ def test_a_deletion_of_a_phases_pods_that_loses_its_connection_is_sent_again():
     core = _DroppingCore()
     scale.clear_pods(core, "scale-direct-1", timeout=10)
     assert core.deletions == 2
+
+
+def test_a_deletion_of_a_phases_jobs_that_loses_its_connection_is_sent_again_and_a_refusal_is_raised():
+    from kubernetes.client.exceptions import ApiException
+    from urllib3.exceptions import ProtocolError
+
+    sent = []
+
+    def send() -> None:  # the first is dropped (15,000 Jobs at 1,000 nodes, 2026-11-28), the second answered
+        sent.append(1)
+        if len(sent) == 1:
+            raise ProtocolError("Connection aborted.")
+
+    scale.delete_all("the Jobs in scale-kueue-1", send, lambda: len(sent) < 2, timeout=10)
+    assert len(sent) == 2
+
+    def refuse() -> None:
+        raise ApiException(status=403, reason="Forbidden")
+
+    with pytest.raises(ApiException):
+        scale.delete_all("the Jobs in scale-kueue-1", refuse, lambda: True, timeout=10)
 
 
 def test_each_finished_phase_is_kept_before_the_next_starts(tmp_path):
