@@ -44,6 +44,7 @@ import heapq
 import math
 import random
 from collections import deque
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Literal
 
@@ -231,7 +232,7 @@ class _Sim:
                 engine.loads[engine.slot] = engine.waiting_load()
         return self.ttft, self.tpot
 
-    def _pick(self, engines: list[_Engine], loads: list[int]) -> _Engine:
+    def _pick(self, engines: Sequence[_Engine], loads: list[int]) -> _Engine:
         """`loads`: the pool's waiting loads, as kept by run() and to_decode()."""
         if len(engines) == 1:
             return engines[0]
