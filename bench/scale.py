@@ -915,7 +915,8 @@ def clear_pods(core: Any, namespace: str, timeout: float) -> None:
     replays every pod of a node it takes over; a label-selected list, such as the operator's re-list every
     minute, still filters through all of them), and the Flotilla phase, run after the direct one, would pay
     for the direct phase's pods (15,000 of them in the full run)."""
-    delete_all(f"the pods in {namespace}", lambda: core.delete_collection_namespaced_pod(namespace, grace_period_seconds=0),
+    delete_all(f"the pods in {namespace}",
+               lambda: core.delete_collection_namespaced_pod(namespace, grace_period_seconds=0),
                lambda: bool(core.list_namespaced_pod(namespace, limit=1).items), timeout)
 
 

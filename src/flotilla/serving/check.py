@@ -220,9 +220,7 @@ class _Sim:
             if i < n and (not events or arrivals[i] <= events[0][0]):
                 now = arrivals[i]
                 self.arrival[i] = now
-                engine = self._pick(self.front, self.front_loads)
-                engine.enqueue(i, now)
-                engine.loads[engine.slot] = engine.waiting_load()
+                self._route(self.front, self.front_loads, i, now)
                 i += 1
                 continue
             now, _, index, version = heapq.heappop(events)
@@ -231,6 +229,11 @@ class _Sim:
                 engine.iteration_done(now)
                 engine.loads[engine.slot] = engine.waiting_load()
         return self.ttft, self.tpot
+
+    def _route(self, engines: Sequence[_Engine], loads: list[int], request: int, now: float) -> None:
+        engine = self._pick(engines, loads)
+        engine.enqueue(request, now)
+        loads[engine.slot] = engine.waiting_load()
 
     def _pick(self, engines: Sequence[_Engine], loads: list[int]) -> _Engine:
         """`loads`: the pool's waiting loads, as kept by run() and to_decode()."""
@@ -259,9 +262,7 @@ class _Sim:
 
     def to_decode(self, request: int, now: float) -> None:
         if self.outputs[request] > 1:
-            engine = self._pick(self.back, self.back_loads)
-            engine.enqueue(request, now)
-            engine.loads[engine.slot] = engine.waiting_load()
+            self._route(self.back, self.back_loads, request, now)
 
     def finished(self, request: int, now: float) -> None:
         self.tpot[request] = (now - self.handoff[request]) / (self.outputs[request] - 1)
@@ -332,15 +333,7 @@ class _Decode(_Engine):
     def __init__(self, sim: _Sim, index: int, fit: DecodeFit) -> None:
         self.sim, self.index, self.fit = sim, index, fit
         self.cap = float(fit.batch_token_cap)  # context tokens one iteration runs
-        # the fit's pieces, looked up once (DecodeFit._piece's choice, on the hot path)
-        self.small = (fit.constant_ms, fit.per_request_ms, fit.per_context_token_ms)
-        self.large_from = math.inf
-        self.large = self.small
-        if (fit.large_batch_from is not None and fit.large_batch_constant_ms is not None
-                and fit.large_batch_per_request_ms is not None and fit.large_batch_per_context_token_ms is not None):
-            self.large_from = fit.large_batch_from
-            self.large = (fit.large_batch_constant_ms, fit.large_batch_per_request_ms,
-                          fit.large_batch_per_context_token_ms)
+        self.small, self.large_from, self.large = fit.pieces()  # looked up once: steps are priced in the hot path
         self.kv = float(fit.kv_cache_tokens)  # context tokens the admitted requests may hold
         self.waiting: deque[int] = deque()
         self.running: list[tuple[float, int]] = []  # heap of (step at which it finishes, request)

@@ -24,6 +24,7 @@ One entry per tensor-parallel degree (`gpus` GPUs per instance). The formulas ar
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from typing import Any, Mapping
 
@@ -84,6 +85,12 @@ class DecodeFit:
                 and self.large_batch_per_context_token_ms is not None):
             return self.large_batch_constant_ms, self.large_batch_per_request_ms, self.large_batch_per_context_token_ms
         return self.constant_ms, self.per_request_ms, self.per_context_token_ms
+
+    def pieces(self) -> tuple[tuple[float, float, float], float, tuple[float, float, float]]:
+        """(small-batch piece, the batch size from which the large-batch piece prices, that piece): _piece's
+        choice taken apart once, for a loop that prices many steps (the size is infinite without a second piece)."""
+        small, large = self._piece(0.0), self._piece(math.inf)
+        return small, (math.inf if large == small else float(self.large_batch_from or 0)), large
 
     def constant_at(self, batch: float) -> float:
         return self._piece(batch)[0]
