@@ -1424,6 +1424,11 @@ def main() -> int:
     parser.add_argument("--kueue-concurrency", type=int, default=16,
                         help="Kueue's workers for Jobs and Workloads (groupKindConcurrency): the operator's "
                              "--concurrency; Kueue ships 5")
+    parser.add_argument("--phases", default=None,
+                        help="a comma-separated subset of the phases --against runs (direct, kueue, flotilla), e.g. "
+                             "'flotilla': each phase starts from a fresh cluster state anyway, so a full-size "
+                             "comparison can be made a phase at a time with the same --seed and --rate "
+                             "(default: all of them)")
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--profile-operator", action="store_true",
                         help="run the operator under cProfile (its event-loop thread) into OUT/operator.prof")
@@ -1448,12 +1453,13 @@ def main() -> int:
     args.out.mkdir(parents=True, exist_ok=True)
     args.state = args.state.resolve()
     jobs = workload(args.jobs, args.seed)
-    kueue_dir = scale_kueue.build(ROOT) if args.against == "kueue" else None  # before the cluster: it may fail
+    phases = chosen_phases(args.against, args.phases, parser.error)
+    # before the cluster: it may fail
+    kueue_dir = scale_kueue.build(ROOT) if "kueue" in phases else None
     cluster = Cluster(args.state, args.port_base, args.nodes, args.node_lease_seconds, args.kwok_pod_workers)
     run_id = time.strftime("%H%M%S")
     operators: list[Operator] = []
     measured, downing = False, None
-    phases = ("direct", "kueue", "flotilla") if kueue_dir else ("direct", "flotilla")
     spaces = {phase: f"scale-{phase}-{run_id}" for phase in phases}
     try:
         cluster.up()
@@ -1480,26 +1486,35 @@ def main() -> int:
                                   "gpus_requested": sum(j.gpus for j in jobs),
                                   "worker_pods": sum(j.workers for j in jobs), "against": args.against,
                                   "load_avg_1m": round(os.getloadavg()[0], 2)}
-        report["direct"] = run_direct(api, spaces["direct"], jobs, args)
-        log(f"direct: done in {report['direct']['wall_s']} s")
-        keep_partial(report, args.out)
+        if "direct" in phases:
+            report["direct"] = run_direct(api, spaces["direct"], jobs, args)
+            log(f"direct: done in {report['direct']['wall_s']} s")
+            keep_partial(report, args.out)
+
+        def clear_direct() -> None:
+            if "direct" in phases:
+                clear_pods(core, spaces["direct"], args.timeout)
+
+        def start_next() -> None:
+            if "flotilla" in phases:
+                operators.append(start_operator(cluster, args.out, args))
+
         # The next phase's admission layer starts while the last phase's objects are deleted: nothing is measured
         # then (each phase's figures are taken from its first submission on, and it starts from an empty cluster).
         if kueue_dir:
             kueue = start_beside(lambda: start_kueue(api, cluster, kueue_dir, spaces["kueue"], args.out, args),
-                                 lambda: clear_pods(core, spaces["direct"], args.timeout),
-                                 lambda k: k.stop())
-            report["kueue"] = run_kueue(api, spaces["kueue"], jobs, kueue, args,
-                                        measured=lambda: operators.append(start_operator(cluster, args.out, args)))
+                                 clear_direct, lambda k: k.stop())
+            report["kueue"] = run_kueue(api, spaces["kueue"], jobs, kueue, args, measured=start_next)
             report["kueue"].update(version=scale_kueue.KUEUE_VERSION, qps=args.kueue_qps,
                                    workers=args.kueue_concurrency)
             log(f"kueue: done in {report['kueue']['wall_s']} s")
             keep_partial(report, args.out)
         else:
-            operators.append(start_operator(cluster, args.out, args))
-            clear_pods(core, spaces["direct"], args.timeout)
-        report["flotilla"] = run_flotilla(api, spaces["flotilla"], jobs, cluster, args.out, args, operators[0])
-        log(f"flotilla: done in {report['flotilla']['wall_s']} s")
+            start_next()
+            clear_direct()
+        if "flotilla" in phases:
+            report["flotilla"] = run_flotilla(api, spaces["flotilla"], jobs, cluster, args.out, args, operators[0])
+            log(f"flotilla: done in {report['flotilla']['wall_s']} s")
         measured = True
     finally:
         for op in operators:  # run_flotilla stops it; not when an earlier step failed
@@ -1525,9 +1540,31 @@ def main() -> int:
     return 0
 
 
+def chosen_phases(against: str, chosen: str | None, error: Callable[[str], Any]) -> tuple[str, ...]:
+    """The phases to run, in the order they run: all of those `--against` names, or the `--phases` among them."""
+    every = ("direct", "kueue", "flotilla") if against == "kueue" else ("direct", "flotilla")
+    if chosen is None:
+        return every
+    names = {p.strip() for p in chosen.split(",") if p.strip()}
+    unknown = sorted(names - set(every))
+    if unknown or not names:
+        error(f"--phases: {', '.join(unknown) or 'none given'} not among {', '.join(every)} (--against {against})")
+    return tuple(p for p in every if p in names)
+
+
 def report_out(report: dict[str, Any], phases: tuple[str, ...], args: argparse.Namespace, nodes: int,
                jobs: list[Job]) -> str:
     """Writes the report and the plot, prints the summary; returns the last line to print."""
+    if phases != ("direct", "flotilla") and set(phases) != {"direct", "kueue", "flotilla"}:
+        # A subset of the phases (--phases): each one's figures as the side-by-side gives them.
+        (args.out / "scale.json").write_text(json.dumps(report, indent=1))
+        plot(report, args.out / "scale.png")
+        for phase in phases:
+            print(f"{phase:9s} wall {report[phase]['wall_s']:7.1f} s, CPU seconds: {report[phase]['control_plane_cpu_s']}")
+        print(f"report: {args.out / 'scale.json'}, plot: {args.out / 'scale.png'}")
+        return json.dumps({"nodes": nodes, "jobs": len(jobs), "rate": args.rate, "phases": list(phases),
+                           **{name: scale_kueue.path_figures(report[phase])
+                              for name, phase in scale_kueue.PATHS.items() if phase in phases}})
     flo, direct = report["flotilla"], report["direct"]
     # Submission to Running: a Flotilla pod is created only once its job is placed, so the pods' own
     # create-to-Running (in the report too) leaves out the time the job waits for the operator.

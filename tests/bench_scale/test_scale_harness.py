@@ -215,3 +215,16 @@ def test_histogram_quantile_interpolates_within_the_bucket_as_promql_does():
     assert scale.histogram_quantile(0.5, {0.01: 2, 0.02: 6, 0.05: 10, float("inf"): 10}) == 0.0175
     assert scale.histogram_quantile(0.99, {0.01: 0, 0.02: 0, float("inf"): 3}) == 0.02  # beyond the last bound
     assert scale.histogram_quantile(0.5, {0.01: 0, float("inf"): 0}) is None
+
+
+def test_phases_are_a_subset_of_what_against_runs_in_running_order():
+    def error(message: str) -> None:
+        raise ValueError(message)
+
+    assert scale.chosen_phases("kueue", None, error) == ("direct", "kueue", "flotilla")
+    assert scale.chosen_phases("kueue", "flotilla, kueue", error) == ("kueue", "flotilla")
+    assert scale.chosen_phases("direct", "flotilla", error) == ("flotilla",)
+    with pytest.raises(ValueError, match="--phases: kueue not among direct, flotilla"):
+        scale.chosen_phases("direct", "kueue", error)
+    with pytest.raises(ValueError, match="none given"):
+        scale.chosen_phases("kueue", " , ", error)
