@@ -15,9 +15,11 @@
    offered; a long run that passes without being clearly above the target (check.CLEAR_MARGIN, or its
    last third below the whole) must be confirmed on a second, independent sample. The plan's predicted
    goodput is the rate it was checked at. At most MAX_CHECKS layouts are checked, which bounds the plan time.
-4. When none passes, the plan is the layout estimated to serve the most within the budget, flagged
-   `slo_at_risk`, and the check's bisection says what it does serve: "at risk by N%" is the share of
-   the offered rate it falls short by.
+4. When none passes, two more are checked: the fewest GPUs estimated to serve the rate even if the
+   estimate over-rates them by PRUNE_SLACK (when the checks ran out on a kind before it reached enough
+   instances), then the layout estimated to serve the most within the budget. When neither passes, the
+   plan is the latter, flagged `slo_at_risk`, and the check's bisection says what it does serve: "at risk
+   by N%" is the share of the offered rate it falls short by.
 """
 
 from __future__ import annotations
@@ -199,10 +201,19 @@ def checked_plan(request: PlanRequest, seed: int = 0) -> Plan:
         correction[kind] = min(correction.get(kind, 1.0), factor)
     pool = _corrected(pool, correction)
     best = max(pool, key=lambda c: (c.estimate, -c.layout.gpus))
-    if best.layout not in checked and _confirmed(best.layout, request.profile, workload, rate, slo, router,
-                                                 seed).meets(slo):
-        return _plan(best.layout, rate, rate, False, f"{best.layout.describe()} checked at {rate:.2f} req/s "
-                     f"on {best.layout.gpus} GPU(s), the most the budget offers; failed the check: " + ", ".join(failed))
+    # The checks ran out before one passed: before the most the budget offers, the fewest GPUs estimated to
+    # serve the rate even if the estimate over-rates them by PRUNE_SLACK (a budget of 64 GPUs must not be
+    # spent where 16 are estimated to serve the rate with room).
+    ample = [c for c in pool if c.estimate * (1 - PRUNE_SLACK) >= rate and c.layout not in checked]
+    fallbacks = [(min(ample, key=lambda c: (c.layout.gpus, -c.estimate)), "estimated to serve it with room")] \
+        if ample else []
+    fallbacks.append((best, "the most the budget offers"))
+    for c, why in fallbacks:
+        if c.layout not in checked:
+            checked.add(c.layout)
+            if _confirmed(c.layout, request.profile, workload, rate, slo, router, seed).meets(slo):
+                return _plan(c.layout, rate, rate, False, f"{c.layout.describe()} checked at {rate:.2f} req/s on "
+                             f"{c.layout.gpus} GPU(s), {why}; failed the check: " + ", ".join(failed))
     served = served_rate(best.layout, request.profile, workload, slo, min(best.estimate, rate), router, seed)
     if served >= rate:  # the check's own bisection is coarser than one check at the rate: do not promise
         served = rate * (1 - 1e-3)
